@@ -1,0 +1,35 @@
+# Two entry points (see README): `make repro` runs the pipeline, `make test` the test suite.
+# Both create .venv and install bertrace from this repo's own files, pinned by constraints.txt.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+
+# Offline machines (this project's build and CI machines) reach hub datasets through the
+# mirror of ../shared/data; elsewhere the hub is used. Override with BERTRACE_HUB_MIRROR=...
+ifneq ($(wildcard ../shared/data/README.md),)
+export BERTRACE_HUB_MIRROR ?= mirrors/shared-data.yaml
+endif
+
+.PHONY: install repro test test-fast bench clean-venv
+
+$(BIN)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt "$(TORCH)"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"
+	touch $@
+
+install: $(BIN)/.installed
+
+repro: install
+	PATH="$(abspath $(BIN)):$$PATH" dvc repro
+
+test: install
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q
+
+test-fast: install
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not slow"
+
+clean-venv:
+	rm -rf $(VENV)
