@@ -1,0 +1,43 @@
+"""DVC stage `examples`: sharded Parquet MLM/NSP examples → data/examples/ (+ manifest.json)."""
+
+from pathlib import Path
+
+from pipeline.examples import ExamplesConfig, generate_examples
+from pipeline.io import sha256_file
+from stages.common import StageRun, load_params, run_stage
+
+CLEAN = Path("data/clean")
+TOKENIZER = Path("data/tokenizer/tokenizer.json")
+OUT = Path("data/examples")
+
+
+def main() -> None:
+    params = load_params("examples")
+    cfg = ExamplesConfig.from_params(params)
+    with StageRun("examples", params) as run:
+        run.add_input(CLEAN / "train.txt")
+        run.add_input(CLEAN / "valid.txt")
+        run.add_input(TOKENIZER)
+        run.add_upstream("clean")
+        run.add_upstream("tokenizer")
+        manifest = generate_examples(
+            CLEAN / "train.txt", CLEAN / "valid.txt", TOKENIZER, OUT, cfg, workers=params.get("workers", 0)
+        )
+        manifest_sha = sha256_file(OUT / "manifest.json")
+        run.add_output(OUT / "manifest.json", manifest_sha)
+        run.set_tags({"bertrace.examples_manifest_sha256": manifest_sha,
+                      "bertrace.tokenizer_sha256": manifest["tokenizer_sha256"]})
+        metrics = {}
+        for split, info in manifest["splits"].items():
+            metrics[split] = {k: v for k, v in info.items() if k != "shards"}
+            metrics[split]["shards"] = len(info["shards"])
+        metrics["seconds"] = round(run.seconds, 2)
+        metrics["examples_per_s"] = round(metrics["train"]["rows"] / max(run.seconds, 1e-9), 1)
+        run.write_metrics(metrics)
+        run.log_artifact(OUT / "manifest.json")
+        run.write_provenance()
+        print(f"examples: train {metrics['train']['rows']} rows / valid {metrics['valid']['rows']} rows -> {OUT}")
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,433 @@
+"""MLM/NSP example generation: sentence splitting, Google's recipe, shards, manifest, errors.
+
+The corpus fixture gives every document its own vocabulary (disjoint word sets, each word a
+single WordPiece token), so the document a token came from is known exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.errors import BertraceError
+from pipeline.examples import (
+    SPECIAL_IDS,
+    ExamplesConfig,
+    generate_examples,
+    partition_sizes,
+    truncation_amounts,
+)
+from pipeline.io import sha256_file
+from pipeline.sentences import split_sentences
+
+CLS, SEP, MASK = SPECIAL_IDS["[CLS]"], SPECIAL_IDS["[SEP]"], SPECIAL_IDS["[MASK]"]
+MAX_LEN = 64
+
+
+# ----------------------------------------------------------------------------- sentences
+
+
+def test_split_sentences_english_abbreviations_initials_decimals():
+    text = ("Mr. Smith met Dr. Jones at St. Paul's. J. R. R. Tolkien wrote it in 1937! It cost 3.5 "
+            "dollars, i.e. cheap, e.g. less than lunch etc. and tea vs. coffee. Room No. 5 is in the "
+            "U.S. now? Yes. \"Stop.\" He left.")
+    assert split_sentences(text) == [
+        "Mr. Smith met Dr. Jones at St. Paul's.",
+        "J. R. R. Tolkien wrote it in 1937!",
+        "It cost 3.5 dollars, i.e. cheap, e.g. less than lunch etc. and tea vs. coffee.",
+        "Room No. 5 is in the U.S. now?",
+        "Yes.",
+        "\"Stop.\"",
+        "He left.",
+    ]
+    # WikiText style: spaces before the stop; lower-cased text still splits
+    assert split_sentences("he is an actor . he had a role . ") == ["he is an actor .", "he had a role ."]
+    assert split_sentences("  ") == []
+
+
+def test_split_sentences_bengali_hindi_arabic_urdu():
+    assert split_sentences("আমি ভাত খাই। তুমি কি খাও? সে জল খায়।") == ["আমি ভাত খাই।", "তুমি কি খাও?", "সে জল খায়।"]
+    assert split_sentences("मैं घर जाता हूँ।वह स्कूल जाती है॥ ठीक") == ["मैं घर जाता हूँ।", "वह स्कूल जाती है॥", "ठीक"]
+    assert split_sentences("ما اسمك؟ اسمي علي.") == ["ما اسمك؟", "اسمي علي."]
+    assert split_sentences("یہ کتاب ہے۔ وہ قلم ہے۔") == ["یہ کتاب ہے۔", "وہ قلم ہے۔"]
+
+
+def test_split_sentences_cjk_needs_no_space():
+    assert split_sentences("我爱你。你好吗？很好！「走吧。」他说。") == ["我爱你。", "你好吗？", "很好！", "「走吧。」", "他说。"]
+    assert split_sentences("東京に行きました。楽しかった") == ["東京に行きました。", "楽しかった"]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _google_truncate(la: int, lb: int, max_num: int) -> tuple[int, int]:
+    a, b = la, lb
+    while a + b > max_num:
+        if a >= b:  # max(tokens_a, tokens_b, key=len) returns A on ties
+            a -= 1
+        else:
+            b -= 1
+    return la - a, lb - b
+
+
+def test_truncation_amounts_match_googles_loop():
+    for la in range(1, 40):
+        for lb in range(1, 40):
+            for max_num in (5, 13, 30, 61):
+                assert truncation_amounts(la, lb, max_num) == _google_truncate(la, lb, max_num), (la, lb, max_num)
+
+
+def test_pairing_tiles_each_document_with_put_back():
+    """One-token sentences and max_seq_len 8 (target 5 tokens) make truncation impossible, so
+    the own-document spans (every A, and B when IsNext) must tile each document exactly: the
+    unused sentences of a NotNext chunk are put back (Google's ``i -= num_unused_segments``)."""
+    from pipeline.examples import _pairs_for_document, _Partition
+
+    part = _Partition.__new__(_Partition)
+    part.doc_n = [23, 7, 40, 1, 12]
+    part.doc_first = np.r_[0, np.cumsum(part.doc_n)[:-1]].tolist()
+    part.off = list(range(sum(part.doc_n) + 1))  # sentence j is token j
+    cfg = ExamplesConfig(max_seq_len=8, short_seq_prob=0.0)
+    rng = random.Random(0)
+    for _ in range(20):
+        for d in range(len(part.doc_n)):
+            pairs: list = []
+            _pairs_for_document(part, d, cfg, rng, pairs)
+            lo, hi = part.doc_first[d], part.doc_first[d] + part.doc_n[d]
+            spans = sorted([(a_lo, a_hi) for a_lo, a_hi, *_ in pairs]
+                           + [(b_lo, b_hi) for _, _, b_lo, b_hi, rnd in pairs if not rnd])
+            assert spans[0][0] == lo and spans[-1][1] == hi
+            assert all(x[1] == y[0] for x, y in zip(spans, spans[1:])), spans
+            for a_lo, a_hi, b_lo, b_hi, rnd in pairs:
+                assert 1 <= a_hi - a_lo and 1 <= b_hi - b_lo and (a_hi - a_lo) + (b_hi - b_lo) <= 5
+                assert rnd == (not lo <= b_lo < hi)
+
+
+def test_id_dtype_and_schema_follow_vocab_size():
+    from pipeline.examples import _id_dtype, shard_schema
+
+    assert _id_dtype(65536) == np.uint16 and _id_dtype(65537) == np.uint32
+    schema = shard_schema(np.uint32, "static")
+    assert schema.field("input_ids").type == pa.list_(pa.uint32())
+    assert schema.field("masked_lm_ids").type == pa.list_(pa.uint32())
+    assert schema.field("masked_lm_positions").type == pa.list_(pa.uint16())
+    assert shard_schema(np.uint16, "dynamic").names == ["input_ids", "token_type_ids", "next_sentence_label"]
+
+
+def test_partition_sizes_merge_a_trailing_single_document():
+    assert partition_sizes(17, 8) == [8, 9]
+    assert partition_sizes(18, 8) == [8, 8, 2]
+    assert partition_sizes(16, 8) == [8, 8]
+    assert partition_sizes(3, 8) == [3]
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+def _make_docs(rng: random.Random, n_docs: int, used: set[str]) -> list[list[str]]:
+    """Documents as lists of sentences; each document draws from its own 25 words."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    docs = []
+    for _ in range(n_docs):
+        words = []
+        while len(words) < 25:
+            w = "".join(rng.choice(letters) for _ in range(rng.randint(5, 7)))
+            if w not in used:
+                used.add(w)
+                words.append(w)
+        sentences = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 10))) + "."
+                     for _ in range(rng.randint(12, 40))]
+        docs.append(sentences)
+    return docs
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(7)
+    used: set[str] = set()
+    train_docs, valid_docs = _make_docs(rng, 60, used), _make_docs(rng, 6, used)
+    train, valid = root / "train.txt", root / "valid.txt"
+    train.write_text("".join(" ".join(d) + "\n" for d in train_docs), encoding="utf-8")
+    valid.write_text("".join(" ".join(d) + "\n" for d in valid_docs), encoding="utf-8")
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    trainer = trainers.WordPieceTrainer(vocab_size=8000, min_frequency=0, show_progress=False,
+                                        special_tokens=list(SPECIAL_IDS), continuing_subword_prefix="##")
+    tok.train([str(train), str(valid)], trainer)
+    tokenizer = root / "tokenizer.json"
+    tok.save(str(tokenizer))
+
+    # token id -> document index (train docs 0.., valid docs 1000..); -1 for shared tokens
+    doc_of = np.full(tok.get_vocab_size(), -1, dtype=np.int64)
+    for d, sentences in [*enumerate(train_docs), *((1000 + i, s) for i, s in enumerate(valid_docs))]:
+        for word in {w for s in sentences for w in s.rstrip(".").split()}:
+            ids = tok.encode(word, add_special_tokens=False).ids
+            assert len(ids) == 1, f"fixture: {word} is not a single token"
+            doc_of[ids[0]] = d
+    return {"train": train, "valid": valid, "tokenizer": tokenizer, "doc_of": doc_of,
+            "vocab_size": tok.get_vocab_size(), "root": root}
+
+
+CFG = ExamplesConfig(max_seq_len=MAX_LEN, dupe_factor=5, valid_dupe_factor=2, docs_per_shard=16, seed=3)
+
+
+def _run(corpus, out: Path, cfg: ExamplesConfig = CFG, workers: int = 1) -> dict:
+    return generate_examples(corpus["train"], corpus["valid"], corpus["tokenizer"], out, cfg,
+                             workers=workers, progress=False)
+
+
+def _read(out: Path, manifest: dict, split: str) -> pa.Table:
+    return pa.concat_tables([pq.read_table(out / s["path"]) for s in manifest["splits"][split]["shards"]])
+
+
+@pytest.fixture(scope="module")
+def static_run(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("static")
+    return out, _run(corpus, out)
+
+
+@pytest.fixture(scope="module")
+def dynamic_run(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("dynamic")
+    return out, _run(corpus, out, replace(CFG, masking="dynamic"))
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def test_rows_are_cls_a_sep_b_sep_with_segment_ids(static_run):
+    out, manifest = static_run
+    for split in ("train", "valid"):
+        table = _read(out, manifest, split)
+        assert table.schema.field("input_ids").type == pa.list_(pa.uint16())
+        assert table.schema.field("token_type_ids").type == pa.list_(pa.uint8())
+        assert table.schema.field("next_sentence_label").type == pa.int8()
+        assert table.schema.field("masked_lm_positions").type == pa.list_(pa.uint16())
+        assert table.schema.field("masked_lm_ids").type == pa.list_(pa.uint16())
+        assert table.num_rows > 50
+        for ids, types in zip(table["input_ids"].to_pylist(), table["token_type_ids"].to_pylist()):
+            ids, types = np.array(ids), np.array(types)
+            assert len(ids) <= MAX_LEN and len(ids) == len(types)
+            seps = np.flatnonzero(ids == SEP)
+            assert ids[0] == CLS and (ids[1:] != CLS).all()
+            assert len(seps) == 2 and seps[1] == len(ids) - 1 and 2 <= seps[0] <= len(ids) - 3  # A, B non-empty
+            assert (types[: seps[0] + 1] == 0).all() and (types[seps[0] + 1 :] == 1).all()
+
+
+def test_short_seq_prob_controls_lengths(corpus, tmp_path):
+    long = _read(tmp_path / "a", _run(corpus, tmp_path / "a", replace(CFG, short_seq_prob=0.0, dupe_factor=1)), "train")
+    short = _read(tmp_path / "b", _run(corpus, tmp_path / "b", replace(CFG, short_seq_prob=1.0, dupe_factor=1)), "train")
+    mean_len = lambda t: np.mean([len(x) for x in t["input_ids"].to_pylist()])  # noqa: E731
+    assert mean_len(long) > 0.8 * MAX_LEN
+    assert mean_len(short) < 0.7 * MAX_LEN
+
+
+# ----------------------------------------------------------------------------- NSP
+
+
+def test_nsp_balance_and_b_segment_documents(dynamic_run, corpus):
+    out, manifest = dynamic_run
+    doc_of = corpus["doc_of"]
+    for split in ("train", "valid"):
+        table = _read(out, manifest, split)
+        labels = table["next_sentence_label"].to_numpy()
+        assert set(np.unique(labels)) <= {0, 1}
+        frac = labels.mean()
+        assert 0.42 <= frac <= 0.62, frac
+        assert manifest["splits"][split]["nsp_random_fraction"] == pytest.approx(frac)
+        for ids, label in zip(table["input_ids"].to_pylist(), labels):
+            ids = np.array(ids)
+            sep = np.flatnonzero(ids == SEP)[0]
+            docs_a = set(doc_of[ids[1:sep]]) - {-1}
+            docs_b = set(doc_of[ids[sep + 1 : -1]]) - {-1}
+            assert len(docs_a) == 1 and len(docs_b) == 1, "a segment spans two documents"
+            if label == 1:
+                assert docs_a != docs_b, "NotNext B comes from A's own document"
+            else:
+                assert docs_a == docs_b, "IsNext B comes from another document"
+
+
+# ----------------------------------------------------------------------------- masking
+
+
+def test_static_masking_statistics(static_run, corpus):
+    out, manifest = static_run
+    table = _read(out, manifest, "train")
+    n_tokens = n_masked = n_mask = n_same = n_random = 0
+    for ids, pos, lab in zip(table["input_ids"].to_pylist(), table["masked_lm_positions"].to_pylist(),
+                             table["masked_lm_ids"].to_pylist()):
+        ids, pos, lab = np.array(ids), np.array(pos), np.array(lab)
+        assert len(pos) == len(lab) == min(20, max(1, round(len(ids) * 0.15)))
+        assert (np.diff(pos) > 0).all() and pos.min() > 0 and pos.max() < len(ids) - 1
+        assert not np.isin(lab, list(SPECIAL_IDS.values())).any()
+        got = ids[pos]
+        n_tokens += len(ids)
+        n_masked += len(pos)
+        n_mask += int((got == MASK).sum())
+        n_same += int((got == lab).sum())
+        n_random += int(((got != MASK) & (got != lab)).sum())
+        assert (got < corpus["vocab_size"]).all()
+    assert n_masked > 5000
+    assert n_masked / n_tokens == pytest.approx(0.15, abs=0.01)
+    assert manifest["splits"]["train"]["masked_fraction"] == pytest.approx(n_masked / n_tokens)
+    assert n_mask / n_masked == pytest.approx(0.8, abs=0.02)
+    assert n_same / n_masked == pytest.approx(0.1, abs=0.02)
+    assert n_random / n_masked == pytest.approx(0.1, abs=0.02)
+
+
+def test_max_predictions_per_seq_caps_masks(corpus, tmp_path):
+    cfg = replace(CFG, max_predictions_per_seq=3, dupe_factor=1, short_seq_prob=0.0)
+    manifest = _run(corpus, tmp_path, cfg)
+    table = _read(tmp_path, manifest, "train")
+    counts = np.array([len(p) for p in table["masked_lm_positions"].to_pylist()])
+    lengths = np.array([len(x) for x in table["input_ids"].to_pylist()])
+    assert counts.max() == 3
+    assert (counts[lengths >= 24] == 3).all()
+
+
+def test_dynamic_mode_stores_the_same_pairs_unmasked(static_run, dynamic_run):
+    (s_out, s_man), (d_out, d_man) = static_run, dynamic_run
+    assert d_man["masking"] == "dynamic" and "masked_fraction" not in d_man["splits"]["train"]
+    for split in ("train", "valid"):
+        static, dynamic = _read(s_out, s_man, split), _read(d_out, d_man, split)
+        assert dynamic.column_names == ["input_ids", "token_type_ids", "next_sentence_label"]
+        assert dynamic["token_type_ids"].equals(static["token_type_ids"])
+        assert dynamic["next_sentence_label"].equals(static["next_sentence_label"])
+        d_ids = dynamic["input_ids"].to_pylist()
+        assert not any(MASK in ids for ids in d_ids)
+        for s_ids, pos, lab, ids in zip(static["input_ids"].to_pylist(), static["masked_lm_positions"].to_pylist(),
+                                        static["masked_lm_ids"].to_pylist(), d_ids):
+            restored = np.array(s_ids)
+            restored[pos] = lab
+            assert restored.tolist() == ids
+
+
+def test_whole_word_masking_runs(corpus, tmp_path):
+    manifest = _run(corpus, tmp_path, replace(CFG, whole_word_masking=True, dupe_factor=1))
+    assert manifest["whole_word_masking"] is True
+    assert manifest["splits"]["train"]["masked_fraction"] == pytest.approx(0.15, abs=0.01)
+
+
+# ----------------------------------------------------------------------------- shards, manifest
+
+
+def test_workers_do_not_change_output_bytes(corpus, static_run, tmp_path):
+    out1, man1 = static_run
+    man2 = _run(corpus, tmp_path, workers=2)
+    assert man1 == man2
+    assert (out1 / "manifest.json").read_bytes() == (tmp_path / "manifest.json").read_bytes()
+    for split in ("train", "valid"):
+        for shard in man2["splits"][split]["shards"]:
+            assert sha256_file(tmp_path / shard["path"]) == sha256_file(out1 / shard["path"])
+
+
+def test_manifest_content(static_run, corpus):
+    out, manifest = static_run
+    assert json.loads((out / "manifest.json").read_text()) == manifest
+    assert manifest["schema_version"] == 1 and manifest["masking"] == "static"
+    assert manifest["tokenizer_sha256"] == sha256_file(corpus["tokenizer"])
+    assert manifest["inputs"] == {"train.txt": sha256_file(corpus["train"]), "valid.txt": sha256_file(corpus["valid"]),
+                                  "tokenizer.json": sha256_file(corpus["tokenizer"])}
+    assert manifest["vocab_size"] == corpus["vocab_size"]
+    assert manifest["special_ids"] == {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
+    assert (manifest["max_seq_len"], manifest["seed"], manifest["max_predictions_per_seq"]) == (MAX_LEN, 3, 20)
+    assert manifest["params"]["dupe_factor"] == 5
+    # 60 train docs / 16 per shard -> 4 partitions x 5 dupes; 6 valid docs -> 1 partition x 2 dupes
+    expect = {"train": (60, 20), "valid": (6, 2)}
+    for split, entry in manifest["splits"].items():
+        assert (entry["documents"], len(entry["shards"])) == expect[split]
+        assert [s["path"] for s in entry["shards"]] == [f"{split}/shard-{i:05d}.parquet" for i in range(expect[split][1])]
+        assert sorted(p.name for p in (out / split).iterdir()) == [Path(s["path"]).name for s in entry["shards"]]
+        assert entry["rows"] == sum(s["rows"] for s in entry["shards"])
+        assert entry["tokens"] == sum(s["tokens"] for s in entry["shards"])
+        for s in entry["shards"]:
+            assert s["sha256"] == sha256_file(out / s["path"])
+            table = pq.read_table(out / s["path"])
+            assert table.num_rows == s["rows"]
+            assert pa.compute.sum(pa.compute.list_value_length(table["input_ids"])).as_py() == s["tokens"]
+            assert pq.ParquetFile(out / s["path"]).metadata.row_group(0).column(0).compression == "ZSTD"
+
+
+def test_stale_shards_are_removed(corpus, tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "shard-00099.parquet").write_bytes(b"old")
+    manifest = _run(corpus, tmp_path, replace(CFG, dupe_factor=1, docs_per_shard=64))
+    assert sorted(p.name for p in (tmp_path / "train").iterdir()) == ["shard-00000.parquet"]
+    assert manifest["splits"]["train"]["rows"] > 0
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_error_empty_corpus(corpus, tmp_path):
+    empty = tmp_path / "train.txt"
+    empty.write_text("\n\n", encoding="utf-8")
+    with pytest.raises(BertraceError, match=r"train\.txt.*has no documents; check the clean stage's min_chars"):
+        generate_examples(empty, corpus["valid"], corpus["tokenizer"], tmp_path / "out", CFG, workers=1, progress=False)
+
+
+def test_error_single_document(corpus, tmp_path):
+    one = tmp_path / "valid.txt"
+    one.write_text("just one document. with two sentences.\n", encoding="utf-8")
+    with pytest.raises(BertraceError, match=r"valid\.txt.*NSP needs negatives from a different document"):
+        generate_examples(corpus["train"], one, corpus["tokenizer"], tmp_path / "out", CFG, workers=1, progress=False)
+
+
+def test_error_no_usable_examples(corpus, tmp_path):
+    blank = tmp_path / "train.txt"
+    blank.write_text("\u200b\nonly one usable sentence.\n", encoding="utf-8")  # first doc tokenizes to nothing
+    with pytest.raises(BertraceError, match=r"train\.txt: produced no train examples"):
+        generate_examples(blank, corpus["valid"], corpus["tokenizer"], tmp_path / "out",
+                          replace(CFG, masking="dynamic"), workers=1, progress=False)
+
+
+def test_error_missing_files(corpus, tmp_path):
+    with pytest.raises(BertraceError, match=r"nope\.txt: train corpus not found; run the clean stage"):
+        generate_examples(tmp_path / "nope.txt", corpus["valid"], corpus["tokenizer"], tmp_path / "o", CFG, progress=False)
+    with pytest.raises(BertraceError, match=r"tok\.json: tokenizer not found; run the tokenizer stage"):
+        generate_examples(corpus["train"], corpus["valid"], tmp_path / "tok.json", tmp_path / "o", CFG, progress=False)
+    assert not (tmp_path / "o").exists()
+
+
+def test_error_tokenizer_with_wrong_special_ids(corpus, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train([str(corpus["valid"])], trainers.WordPieceTrainer(
+        vocab_size=200, special_tokens=["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]"], show_progress=False))
+    tok.save(str(tmp_path / "bad.json"))
+    with pytest.raises(BertraceError, match=r"bad\.json: special token \[PAD\] has id 1, expected 0"):
+        generate_examples(corpus["train"], corpus["valid"], tmp_path / "bad.json", tmp_path / "o", CFG, progress=False)
+
+
+@pytest.mark.parametrize("change, pattern", [
+    ({"max_seq_len": 4}, r"examples\.max_seq_len = 4: must be in \[8, 65535\]"),
+    ({"masking": "sometimes"}, r"examples\.masking = 'sometimes': must be one of static, dynamic"),
+    ({"masked_lm_prob": 1.5}, r"examples\.masked_lm_prob"),
+    ({"dupe_factor": 0}, r"examples\.dupe_factor"),
+    ({"docs_per_shard": 1}, r"examples\.docs_per_shard"),
+])
+def test_config_validation(change, pattern):
+    with pytest.raises(BertraceError, match=pattern):
+        ExamplesConfig(**change)
+
+
+def test_config_from_params():
+    cfg = ExamplesConfig.from_params({"max_seq_len": 256, "workers": 4, "masking": "dynamic"})
+    assert (cfg.max_seq_len, cfg.masking) == (256, "dynamic")
+    with pytest.raises(BertraceError, match="unknown key.*max_len"):
+        ExamplesConfig.from_params({"max_len": 256})
