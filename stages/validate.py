@@ -1,0 +1,75 @@
+"""DVC stage `validate`: Great Expectations data checks on the clean corpus and the shards.
+
+In the pipeline: ``python -m stages.validate`` (params from params.yaml). On any directory
+of shards, e.g. in CI: ``python -m stages.validate --shards path/to/examples`` (or
+``bertrace validate path/to/examples``). Exit status 1 when an expectation fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipeline.io import write_json
+from pipeline.validate import ValidationReport, validate_corpus, validate_shards
+from stages.common import METRICS_DIR, StageRun, load_params, run_stage
+
+CLEAN = Path("data/clean")
+EXAMPLES = Path("data/examples")
+REPORT = Path("reports/validate.json")  # every check with observed values and sample rows
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m stages.validate", description=__doc__.splitlines()[0])
+    p.add_argument("--shards", type=Path, help="validate this examples directory (with manifest.json) only")
+    p.add_argument("--corpus", type=Path, nargs="+", help="validate these clean corpus files only")
+    p.add_argument("--min-chars", type=int, default=None, help="corpus: minimum article length")
+    p.add_argument("--nsp-tolerance", type=float, default=None)
+    p.add_argument("--mask-rate-tolerance", type=float, default=None)
+    p.add_argument("--report", type=Path, default=None, help="write the JSON report here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    standalone = bool(args.shards or args.corpus)
+    params = {} if standalone else load_params("validate")
+    min_chars = args.min_chars if args.min_chars is not None else (
+        0 if standalone else load_params("clean")["min_chars"])
+    nsp_tol = args.nsp_tolerance if args.nsp_tolerance is not None else params.get("nsp_tolerance", 0.05)
+    mask_tol = args.mask_rate_tolerance if args.mask_rate_tolerance is not None else params.get("mask_rate_tolerance", 0.03)
+    corpus_files = args.corpus if standalone else [CLEAN / "train.txt", CLEAN / "valid.txt"]
+    shards_dir = args.shards if standalone else EXAMPLES
+
+    with StageRun("validate", {**params, "min_chars": min_chars}, log_mlflow=not standalone) as run:
+        results = []
+        if corpus_files:
+            for f in corpus_files:
+                if f.exists():
+                    run.add_input(f)
+            results += validate_corpus(
+                list(corpus_files), min_chars=min_chars, max_chars=params.get("corpus_max_chars")
+            ).results
+        if shards_dir:
+            if (shards_dir / "manifest.json").exists():
+                run.add_input(shards_dir / "manifest.json")
+            results += validate_shards(shards_dir, nsp_tolerance=nsp_tol, mask_rate_tolerance=mask_tol).results
+        report = ValidationReport(results)
+        report_path = args.report or (None if standalone else REPORT)
+        full = report.to_dict()
+        if report_path:
+            write_json(report_path, full)
+        if not standalone:  # DVC metrics: the compact, deterministic summary
+            write_json(METRICS_DIR / "validate.json", {k: v for k, v in full.items() if k != "results"})
+        run.log_metrics({"checks": len(report.results), "failures": len(report.failures)})
+        run.set_tags({"bertrace.validation": "passed" if report.success else "failed"})
+        if report_path:
+            run.log_artifact(report_path)
+        print(report.format_text())
+    if not report.success:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    run_stage(main)
