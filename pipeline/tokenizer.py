@@ -1,0 +1,245 @@
+"""Tokenizer stage: a BERT WordPiece vocabulary trained on the clean train split.
+
+The pipeline matches Google's BERT tokenizer (``tokenization.py``): ``BasicTokenizer`` (clean
+control characters, space out CJK characters, lowercase and strip accents for "uncased", split on
+whitespace and punctuation) followed by greedy longest-match-first WordPiece with the ``##``
+continuation prefix. Special tokens have fixed ids so every later stage can rely on them.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Iterator
+
+from pipeline.errors import BertraceError
+from pipeline.io import atomic_open, sha256_file
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+SPECIAL_IDS = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}  # [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4
+UNK_ID = SPECIAL_IDS["[UNK]"]
+_BATCH_LINES = 256
+log = logging.getLogger("bertrace.tokenizer")
+
+
+def build_tokenizer(*, lowercase: bool):
+    """An untrained BERT WordPiece tokenizer (normaliser, pre-tokeniser, template, decoder)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    # Google's uncased model lowercases *and* strips accents; the cased one does neither.
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", SPECIAL_IDS["[CLS]"]), ("[SEP]", SPECIAL_IDS["[SEP]"])],
+    )
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
+def _line_batches(path: Path) -> Iterator[list[str]]:
+    """Lines of a text file in small batches (the trainer never holds the whole corpus)."""
+    batch: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            batch.append(line.rstrip("\n"))
+            if len(batch) >= _BATCH_LINES:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
+
+
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+
+
+def train_wordpiece(train_txt: Path, out_dir: Path, *, vocab_size: int, lowercase: bool, min_frequency: int,
+                    limit_alphabet: int = 1000, progress: bool = True) -> dict:
+    """Train WordPiece on ``train_txt`` (one document per line) and write ``out_dir/tokenizer.json``
+    and ``out_dir/vocab.txt`` (BERT format: one token per line, line number = id).
+
+    Returns ``{tokenizer_sha256, vocab_sha256, vocab_size}``; ``vocab_size`` is the actual size,
+    which is smaller than requested when the corpus has fewer distinct pieces.
+
+    ``tokenizers``' WordPieceTrainer (BPE merges, then a WordPiece vocabulary) is not deterministic
+    on its own (huggingface/tokenizers#1794): the ``##x`` tokens get ids in hash-map order, those ids
+    break ties between equally frequent merges, and ``limit_alphabet`` cuts ties in hash order too.
+    We make every id deterministic without changing the algorithm: the alphabet is chosen here
+    (count, then code point) and passed as ``initial_alphabet``, and the ``##x`` tokens are
+    registered up front, in code-point order, after a first pass that finds which ones the trainer
+    creates. Same input → byte-identical tokenizer.json.
+    """
+    from tokenizers import models
+
+    train_txt, out_dir = Path(train_txt), Path(out_dir)
+    if not train_txt.exists():
+        raise BertraceError(f"{train_txt}: not found; run the clean stage first (dvc repro clean)")
+    n_lines = _count_lines(train_txt)
+    if n_lines == 0:
+        raise BertraceError(f"{train_txt}: empty; the clean stage kept no training documents "
+                            "(lower clean.min_chars or check the download stage)")
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise BertraceError(f"params.yaml: tokenizer.vocab_size={vocab_size} is too small; use e.g. 16000 or 30522")
+
+    alphabet = corpus_alphabet(train_txt, lowercase=lowercase, limit=limit_alphabet)
+    continuation = continuation_pieces(train_txt, lowercase=lowercase, alphabet=alphabet)
+    n_batches = (n_lines + _BATCH_LINES - 1) // _BATCH_LINES
+    trained = _train(_line_batches(train_txt), n_batches, lowercase, vocab_size, min_frequency, alphabet,
+                     continuation, progress)
+
+    vocab = trained.get_vocab(with_added_tokens=False)
+    late = [t for t, i in vocab.items() if t.startswith("##") and len(t) == 3 and t not in continuation]
+    if len(late) > 1:  # cannot happen while pass 1 sees what pass 2 sees; ids would then depend on hash order
+        log.warning("%s: continuation pieces %s were not pinned; the vocabulary may differ between runs",
+                    train_txt, late[:10])
+    by_id = sorted(vocab.items(), key=lambda kv: kv[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise BertraceError(f"{train_txt}: the trained vocabulary has gaps in its ids; rerun the tokenizer stage")
+    # The "##x" pieces were registered as special tokens only to pin their ids: rebuild the
+    # tokenizer from the trained vocabulary with just the five real special tokens.
+    tok = build_tokenizer(lowercase=lowercase)
+    tok.model = models.WordPiece(vocab=dict(by_id), unk_token="[UNK]", continuing_subword_prefix="##",
+                                 max_input_chars_per_word=100)
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    _check_special_ids(tok, train_txt)
+
+    tokenizer_json, vocab_txt = out_dir / "tokenizer.json", out_dir / "vocab.txt"
+    with atomic_open(tokenizer_json) as f:
+        f.write(tok.to_str(pretty=True))
+    with atomic_open(vocab_txt) as f:
+        f.write("".join(t + "\n" for t, _ in by_id))
+    return {"tokenizer_sha256": sha256_file(tokenizer_json), "vocab_sha256": sha256_file(vocab_txt),
+            "vocab_size": len(by_id)}
+
+
+def _train(batches: Iterator[list[str]], n_batches: int | None, lowercase: bool, vocab_size: int,
+           min_frequency: int, alphabet: list[str], continuation: list[str], progress: bool):
+    from tokenizers import trainers
+
+    tok = build_tokenizer(lowercase=lowercase)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS) + continuation,
+        initial_alphabet=alphabet,
+        limit_alphabet=len(alphabet),  # keeps exactly `alphabet`: its entries count as infinitely frequent
+        continuing_subword_prefix="##",
+        show_progress=progress,
+    )
+    tok.train_from_iterator(batches, trainer=trainer, length=n_batches)
+    return tok
+
+
+def continuation_pieces(train_txt: Path, *, lowercase: bool, alphabet: list[str]) -> list[str]:
+    """The ``##x`` pieces the trainer creates (``x`` in ``alphabet`` seen inside a word), sorted.
+
+    Found by a no-merge training pass over the distinct space-separated chunks of the corpus:
+    normalisation and pre-tokenisation work within a chunk, so the chunks give the same set of
+    words as the full text at a fraction of the cost.
+    """
+    chunks: set[str] = set()
+    with open(train_txt, encoding="utf-8") as f:
+        for line in f:
+            chunks.update(line.rstrip("\n").replace("\t", " ").replace("\r", " ").split(" "))
+    chunks.discard("")
+    words = sorted(chunks)
+    del chunks
+    step = 10_000
+    batches = ([" ".join(words[i:i + step])] for i in range(0, len(words), step))
+    first = _train(batches, None, lowercase, 0, 0, alphabet, [], False)
+    return sorted(t for t in first.get_vocab(with_added_tokens=False) if t.startswith("##") and len(t) == 3)
+
+
+def corpus_alphabet(train_txt: Path, *, lowercase: bool, limit: int | None) -> list[str]:
+    """The ``limit`` most frequent characters of the normalised text (ties: lower code point
+    first), in code-point order; all characters when ``limit`` is None.
+
+    Counts raw code points (numpy), then maps each distinct character through the BERT
+    normaliser: it works character by character (control removal, CJK spacing, NFD accent
+    stripping, lowercasing), so the counts equal those of the normalised text.
+    """
+    import numpy as np
+
+    tok = build_tokenizer(lowercase=lowercase)
+    counts = np.zeros(0x110000, dtype=np.int64)
+    for batch in _line_batches(Path(train_txt)):
+        cps = np.frombuffer("".join(batch).encode("utf-32-le"), dtype=np.uint32)
+        counts += np.bincount(cps, minlength=0x110000)
+    normalised: dict[str, int] = {}
+    for cp in np.flatnonzero(counts):
+        for ch in tok.normalizer.normalize_str(chr(int(cp))):
+            if not ch.isspace():
+                normalised[ch] = normalised.get(ch, 0) + int(counts[cp])
+    ranked = sorted(normalised, key=lambda ch: (-normalised[ch], ord(ch)))
+    if limit is not None:
+        ranked = ranked[:limit]
+    return sorted(ranked, key=ord)
+
+
+def _check_special_ids(tok, where) -> None:
+    wrong = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS if tok.token_to_id(t) != SPECIAL_IDS[t]}
+    if wrong:
+        raise BertraceError(f"{where}: special tokens have ids {wrong}, expected {SPECIAL_IDS}; "
+                            "delete data/tokenizer and rerun the tokenizer stage (dvc repro tokenizer)")
+
+
+def load_tokenizer(path: str | Path):
+    """``tokenizers.Tokenizer`` from ``tokenizer.json`` (or a directory holding it), with the
+    fixed special ids checked."""
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.exists():
+        raise BertraceError(f"{path}: tokenizer not found; run the tokenizer stage (dvc repro tokenizer)")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - the Rust side raises plain Exception
+        raise BertraceError(f"{path}: not a valid tokenizer file ({str(e)[:200]}); delete it and rerun the "
+                            "tokenizer stage (dvc repro tokenizer)") from None
+    _check_special_ids(tok, path)
+    return tok
+
+
+def tokenizer_stats(tokenizer_json: Path, valid_txt: Path, max_docs: int | None = None) -> dict:
+    """Share of ``[UNK]`` tokens and WordPiece tokens per whitespace word on ``valid_txt``
+    (special tokens not counted)."""
+    tok = load_tokenizer(tokenizer_json)
+    valid_txt = Path(valid_txt)
+    if not valid_txt.exists():
+        raise BertraceError(f"{valid_txt}: not found; run the clean stage first (dvc repro clean)")
+    docs = tokens = unks = words = 0
+    for batch in _line_batches(valid_txt):
+        if max_docs is not None:
+            batch = batch[: max(0, max_docs - docs)]
+            if not batch:
+                break
+        for enc in tok.encode_batch(batch, add_special_tokens=False):
+            tokens += len(enc.ids)
+            unks += enc.ids.count(UNK_ID)
+        words += sum(len(line.split()) for line in batch)
+        docs += len(batch)
+    return {
+        "documents": docs,
+        "tokens": tokens,
+        "words": words,
+        "unk_rate": unks / tokens if tokens else 0.0,
+        "tokens_per_word": tokens / words if words else 0.0,
+    }
+
+
+def read_vocab(vocab_txt: Path) -> list[str]:
+    """Tokens of a BERT ``vocab.txt`` in id order."""
+    with open(vocab_txt, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+__all__ = ["SPECIAL_TOKENS", "SPECIAL_IDS", "build_tokenizer", "train_wordpiece", "tokenizer_stats",
+           "load_tokenizer", "read_vocab"]

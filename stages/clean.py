@@ -1,0 +1,28 @@
+"""DVC stage `clean`: one article per line, normalised and deduplicated → data/clean/{train,valid}.txt."""
+
+from pathlib import Path
+
+from pipeline.clean import clean_corpus
+from stages.common import StageRun, load_params, run_stage
+
+RAW = Path("data/raw")
+OUT = Path("data/clean")
+
+
+def main() -> None:
+    params = load_params("clean")
+    with StageRun("clean", params) as run:
+        run.add_input(RAW)
+        run.add_upstream("download")
+        stats = clean_corpus(
+            RAW, OUT, min_chars=params["min_chars"], valid_fraction=params["valid_fraction"], seed=params["seed"]
+        )
+        for name in ("train.txt", "valid.txt"):
+            run.add_output(OUT / name)
+        run.write_metrics(stats)
+        run.write_provenance()
+        print(f"clean: {stats}")
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,30 @@
+"""DVC stage `download`: corpus from the Hugging Face hub (or a mirror) or local files → data/raw/."""
+
+import os
+from pathlib import Path
+
+from pipeline.corpus import download_corpus
+from stages.common import StageRun, load_params, run_stage
+
+OUT = Path("data/raw")
+
+
+def main() -> None:
+    params = load_params("download")
+    mirror = params.get("mirror") or os.environ.get("BERTRACE_HUB_MIRROR") or None
+    with StageRun("download", params) as run:
+        manifest = download_corpus(params, OUT, mirror=mirror)
+        for f in manifest.get("source", {}).get("files", []) or []:
+            run.add_input(f["path"], f["sha256"])
+        if mirror:
+            run.extra["mirror"] = str(mirror)
+        run.add_output(OUT)
+        run.set_tags({"bertrace.corpus_format": manifest.get("format")})
+        run.write_metrics({"rows": manifest.get("total_rows"), "seconds": round(run.seconds, 2)})
+        run.log_artifact(OUT / "manifest.json")
+        run.write_provenance()
+        print(f"download: {manifest.get('total_rows')} rows ({manifest.get('format')}) -> {OUT}")
+
+
+if __name__ == "__main__":
+    run_stage(main)

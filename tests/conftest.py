@@ -1,0 +1,28 @@
+"""Shared fixtures: paths to the repo and to the offline data in ../shared/data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_mlflow(tmp_path_factory, monkeypatch):
+    """Every test logs to its own throw-away MLflow store, never the repo's mlflow.db."""
+    if "MLFLOW_TRACKING_URI" not in os.environ:
+        store = tmp_path_factory.mktemp("mlflow")
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    yield
+
+
+def shared_file(*parts: str) -> Path:
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} not available (the offline data folder ../shared/data)")
+    return path
