@@ -111,6 +111,11 @@ class StageRun:
 
     # -- recording ------------------------------------------------------------------------
     def add_input(self, path: str | os.PathLike, sha256: str | None = None) -> str:
+        if sha256 is None and not Path(path).exists():
+            raise BertraceError(
+                f"{path}: input of stage '{self.stage}' not found; run `dvc repro {self.stage}` "
+                "(it builds the upstream stages first) or the stage that writes it"
+            )
         digest = sha256 or prov.hash_path(path)
         self.inputs[Path(path).as_posix()] = digest
         self.set_tags({f"bertrace.input.{Path(path).name}": digest})
