@@ -1,7 +1,9 @@
 """The ``bertrace`` command: user-facing tools around the pipeline.
 
-    bertrace validate DIR        Great Expectations checks on a shard directory (manifest.json)
-    bertrace validate --corpus F Great Expectations checks on clean corpus files
+    bertrace validate DIR                         Great Expectations checks on a shard directory
+    bertrace validate --corpus F [F ...]          ... or on clean corpus files
+    bertrace predict TEXT... | --file F [--model P]   classify texts (JSON lines out)
+    bertrace export --hf DIR [--checkpoint P] [--tokenizer T]   Hugging Face directory
 """
 
 from __future__ import annotations
@@ -12,19 +14,26 @@ import sys
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="bertrace", description="bertrace tools")
+    parser = argparse.ArgumentParser(prog="bertrace", description="bertrace tools",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    v = sub.add_parser("validate", help="validate a shard directory or corpus files", add_help=False)
-    v.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("validate", help="validate a shard directory or corpus files", add_help=False)
+    sub.add_parser("predict", help="classify texts with a fine-tuned model (JSON lines)", add_help=False)
+    sub.add_parser("export", help="export a checkpoint as a Hugging Face directory", add_help=False)
     args = parser.parse_args(argv[:1])
     rest = argv[1:]
+    from stages.common import run_stage
+
     if args.command == "validate":
-        from stages.common import run_stage
         from stages import validate
 
         if rest and not rest[0].startswith("-"):
             rest = ["--shards", *rest]
         run_stage(lambda: validate.main(rest))
+    elif args.command in ("predict", "export"):
+        from stages import predict
+
+        run_stage(lambda: (predict.main_predict if args.command == "predict" else predict.main_export)(rest))
 
 
 if __name__ == "__main__":
