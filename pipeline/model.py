@@ -1,0 +1,645 @@
+"""BERT (Devlin et al. 2018), written out in one file in the spirit of nanoGPT's model.py.
+
+The network is the one Google's released ``modeling.py`` builds:
+
+- embeddings: token + learned absolute position + segment ("token type"), summed without any
+  sqrt(d) scaling, then LayerNorm(eps=1e-12) and dropout (``embedding_postprocessor``);
+- post-LN Transformer encoder layers: ``x = LN(x + drop(attn(x)))``, ``x = LN(x + drop(ffn(x)))``
+  (``transformer_model``), GELU in its tanh form as Google wrote it (exact erf selectable);
+- pooler: dense + tanh on the [CLS] vector (``get_pooled_output``);
+- pre-training heads (``run_pretraining.py``): masked-LM transform dense -> GELU -> LayerNorm,
+  decoder tied to the token embedding plus its own output bias, computed only at the masked
+  positions (``gather_indexes``); next-sentence head Linear(H, 2) on the pooled vector.
+
+Parameter names differ from Hugging Face's; ``to_hf_state_dict`` / ``load_hf_state_dict`` map
+between the two, and tests/test_model.py checks logits against ``transformers`` to 1e-5.
+
+Speed levers, all exact (the outputs that are read are the full computation's):
+- the MLM head runs on the ~15% masked rows only (at 4 layers / 256 hidden / vocab 16k the
+  full-sequence vocabulary projection costs more than the whole encoder);
+- so does the last layer's position-wise part (attention output, LayerNorms, FFN): only the
+  masked rows and [CLS] are read downstream, so only those are computed;
+- query/key/value are one fused (H, 3H) matmul;
+- attention is ``F.scaled_dot_product_attention`` with no mask at all when a batch has no
+  padding, so the fused kernels apply (on CUDA; on CPU they also need attention dropout off).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from pipeline.errors import BertraceError
+
+# --------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 16000
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 1024
+    max_position: int = 512
+    type_vocab_size: int = 2
+    dropout: float = 0.1  # hidden_dropout_prob: embeddings, attention output, FFN output
+    attention_dropout: float = 0.1  # attention_probs_dropout_prob
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    gelu: str = "tanh"  # "tanh" (Google's modeling.py) | "exact" (erf; HF "gelu")
+    pad_id: int = 0  # id of [PAD]; exported as HF pad_token_id (masks are never inferred from it)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                     "max_position", "type_vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise BertraceError(f"model config: {name} must be a positive integer, got {value!r}")
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise BertraceError(f"model config: {name} must be a number in [0, 1), got {value!r}")
+        if self.hidden_size % self.num_heads != 0:
+            raise BertraceError(
+                f"model config: hidden_size {self.hidden_size} is not a multiple of num_heads "
+                f"{self.num_heads}; pick num_heads dividing hidden_size (BERT uses hidden_size / 64)"
+            )
+        if self.gelu not in ("tanh", "exact"):
+            raise BertraceError(f"model config: gelu must be 'tanh' or 'exact', got {self.gelu!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BertConfig":
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(valid))
+        if unknown:
+            raise BertraceError(f"model config: unknown keys {unknown}; valid keys are {valid}")
+        return cls(**d)
+
+
+def _preset(layers: int, hidden: int) -> dict:
+    return dict(num_layers=layers, hidden_size=hidden, num_heads=hidden // 64, intermediate_size=4 * hidden)
+
+
+# The sizes of Google's BERT release (Turc et al. 2019, "Well-Read Students Learn Better"):
+# heads = hidden / 64, intermediate = 4 * hidden.
+PRESETS: dict[str, dict] = {
+    "tiny": _preset(2, 128),
+    "mini": _preset(4, 256),
+    "small": _preset(4, 512),
+    "medium": _preset(8, 512),
+    "base": _preset(12, 768),
+    "large": _preset(24, 1024),
+}
+
+
+def config_from_params(d: dict, vocab_size: int, source: str = "params.yaml") -> BertConfig:
+    """Model config from a params section: ``{"preset": "mini", <any BertConfig field>: value}``.
+
+    ``vocab_size`` comes from the tokenizer; a ``vocab_size`` key may only enlarge it (e.g. to
+    pad the embedding to a multiple of 64 for speed). ``source`` names the file in errors.
+    """
+    if not isinstance(d, dict):
+        raise BertraceError(f"{source}: the model params must be a mapping like {{preset: mini}}, got {d!r}")
+    d = dict(d)
+    preset = d.pop("preset", None)
+    if preset not in PRESETS:
+        raise BertraceError(f"{source}: model preset {preset!r} is not one of {sorted(PRESETS)}; set preset")
+    valid = [f.name for f in fields(BertConfig)]
+    unknown = sorted(set(d) - set(valid))
+    if unknown:
+        raise BertraceError(f"{source}: unknown model keys {unknown}; valid keys are ['preset'] + {valid}")
+    override = d.get("vocab_size", vocab_size)
+    if isinstance(override, int) and override < vocab_size:
+        raise BertraceError(
+            f"{source}: model vocab_size {override} is smaller than the tokenizer's "
+            f"{vocab_size}; remove the override or make it >= {vocab_size}"
+        )
+    return BertConfig(**{**PRESETS[preset], "vocab_size": vocab_size, **d})
+
+
+# --------------------------------------------------------------------------------------------
+# The network
+
+
+def gelu(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """Google's modeling.py uses the tanh approximation (Hendrycks & Gimpel 2016, eq. 2)."""
+    return F.gelu(x, approximate="tanh" if kind == "tanh" else "none")
+
+
+class Embeddings(nn.Module):
+    """modeling.py ``embedding_lookup`` + ``embedding_postprocessor``."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position = nn.Embedding(config.max_position, config.hidden_size)
+        self.segment = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.ln = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        T = input_ids.size(1)
+        x = self.word(input_ids) + self.position.weight[:T]  # [B, T, H] + [T, H]
+        if token_type_ids is None:
+            x = x + self.segment.weight[0]
+        else:
+            x = x + self.segment(token_type_ids)
+        return self.drop(self.ln(x))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention; q, k, v projections fused into one (H, 3H) matmul.
+
+    ``rows`` (flat indices into B*T): apply the output projection only at those positions and
+    return [R, H] instead of [B, T, H]; the attention itself still runs over all positions."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.attention_dropout = config.attention_dropout
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        B, T, H = x.shape
+        q, k, v = self.qkv(x).split(H, dim=2)
+        q, k, v = (t.view(B, T, self.num_heads, H // self.num_heads).transpose(1, 2) for t in (q, k, v))
+        # mask: bool [B, 1, 1, T], True = attend. Softmax(QK^T / sqrt(d)) V with dropout on the
+        # probabilities, as modeling.py attention_layer.
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.attention_dropout if self.training else 0.0
+        )
+        y = y.transpose(1, 2).reshape(B, T, H)
+        if rows is not None:
+            y = y.reshape(B * T, H).index_select(0, rows)
+        return self.proj(y)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.fc = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.proj = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.gelu = config.gelu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(gelu(self.fc(x), self.gelu))
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN Transformer layer (Vaswani et al. 2017; modeling.py ``transformer_model``).
+
+    With ``rows`` everything after the attention (projection, residuals, LayerNorms, FFN) is
+    position-wise, so it runs only at those rows: [B, T, H] in, [R, H] out."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attn = SelfAttention(config)
+        self.ln_attn = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ffn = FeedForward(config)
+        self.ln_ffn = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        attn = self.attn(x, mask, rows)
+        if rows is not None:
+            x = x.reshape(-1, x.size(-1)).index_select(0, rows)
+        x = self.ln_attn(x + self.drop(attn))
+        x = self.ln_ffn(x + self.drop(self.ffn(x)))
+        return x
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """N(0, std) for Linear and Embedding weights, zero biases, LayerNorm (1, 0).
+
+    As Hugging Face ``_init_weights``; Google's ``create_initializer`` draws from a normal
+    truncated at 2 std instead, a difference that does not matter in practice. Like Google (and
+    unlike HF's ``padding_idx``) the [PAD] embedding row is an ordinary, trained row.
+    """
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+    if isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def _padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """[B, T] 1/0 (or bool) mask -> bool [B, 1, 1, T] for SDPA, or None when nothing is padded.
+
+    With ``attn_mask=None`` SDPA may pick its fused flash / memory-efficient kernels. The
+    all-ones check reads one value back from the device; under torch.compile it is skipped
+    (callers can pass ``attention_mask=None`` for unpadded batches there).
+    """
+    if attention_mask is None:
+        return None
+    mask = attention_mask.bool()
+    if not torch.compiler.is_compiling() and bool(mask.all()):
+        return None
+    return mask[:, None, None, :]
+
+
+class BertModel(nn.Module):
+    """The encoder: ``forward -> (sequence_output [B, T, H], pooled_output [B, H])``.
+
+    ``rows``: optional 1-D flat indices into B*T (``b * T + t``) of the only positions the
+    caller will read. The last layer's position-wise part then runs at those rows and the
+    [CLS] rows only, and sequence_output is [len(rows), H]. The result at those rows is exactly
+    the full computation's (keys and values still come from every position); pre-training
+    passes the masked positions, classification an empty tensor (it reads [CLS] only).
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList([EncoderLayer(config) for _ in range(config.num_layers)])
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.apply(lambda m: init_weights(m, config.initializer_range))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        B, T = input_ids.shape
+        if T > self.config.max_position:
+            raise BertraceError(
+                f"model: sequence length {T} exceeds max_position {self.config.max_position}; "
+                f"shorten the examples (examples.max_seq_len) or raise model.max_position"
+            )
+        if rows is not None and rows.dim() != 1:
+            raise BertraceError(
+                f"model: rows / masked_positions must be 1-D flat indices into B*T, got shape "
+                f"{tuple(rows.shape)}; use b * T + t"
+            )
+        mask = _padding_mask(attention_mask)
+        x = self.embeddings(input_ids, token_type_ids)
+        for layer in self.layers[:-1]:
+            x = layer(x, mask)
+        if rows is None:
+            x = self.layers[-1](x, mask)
+            seq, cls = x, x[:, 0]
+        else:
+            cls_rows = torch.arange(B, device=rows.device) * T
+            x = self.layers[-1](x, mask, torch.cat([rows, cls_rows]))
+            seq, cls = x[: len(rows)], x[len(rows):]
+        pooled = torch.tanh(self.pooler(cls))  # modeling.py get_pooled_output: dense + tanh on [CLS]
+        return seq, pooled
+
+
+class PreTrainingOutput(NamedTuple):
+    mlm_logits: torch.Tensor  # [N, V] at masked_positions, or [B, T, V] when they are None
+    nsp_logits: torch.Tensor  # [B, 2]; class 0 = IsNext, 1 = NotNext
+
+
+class MLMHead(nn.Module):
+    """run_pretraining.py ``get_masked_lm_output``: dense -> GELU -> LayerNorm -> tied decoder."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.ln = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)  # weight tied by the owner
+        self.gelu = config.gelu
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.ln(gelu(self.dense(h), self.gelu)))
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with the masked-LM and next-sentence-prediction heads."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.mlm = MLMHead(config)
+        self.nsp = nn.Linear(config.hidden_size, 2)
+        self.mlm.apply(lambda m: init_weights(m, config.initializer_range))
+        self.nsp.apply(lambda m: init_weights(m, config.initializer_range))
+        # Weight tying (Press & Wolf 2017; modeling.py reuses embedding_table): one Parameter.
+        self.mlm.decoder.weight = self.bert.embeddings.word.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        masked_positions: torch.Tensor | None = None,
+    ) -> PreTrainingOutput:
+        """``masked_positions``: 1-D LongTensor of flat indices into B*T (row b, position t is
+        ``b * T + t``), as Google's ``gather_indexes``; the MLM head (and the last layer's
+        position-wise part, see BertModel) then runs on those rows only."""
+        x, pooled = self.bert(input_ids, token_type_ids, attention_mask, rows=masked_positions)
+        return PreTrainingOutput(self.mlm(x), self.nsp(pooled))
+
+
+def pretraining_loss(
+    output: PreTrainingOutput, mlm_labels: torch.Tensor, nsp_labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(total, mlm, nsp)`` cross entropies, total = mlm + nsp (run_pretraining.py).
+
+    ``mlm_labels`` is [N] for gathered logits, or [B, T] with -100 at unmasked positions for
+    full logits. Google's weighted mean over real predictions equals this plain mean.
+    """
+    logits = output.mlm_logits
+    mlm = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), mlm_labels.reshape(-1).long(),
+                          ignore_index=-100)
+    nsp = F.cross_entropy(output.nsp_logits.float(), nsp_labels.reshape(-1).long())
+    return mlm + nsp, mlm, nsp
+
+
+def pretraining_correct(
+    output: PreTrainingOutput, mlm_labels: torch.Tensor, nsp_labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(mlm_correct, mlm_count, nsp_correct, nsp_count)`` as 0-d tensors (no device sync),
+    to sum over batches for accuracy. MLM labels of -100 are not counted."""
+    logits = output.mlm_logits
+    labels = mlm_labels.reshape(-1).long()
+    valid = labels != -100
+    mlm_pred = logits.reshape(-1, logits.size(-1)).argmax(-1)
+    mlm_correct = ((mlm_pred == labels) & valid).sum()
+    nsp_labels = nsp_labels.reshape(-1).long()
+    nsp_correct = (output.nsp_logits.argmax(-1) == nsp_labels).sum()
+    return mlm_correct, valid.sum(), nsp_correct, torch.tensor(nsp_labels.numel(), device=nsp_labels.device)
+
+
+class BertForSequenceClassification(nn.Module):
+    """BertModel -> dropout -> Linear on the pooled [CLS] vector (run_classifier.py
+    ``create_model``). ``forward -> logits [B, num_labels]``."""
+
+    def __init__(self, config: BertConfig, num_labels: int, classifier_dropout: float | None = None):
+        super().__init__()
+        self.config = config
+        self.num_labels = num_labels
+        self.bert = BertModel(config)
+        self.drop = nn.Dropout(config.dropout if classifier_dropout is None else classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        init_weights(self.classifier, config.initializer_range)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        no_rows = torch.zeros(0, dtype=torch.long, device=input_ids.device)  # only [CLS] is read
+        _, pooled = self.bert(input_ids, token_type_ids, attention_mask, rows=no_rows)
+        return self.classifier(self.drop(pooled))
+
+    def load_pretrained_encoder(self, pretraining_state_dict: dict, source: str = "checkpoint") -> None:
+        """Load the encoder (``bert.*``) from a BertForPreTraining state dict; the MLM and NSP
+        heads are dropped and the classifier keeps its fresh init. Prefixes added by
+        torch.compile (``_orig_mod.``) and DDP (``module.``) are stripped."""
+        sd = {_strip_wrappers(k): v for k, v in pretraining_state_dict.items()}
+        encoder = {k[len("bert."):]: v for k, v in sd.items() if k.startswith("bert.")}
+        if not encoder:
+            raise BertraceError(f"{source}: no 'bert.*' weights found; is it a BertForPreTraining state dict?")
+        _load_strict(self.bert, encoder, source)
+
+
+def _strip_wrappers(key: str) -> str:
+    for prefix in ("_orig_mod.", "module."):
+        while key.startswith(prefix):
+            key = key[len(prefix):]
+    return key
+
+
+def _load_strict(module: nn.Module, sd: dict, source: str) -> None:
+    own = module.state_dict()
+    missing = sorted(set(own) - set(sd))
+    unexpected = sorted(set(sd) - set(own))
+    if missing or unexpected:
+        raise BertraceError(
+            f"{source}: weights do not fit the model (missing {missing[:8]}, unexpected "
+            f"{unexpected[:8]}); was it saved with a different model config?"
+        )
+    bad = [f"{k}: {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in own.items() if sd[k].shape != v.shape]
+    if bad:
+        raise BertraceError(
+            f"{source}: weight shapes differ from the model config ({bad[:4]}); use the model "
+            f"config the checkpoint was trained with"
+        )
+    module.load_state_dict(sd)
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizer groups, sizes, FLOPs
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two AdamW groups: weights decay, biases and LayerNorm parameters do not (Google's
+    optimization.py ``exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"]``).
+    Works on any module (ours or Hugging Face's); a tied Parameter appears once."""
+    decay, no_decay, seen = [], [], set()
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if id(p) in seen or not p.requires_grad:
+                continue
+            seen.add(id(p))
+            if isinstance(module, nn.LayerNorm) or name.endswith("bias"):
+                no_decay.append(p)
+            else:
+                decay.append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def num_parameters(model: nn.Module) -> int:
+    """Distinct parameters (the tied decoder weight counts once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(config: BertConfig, seq_len: int, mlm_fraction: float = 0.15) -> float:
+    """Training FLOPs (forward + backward) per input token of BertForPreTraining, for MFU.
+
+    A matmul with an (m, n) weight costs 2mn FLOPs per row forward and 4mn backward, so 6mn in
+    all (Kaplan et al. 2020); attention scores QK^T and the weighted sum AV add 2 * 2*T*H per
+    token and layer forward, 12*T*H with backward (PaLM, Chowdhery et al. 2022, appendix B).
+    With f = ``mlm_fraction`` (masked positions / tokens) and r = min(1, f + 1/T) (the rows the
+    last layer's position-wise part runs on: masked positions and [CLS], see BertModel):
+
+        6 * (L * 3H^2 + (L - 1 + r) * (H^2 + 2HI))   q/k/v; attention output + FFN in, out
+      + 12 * L * H * T                               attention over T positions
+      + 6 * f * (H^2 + H*V)                          MLM transform + decoder, masked rows only
+      + 6 * (H^2 + 2H) / T                           pooler + NSP, once per sequence
+
+    Embedding lookups, biases, LayerNorm, softmax and GELU are left out (not matmuls); the test
+    checks the sum against torch's FlopCounterMode. ``mlm_fraction=1.0`` gives the cost of a
+    model that runs the last layer and the MLM head on every position, as Hugging Face's does.
+    """
+    L, H, I, V, T = config.num_layers, config.hidden_size, config.intermediate_size, config.vocab_size, seq_len
+    f = mlm_fraction
+    r = min(1.0, f + 1.0 / T)
+    encoder = 6 * (L * 3 * H * H + (L - 1 + r) * (H * H + 2 * H * I))
+    attention = 12 * L * H * T
+    mlm = 6 * f * (H * H + H * V)
+    pooler_nsp = 6 * (H * H + 2 * H) / T
+    return float(encoder + attention + mlm + pooler_nsp)
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face interoperability (state-dict names and config fields of transformers' BERT)
+
+
+def hf_config(config: BertConfig, num_labels: int | None = None) -> dict:
+    """Fields of ``transformers.BertConfig`` for this config (``BertConfig(**hf_config(c))``)."""
+    d = {
+        "model_type": "bert",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": config.intermediate_size,
+        # gelu_pytorch_tanh is F.gelu(approximate="tanh"): exactly our op ("gelu_new" is the same
+        # formula written out); "gelu" is the exact erf form.
+        "hidden_act": "gelu_pytorch_tanh" if config.gelu == "tanh" else "gelu",
+        "hidden_dropout_prob": config.dropout,
+        "attention_probs_dropout_prob": config.attention_dropout,
+        "max_position_embeddings": config.max_position,
+        "type_vocab_size": config.type_vocab_size,
+        "initializer_range": config.initializer_range,
+        "layer_norm_eps": config.layer_norm_eps,
+        "pad_token_id": config.pad_id,
+    }
+    if num_labels is not None:
+        d["num_labels"] = num_labels
+    return d
+
+
+_HF_GELU = {"gelu": "exact", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
+
+
+def config_from_hf(hf: dict) -> BertConfig:
+    """Inverse of ``hf_config`` (e.g. for a downloaded config.json)."""
+    act = hf.get("hidden_act", "gelu")
+    if act not in _HF_GELU:
+        raise BertraceError(f"HF config: hidden_act {act!r} is not supported; expected one of {sorted(_HF_GELU)}")
+    return BertConfig(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
+        max_position=hf.get("max_position_embeddings", 512), type_vocab_size=hf.get("type_vocab_size", 2),
+        dropout=hf.get("hidden_dropout_prob", 0.1), attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), initializer_range=hf.get("initializer_range", 0.02),
+        gelu=_HF_GELU[act], pad_id=hf.get("pad_token_id", 0) or 0,
+    )
+
+
+def _encoder_name_map(config: BertConfig, ours: str, hf: str) -> list[tuple[str, str]]:
+    """(our name, HF name) pairs for a BertModel, except the fused qkv (see _qkv_names)."""
+    pairs = [
+        ("embeddings.word.weight", "embeddings.word_embeddings.weight"),
+        ("embeddings.position.weight", "embeddings.position_embeddings.weight"),
+        ("embeddings.segment.weight", "embeddings.token_type_embeddings.weight"),
+        ("embeddings.ln.weight", "embeddings.LayerNorm.weight"),
+        ("embeddings.ln.bias", "embeddings.LayerNorm.bias"),
+        ("pooler.weight", "pooler.dense.weight"),
+        ("pooler.bias", "pooler.dense.bias"),
+    ]
+    for i in range(config.num_layers):
+        o, h = f"layers.{i}.", f"encoder.layer.{i}."
+        for wb in ("weight", "bias"):
+            pairs += [
+                (f"{o}attn.proj.{wb}", f"{h}attention.output.dense.{wb}"),
+                (f"{o}ln_attn.{wb}", f"{h}attention.output.LayerNorm.{wb}"),
+                (f"{o}ffn.fc.{wb}", f"{h}intermediate.dense.{wb}"),
+                (f"{o}ffn.proj.{wb}", f"{h}output.dense.{wb}"),
+                (f"{o}ln_ffn.{wb}", f"{h}output.LayerNorm.{wb}"),
+            ]
+    return [(ours + a, hf + b) for a, b in pairs]
+
+
+def _qkv_names(config: BertConfig, ours: str, hf: str) -> list[tuple[str, tuple[str, str, str]]]:
+    out = []
+    for i in range(config.num_layers):
+        for wb in ("weight", "bias"):
+            h = f"{hf}encoder.layer.{i}.attention.self."
+            out.append((f"{ours}layers.{i}.attn.qkv.{wb}", tuple(f"{h}{n}.{wb}" for n in ("query", "key", "value"))))
+    return out
+
+
+def _name_maps(model: nn.Module):
+    """(plain pairs, qkv pairs, tied HF aliases {hf name: hf name it equals}) for a model."""
+    if isinstance(model, BertForPreTraining):
+        pairs = _encoder_name_map(model.config, "bert.", "bert.")
+        pairs += [
+            ("mlm.dense.weight", "cls.predictions.transform.dense.weight"),
+            ("mlm.dense.bias", "cls.predictions.transform.dense.bias"),
+            ("mlm.ln.weight", "cls.predictions.transform.LayerNorm.weight"),
+            ("mlm.ln.bias", "cls.predictions.transform.LayerNorm.bias"),
+            ("mlm.decoder.bias", "cls.predictions.bias"),
+            ("nsp.weight", "cls.seq_relationship.weight"),
+            ("nsp.bias", "cls.seq_relationship.bias"),
+        ]
+        tied = {
+            "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+            "cls.predictions.decoder.bias": "cls.predictions.bias",
+        }
+        return pairs, _qkv_names(model.config, "bert.", "bert."), tied
+    if isinstance(model, BertForSequenceClassification):
+        pairs = _encoder_name_map(model.config, "bert.", "bert.")
+        pairs += [("classifier.weight", "classifier.weight"), ("classifier.bias", "classifier.bias")]
+        return pairs, _qkv_names(model.config, "bert.", "bert."), {}
+    if isinstance(model, BertModel):
+        return _encoder_name_map(model.config, "", ""), _qkv_names(model.config, "", ""), {}
+    raise BertraceError(f"HF mapping: unsupported model type {type(model).__name__}")
+
+
+def to_hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """State dict in Hugging Face names for BertForPreTraining, BertForSequenceClassification or
+    BertModel; loads strictly into the matching ``transformers`` class. Tensors are detached
+    contiguous copies (tied entries included, as HF's own ``state_dict()`` has them)."""
+    ours = model.state_dict()
+    pairs, qkv, tied = _name_maps(model)
+    out = {hf: ours[o].detach().clone().contiguous() for o, hf in pairs}
+    for o, hf_names in qkv:
+        for hf, part in zip(hf_names, ours[o].chunk(3, dim=0)):
+            out[hf] = part.detach().clone().contiguous()
+    for alias, target in tied.items():
+        out[alias] = out[target].clone()
+    return out
+
+
+def load_hf_state_dict(model: nn.Module, hf_sd: dict, strict: bool = True, source: str = "HF checkpoint") -> None:
+    """Copy a Hugging Face state dict into ``model`` (inverse of ``to_hf_state_dict``).
+
+    Tied entries (``cls.predictions.decoder.*``) may be absent. With ``strict`` unexpected keys
+    are an error (with ``strict=False`` they are ignored, e.g. the heads of a BertForPreTraining
+    checkpoint when loading a BertForSequenceClassification); missing keys always are.
+    """
+    pairs, qkv, tied = _name_maps(model)
+    ignorable = set(tied) | {"bert.embeddings.position_ids", "embeddings.position_ids",
+                             "bert.embeddings.token_type_ids", "embeddings.token_type_ids"}
+    needed = [hf for _, hf in pairs] + [hf for _, names in qkv for hf in names]
+    missing = [k for k in needed if k not in hf_sd]
+    unexpected = sorted(set(hf_sd) - set(needed) - ignorable)
+    if missing or (strict and unexpected):
+        raise BertraceError(
+            f"{source}: state dict does not fit {type(model).__name__} (missing {missing[:8]}, "
+            f"unexpected {unexpected[:8]}); check the model class and config"
+        )
+    new = {o: hf_sd[hf] for o, hf in pairs}
+    for o, names in qkv:
+        new[o] = torch.cat([hf_sd[n] for n in names], dim=0)
+    own = model.state_dict()
+    bad = [f"{k}: {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in new.items() if v.shape != own[k].shape]
+    if bad:
+        raise BertraceError(f"{source}: weight shapes differ from the model config ({bad[:4]}); use its config")
+    with torch.no_grad():
+        for k, v in new.items():
+            own[k].copy_(v)

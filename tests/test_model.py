@@ -1,0 +1,479 @@
+"""pipeline.model: faithfulness to Hugging Face's BERT, weight tying, init, optimizer groups,
+presets, padding invariance, the masked-position gather, FLOP count and HF name mapping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from pipeline.errors import BertraceError
+from pipeline.model import (
+    PRESETS,
+    BertConfig,
+    BertForPreTraining,
+    BertForSequenceClassification,
+    BertModel,
+    config_from_hf,
+    config_from_params,
+    flops_per_token,
+    hf_config,
+    load_hf_state_dict,
+    num_parameters,
+    param_groups,
+    pretraining_correct,
+    pretraining_loss,
+    to_hf_state_dict,
+)
+
+V = 211  # tiny vocabulary: these tests are about the math, not the size
+
+
+def tiny(**kw) -> BertConfig:
+    d = dict(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_position=64)
+    d.update(kw)
+    return BertConfig(**d)
+
+
+def batch(B=4, T=24, seed=0):
+    """Random ids with [CLS]/[SEP], two segments, and right padding on some rows."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, V, (B, T), generator=g)
+    lengths = [T, T - 7, T - 1, 9][:B]
+    mask = torch.zeros(B, T, dtype=torch.long)
+    token_type = torch.zeros(B, T, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = 1
+        ids[b, 0], ids[b, n // 2], ids[b, n - 1] = 2, 3, 3
+        token_type[b, n // 2 + 1:n] = 1
+        ids[b, n:] = 0
+    # masked positions: a few real (unpadded) positions per row, as flat indices b * T + t
+    positions = torch.cat([b * T + torch.tensor([1, 3, n // 2 + 2]) for b, n in enumerate(lengths)])
+    return ids, token_type, mask, positions
+
+
+# --------------------------------------------------------------------------------------------
+# Faithfulness: same weights, same inputs -> the same logits as transformers
+
+
+def _randomize(model: nn.Module, seed: int) -> None:
+    """Every parameter random (biases and LayerNorm too, which init leaves at 0 / 1), large
+    enough that GELU's tanh and erf forms differ: a swapped or misnamed weight cannot hide."""
+    g = torch.Generator().manual_seed(seed)
+    ln_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.LayerNorm)}
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.1 * noise if id(p) in ln_weights else 0.2 * noise)
+
+
+def _hf_pair(config: BertConfig, hf_act: str | None = None):
+    transformers = pytest.importorskip("transformers")
+    hf_cfg = hf_config(config)
+    if hf_act is not None:
+        hf_cfg["hidden_act"] = hf_act
+    hf = transformers.BertForPreTraining(transformers.BertConfig(**hf_cfg)).eval()
+    _randomize(hf, seed=1)
+    ours = BertForPreTraining(config).eval()
+    load_hf_state_dict(ours, hf.state_dict())
+    return ours, hf
+
+
+@pytest.mark.parametrize(
+    "gelu,hf_act", [("exact", "gelu"), ("tanh", "gelu_new"), ("tanh", "gelu_pytorch_tanh")]
+)
+def test_pretraining_logits_match_hugging_face(gelu, hf_act):
+    ours, hf = _hf_pair(tiny(gelu=gelu), hf_act)
+    ids, token_type, mask, positions = batch()
+    with torch.no_grad():
+        out = ours(ids, token_type, mask, positions)
+        ref = hf(input_ids=ids, token_type_ids=token_type, attention_mask=mask)
+    hf_mlm = ref.prediction_logits.reshape(-1, V)[positions]
+    assert out.mlm_logits.shape == (len(positions), V)
+    torch.testing.assert_close(out.mlm_logits, hf_mlm, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.nsp_logits, ref.seq_relationship_logits, atol=1e-5, rtol=0)
+    # the logits are not trivially small: the comparison means something
+    assert out.mlm_logits.abs().max() > 0.01
+
+
+def test_pretraining_loss_and_gradients_match_hugging_face():
+    """HF's loss with -100 labels (DataCollatorForLanguageModeling) equals ours on the gathered
+    rows, and the gradients agree, the tied embedding's included."""
+    ours, hf = _hf_pair(tiny(gelu="exact"))
+    ids, token_type, mask, positions = batch()
+    g = torch.Generator().manual_seed(3)
+    mlm_labels = torch.randint(5, V, (len(positions),), generator=g)
+    nsp_labels = torch.tensor([0, 1, 1, 0])
+    hf_labels = torch.full(ids.shape, -100).reshape(-1)
+    hf_labels[positions] = mlm_labels
+    total, mlm, nsp = pretraining_loss(ours(ids, token_type, mask, positions), mlm_labels, nsp_labels)
+    ref = hf(input_ids=ids, token_type_ids=token_type, attention_mask=mask,
+             labels=hf_labels.reshape(ids.shape), next_sentence_label=nsp_labels)
+    torch.testing.assert_close(total, ref.loss, atol=1e-5, rtol=0)
+    torch.testing.assert_close(total, mlm + nsp)
+    total.backward()
+    ref.loss.backward()
+    emb, hf_emb = ours.bert.embeddings.word.weight.grad, hf.bert.embeddings.word_embeddings.weight.grad
+    torch.testing.assert_close(emb, hf_emb, atol=1e-6, rtol=1e-4)
+    hf_attn = hf.bert.encoder.layer[0].attention.self
+    hf_qkv = torch.cat([hf_attn.query.weight.grad, hf_attn.key.weight.grad, hf_attn.value.weight.grad])
+    torch.testing.assert_close(ours.bert.layers[0].attn.qkv.weight.grad, hf_qkv, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(ours.mlm.decoder.bias.grad, hf.cls.predictions.bias.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_sequence_classification_matches_hugging_face():
+    transformers = pytest.importorskip("transformers")
+    config = tiny(gelu="exact")
+    hf = transformers.BertForSequenceClassification(
+        transformers.BertConfig(**hf_config(config, num_labels=3))).eval()
+    _randomize(hf, seed=2)
+    ours = BertForSequenceClassification(config, num_labels=3).eval()
+    load_hf_state_dict(ours, hf.state_dict())
+    ids, token_type, mask, _ = batch()
+    with torch.no_grad():
+        logits = ours(ids, token_type, mask)
+        ref = hf(input_ids=ids, token_type_ids=token_type, attention_mask=mask).logits
+    assert logits.shape == (4, 3)
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=0)
+
+
+def test_to_hf_state_dict_loads_strictly_into_transformers_and_round_trips():
+    transformers = pytest.importorskip("transformers")
+    config = tiny()
+    ours = BertForPreTraining(config).eval()
+    _randomize(ours, seed=4)
+    sd = to_hf_state_dict(ours)
+    hf = transformers.BertForPreTraining(transformers.BertConfig(**hf_config(config))).eval()
+    assert set(sd) == set(hf.state_dict())
+    hf.load_state_dict(sd, strict=True)
+    ids, token_type, mask, positions = batch()
+    with torch.no_grad():
+        ref = hf(input_ids=ids, token_type_ids=token_type, attention_mask=mask)
+        out = ours(ids, token_type, mask)
+    torch.testing.assert_close(out.mlm_logits, ref.prediction_logits, atol=1e-5, rtol=0)
+    # HF -> ours -> HF is the identity
+    back = BertForPreTraining(config)
+    load_hf_state_dict(back, hf.state_dict())
+    for k, v in to_hf_state_dict(back).items():
+        assert torch.equal(v, sd[k]), k
+    # the classifier too
+    cls = BertForSequenceClassification(config, num_labels=2).eval()
+    _randomize(cls, seed=5)
+    hf_cls = transformers.BertForSequenceClassification(
+        transformers.BertConfig(**hf_config(config, num_labels=2))).eval()
+    hf_cls.load_state_dict(to_hf_state_dict(cls), strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(cls(ids, token_type, mask), hf_cls(input_ids=ids, token_type_ids=token_type,
+                                   attention_mask=mask).logits, atol=1e-5, rtol=0)
+
+
+def test_load_hf_state_dict_errors_name_the_problem():
+    config = tiny()
+    sd = to_hf_state_dict(BertForPreTraining(config))
+    target = BertForPreTraining(config)
+    broken = dict(sd)
+    del broken["bert.encoder.layer.1.output.dense.weight"]
+    with pytest.raises(BertraceError, match="missing.*layer.1.output.dense.weight"):
+        load_hf_state_dict(target, broken)
+    with pytest.raises(BertraceError, match="unexpected.*extra"):
+        load_hf_state_dict(target, {**sd, "extra.weight": torch.zeros(1)})
+    wrong = to_hf_state_dict(BertForPreTraining(tiny(intermediate_size=48)))
+    with pytest.raises(BertraceError, match="shapes differ"):
+        load_hf_state_dict(target, wrong)
+    # tied entries may be absent; a pre-training checkpoint loads into a classifier with strict=False
+    untied = {k: v for k, v in sd.items() if not k.startswith("cls.predictions.decoder")}
+    load_hf_state_dict(target, untied)
+    clf = BertForSequenceClassification(config, num_labels=2)
+    with pytest.raises(BertraceError, match="missing.*classifier.weight"):
+        load_hf_state_dict(clf, sd, strict=False)
+    sd_cls = {**sd, "classifier.weight": torch.zeros(2, 32), "classifier.bias": torch.zeros(2)}
+    load_hf_state_dict(clf, sd_cls, strict=False)
+    assert torch.equal(clf.bert.embeddings.word.weight, sd["bert.embeddings.word_embeddings.weight"])
+
+
+def test_hf_config_fields():
+    transformers = pytest.importorskip("transformers")
+    for gelu, act in [("tanh", "gelu_pytorch_tanh"), ("exact", "gelu")]:
+        config = tiny(gelu=gelu, dropout=0.2, attention_dropout=0.05)
+        hf = transformers.BertConfig(**hf_config(config, num_labels=5))
+        assert (hf.num_hidden_layers, hf.hidden_size, hf.num_attention_heads, hf.intermediate_size) == (2, 32, 4, 64)
+        assert (hf.hidden_act, hf.hidden_dropout_prob, hf.attention_probs_dropout_prob) == (act, 0.2, 0.05)
+        assert (hf.vocab_size, hf.max_position_embeddings, hf.layer_norm_eps, hf.num_labels) == (V, 64, 1e-12, 5)
+        assert config_from_hf(hf.to_dict()) == config
+    assert config_from_hf({**hf_config(tiny()), "hidden_act": "gelu_new"}).gelu == "tanh"
+    with pytest.raises(BertraceError, match="hidden_act 'relu'"):
+        config_from_hf({**hf_config(tiny()), "hidden_act": "relu"})
+
+
+# --------------------------------------------------------------------------------------------
+# Structure: tying, init, optimizer groups, presets
+
+
+def test_decoder_weight_is_tied_and_gradients_reach_the_embedding():
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny())
+    emb = model.bert.embeddings.word.weight
+    assert model.mlm.decoder.weight is emb
+    assert model.mlm.decoder.weight.data_ptr() == emb.data_ptr()
+    assert num_parameters(model) == sum(p.numel() for p in set(model.parameters()))
+    ids = torch.randint(5, 50, (2, 16))  # ids < 50 only: rows >= 50 get gradient via the decoder only
+    out = model(ids, masked_positions=torch.tensor([1, 2, 17]))
+    pretraining_loss(out, torch.tensor([7, 8, 9]), torch.tensor([0, 1]))[0].backward()
+    assert emb.grad[50:].abs().sum() > 0
+    opt = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-2)
+    opt.step()
+    assert model.mlm.decoder.weight is model.bert.embeddings.word.weight  # still one tensor
+    assert "mlm.decoder.weight" not in dict(model.named_parameters())  # listed once, under the embedding
+
+
+def test_init_statistics():
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=4000, hidden_size=256, num_layers=1, num_heads=4, intermediate_size=1024)
+    model = BertForPreTraining(config)
+    for w in (model.bert.embeddings.word.weight, model.bert.layers[0].ffn.fc.weight,
+              model.bert.layers[0].attn.qkv.weight):
+        assert abs(w.std().item() - 0.02) < 0.0005
+        assert abs(w.mean().item()) < 0.0005
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            assert torch.all(p == 0), name
+    for m in model.modules():
+        if isinstance(m, nn.LayerNorm):
+            assert torch.all(m.weight == 1) and torch.all(m.bias == 0)
+            assert m.eps == 1e-12
+    clf = BertForSequenceClassification(config, num_labels=2)
+    assert torch.all(clf.classifier.bias == 0) and clf.classifier.weight.std() < 0.05
+
+
+def test_init_is_deterministic_under_a_seed():
+    torch.manual_seed(7)
+    a = BertForPreTraining(tiny()).state_dict()
+    torch.manual_seed(7)
+    b = BertForPreTraining(tiny()).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("which", ["ours", "hf"])
+def test_param_groups_split_decay_and_no_decay_exactly(which):
+    if which == "ours":
+        model = BertForPreTraining(tiny())
+    else:
+        transformers = pytest.importorskip("transformers")
+        model = transformers.BertForPreTraining(transformers.BertConfig(**hf_config(tiny())))
+    decay, no_decay = param_groups(model, 0.01)
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    ids = [id(p) for p in decay["params"] + no_decay["params"]]
+    assert len(ids) == len(set(ids))  # nothing duplicated (the tied weight once)
+    assert set(ids) == {id(p) for p in model.parameters()}  # nothing missed
+    no_decay_ids = {id(p) for p in no_decay["params"]}
+    ln_params = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
+    for name, p in model.named_parameters():
+        if name.endswith("bias") or id(p) in ln_params:
+            assert id(p) in no_decay_ids, name
+        else:
+            assert p.dim() == 2 and id(p) not in no_decay_ids, name
+    # embedding LN (2) + per layer: biases (ours 4: qkv, proj, fc, proj; HF 6) + 2 LNs (4)
+    # + pooler bias + MLM dense bias + MLM LN (2) + decoder bias + NSP bias
+    per_layer = 4 + 4 if which == "ours" else 6 + 4
+    assert len(no_decay["params"]) == 2 + 2 * per_layer + 1 + 1 + 2 + 1 + 1
+
+
+@pytest.mark.parametrize("name,layers,hidden", [
+    ("tiny", 2, 128), ("mini", 4, 256), ("small", 4, 512), ("medium", 8, 512), ("base", 12, 768), ("large", 24, 1024)])
+def test_presets(name, layers, hidden):
+    config = config_from_params({"preset": name}, vocab_size=1000)
+    assert (config.num_layers, config.hidden_size) == (layers, hidden)
+    assert config.num_heads == hidden // 64 and config.intermediate_size == 4 * hidden
+    assert config.vocab_size == 1000 and config.gelu == "tanh"
+    with torch.device("meta"):  # shapes without allocating (large has 300M parameters)
+        model = BertForPreTraining(config)
+    assert len(model.bert.layers) == layers
+    assert model.bert.embeddings.word.weight.shape == (1000, hidden)
+    assert model.bert.layers[0].attn.qkv.weight.shape == (3 * hidden, hidden)
+    assert model.bert.layers[0].ffn.fc.weight.shape == (4 * hidden, hidden)
+    assert model.nsp.weight.shape == (2, hidden)
+
+
+def test_parameter_counts_of_google_bert_base_and_large():
+    # the published sizes of bert-base-uncased / bert-large-uncased (BertModel, pooler included)
+    with torch.device("meta"):
+        base = BertModel(config_from_params({"preset": "base"}, 30522))
+        large = BertModel(config_from_params({"preset": "large"}, 30522))
+    assert num_parameters(base) == 109_482_240
+    assert num_parameters(large) == 335_141_888
+
+
+def test_tiny_preset_forward_shapes():
+    torch.manual_seed(0)
+    config = config_from_params({"preset": "tiny", "max_position": 32}, vocab_size=V)
+    model = BertForPreTraining(config).eval()
+    ids = torch.randint(5, V, (3, 20))
+    seq, pooled = model.bert(ids)
+    assert seq.shape == (3, 20, 128) and pooled.shape == (3, 128)
+    out = model(ids)
+    assert out.mlm_logits.shape == (3, 20, V) and out.nsp_logits.shape == (3, 2)
+    clf = BertForSequenceClassification(config, num_labels=4)
+    assert clf(ids).shape == (3, 4)
+
+
+def test_config_from_params_overrides_and_errors():
+    config = config_from_params({"preset": "mini", "dropout": 0.0, "gelu": "exact", "vocab_size": 16064}, 16000)
+    assert (config.dropout, config.gelu, config.vocab_size, config.num_layers) == (0.0, "exact", 16064, 4)
+    with pytest.raises(BertraceError, match=r"unknown model keys \['hiden_size'\].*hidden_size"):
+        config_from_params({"preset": "mini", "hiden_size": 128}, 16000)
+    with pytest.raises(BertraceError, match="preset 'huge' is not one of"):
+        config_from_params({"preset": "huge"}, 16000)
+    with pytest.raises(BertraceError, match="preset None"):
+        config_from_params({}, 16000)
+    with pytest.raises(BertraceError, match="smaller than the tokenizer"):
+        config_from_params({"preset": "mini", "vocab_size": 100}, 16000)
+    with pytest.raises(BertraceError, match="not a multiple of num_heads"):
+        config_from_params({"preset": "mini", "num_heads": 3}, 16000)
+    with pytest.raises(BertraceError, match="must be a mapping"):
+        config_from_params("mini", 16000)
+    with pytest.raises(BertraceError, match="gelu must be"):
+        BertConfig(gelu="relu")
+    with pytest.raises(BertraceError, match="dropout must be a number in"):
+        BertConfig(dropout=1.5)
+    with pytest.raises(BertraceError, match="num_heads must be a positive integer"):
+        BertConfig(num_heads=0)
+    with pytest.raises(BertraceError, match="unknown keys"):
+        BertConfig.from_dict({"hidden": 1})
+    config = tiny(gelu="exact")
+    assert BertConfig.from_dict(config.to_dict()) == config
+
+
+# --------------------------------------------------------------------------------------------
+# Behaviour: padding, gather, losses, errors, FLOPs
+
+
+def test_padding_does_not_change_unpadded_outputs():
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny()).eval()
+    ids = torch.randint(5, V, (1, 10))
+    token_type = torch.tensor([[0] * 5 + [1] * 5])
+    with torch.no_grad():
+        seq, pooled = model.bert(ids, token_type)
+        padded = torch.cat([ids, torch.zeros(1, 6, dtype=torch.long)], dim=1)
+        pad_tt = torch.cat([token_type, torch.zeros(1, 6, dtype=torch.long)], dim=1)
+        pad_mask = torch.tensor([[1] * 10 + [0] * 6])
+        seq_p, pooled_p = model.bert(padded, pad_tt, pad_mask)
+        # in a batch next to a longer row, too
+        both = torch.cat([padded, torch.randint(5, V, (1, 16))])
+        seq_b, pooled_b = model.bert(both, torch.cat([pad_tt, pad_tt]), torch.cat([pad_mask, torch.ones(1, 16)]).long())
+    torch.testing.assert_close(seq_p[:, :10], seq, atol=1e-5, rtol=0)
+    torch.testing.assert_close(pooled_p, pooled, atol=1e-5, rtol=0)
+    torch.testing.assert_close(seq_b[:1, :10], seq, atol=1e-5, rtol=0)
+    torch.testing.assert_close(pooled_b[:1], pooled, atol=1e-5, rtol=0)
+    # without the mask the padding is attended to, and the outputs change: the mask matters
+    with torch.no_grad():
+        seq_u, _ = model.bert(padded, pad_tt)
+    assert (seq_u[:, :10] - seq).abs().max() > 1e-3
+    # an all-ones mask (the no-padding fast path) equals no mask
+    with torch.no_grad():
+        seq_1, pooled_1 = model.bert(ids, token_type, torch.ones(1, 10, dtype=torch.long))
+    torch.testing.assert_close(seq_1, seq, atol=0, rtol=0)
+
+
+def test_masked_positions_gather_equals_full_logits():
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny()).eval()
+    ids, token_type, mask, positions = batch()
+    with torch.no_grad():
+        full = model(ids, token_type, mask)
+        gathered = model(ids, token_type, mask, positions)
+    B, T = ids.shape
+    assert full.mlm_logits.shape == (B, T, V)
+    torch.testing.assert_close(gathered.mlm_logits, full.mlm_logits.reshape(B * T, V)[positions], atol=1e-6, rtol=0)
+    torch.testing.assert_close(gathered.nsp_logits, full.nsp_logits)
+    # pretraining_loss: [N] labels on gathered rows == [B, T] labels with -100 on full logits
+    labels = torch.arange(len(positions)) % V
+    full_labels = torch.full((B * T,), -100)
+    full_labels[positions] = labels
+    nsp = torch.tensor([1, 0, 1, 1])
+    a = pretraining_loss(gathered, labels, nsp)
+    b = pretraining_loss(full, full_labels.reshape(B, T), nsp)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, atol=1e-6, rtol=0)
+    with pytest.raises(BertraceError, match="1-D flat indices"):
+        model(ids, token_type, mask, positions.reshape(4, -1))
+
+
+def test_bert_model_rows_compute_exactly_the_full_rows():
+    """The last layer run only at ``rows`` (+ [CLS]) gives the full computation's values there."""
+    torch.manual_seed(0)
+    model = BertModel(tiny()).eval()
+    ids, token_type, mask, positions = batch()
+    with torch.no_grad():
+        seq, pooled = model(ids, token_type, mask)
+        seq_r, pooled_r = model(ids, token_type, mask, rows=positions)
+        seq_0, pooled_0 = model(ids, token_type, mask, rows=torch.zeros(0, dtype=torch.long))
+    B, T = ids.shape
+    assert seq_r.shape == (len(positions), 32) and seq_0.shape == (0, 32)
+    torch.testing.assert_close(seq_r, seq.reshape(B * T, -1)[positions], atol=1e-6, rtol=0)
+    torch.testing.assert_close(pooled_r, pooled, atol=1e-6, rtol=0)
+    torch.testing.assert_close(pooled_0, pooled, atol=1e-6, rtol=0)
+
+
+def test_pretraining_correct_counts():
+    from pipeline.model import PreTrainingOutput
+
+    mlm = torch.zeros(4, 5)
+    mlm[torch.arange(4), torch.tensor([1, 2, 3, 4])] = 1.0  # predicts 1, 2, 3, 4
+    nsp = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])  # predicts 0, 1, 0
+    out = PreTrainingOutput(mlm, nsp)
+    mc, mn, nc, nn_ = pretraining_correct(out, torch.tensor([1, 2, 0, -100]), torch.tensor([0, 0, 0]))
+    assert (mc.item(), mn.item(), nc.item(), nn_.item()) == (2, 3, 2, 3)
+
+
+def test_sequence_classifier_loads_pretrained_encoder():
+    torch.manual_seed(0)
+    config = tiny()
+    pre = BertForPreTraining(config).eval()
+    clf = BertForSequenceClassification(config, num_labels=2).eval()
+    # as saved from a torch.compile'd model
+    clf.load_pretrained_encoder({"_orig_mod." + k: v for k, v in pre.state_dict().items()})
+    ids, token_type, mask, _ = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(clf.bert(ids, token_type, mask)[1], pre.bert(ids, token_type, mask)[1])
+    with pytest.raises(BertraceError, match="different model config"):
+        clf.load_pretrained_encoder(BertForPreTraining(tiny(num_layers=3)).state_dict())
+    with pytest.raises(BertraceError, match="shapes differ"):
+        clf.load_pretrained_encoder(BertForPreTraining(tiny(intermediate_size=48)).state_dict())
+    with pytest.raises(BertraceError, match="no 'bert"):
+        clf.load_pretrained_encoder({"x": torch.zeros(1)})
+
+
+def test_dropout_active_in_train_mode_only():
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny(dropout=0.3, attention_dropout=0.3))
+    ids = torch.randint(5, V, (2, 12))
+    model.train()
+    a, b = model(ids).nsp_logits, model(ids).nsp_logits
+    assert not torch.allclose(a, b)
+    model.eval()
+    torch.testing.assert_close(model(ids).nsp_logits, model(ids).nsp_logits, atol=0, rtol=0)
+
+
+def test_sequence_longer_than_max_position_is_a_clear_error():
+    model = BertModel(tiny(max_position=16))
+    with pytest.raises(BertraceError, match="exceeds max_position 16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_flops_per_token_matches_counted_matmul_flops():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    config = tiny()
+    model = BertForPreTraining(config)
+    B, T = 4, 24
+    ids = torch.randint(5, V, (B, T))
+    positions = torch.arange(0, B * T, 6)  # 16 of 96 positions
+    with FlopCounterMode(display=False) as counter:
+        out = model(ids, masked_positions=positions)
+        pretraining_loss(out, torch.zeros(len(positions), dtype=torch.long), torch.zeros(B, dtype=torch.long))[0].backward()
+    counted = counter.get_total_flops() / (B * T)
+    assert flops_per_token(config, T, mlm_fraction=len(positions) / (B * T)) == pytest.approx(counted, rel=1e-9)
+    # the HF-style full-sequence head costs more
+    assert flops_per_token(config, T, mlm_fraction=1.0) > flops_per_token(config, T)
