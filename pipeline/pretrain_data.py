@@ -1,0 +1,440 @@
+"""Streaming MLM/NSP batches from the examples shards (``data/examples/manifest.json``).
+
+Memory stays bounded: the loader never reads a whole split. Its unit of reading is one
+Parquet row group of one shard. Per epoch:
+
+1. the list of all (shard, row group) units is permuted with an RNG seeded from
+   ``(seed, epoch)`` (the same on every rank);
+2. unit ``i`` of that order goes to rank ``i % world_size``, so DDP ranks read disjoint data;
+3. each rank streams its units' rows through a shuffle buffer of ``shuffle_buffer`` rows
+   (the ``tf.data`` ``shuffle(buffer_size)`` algorithm: a full buffer emits a random row and
+   takes the incoming one in its place; Google's ``run_pretraining.py`` shuffles files then
+   uses a buffer the same way);
+4. rows are cut into batches; every rank yields ``min over ranks of rows // batch_size``
+   batches, so all ranks run the same number of steps (no DDP hang) and the tail is dropped.
+
+The order of row *indices* in an epoch is a pure function of the manifest, the seed, the epoch
+and the (rank, world size), computed from Parquet metadata alone. Resuming at
+``(epoch, batches consumed)`` therefore replays only that index arithmetic and then reads the
+row groups still needed: no decoding, masking or collation of the skipped batches.
+
+Dynamic masking (manifest ``masking: dynamic``) draws each example's mask with
+:func:`pipeline.masking.mask_sequence` from an RNG seeded by ``(seed, split, epoch, row)``,
+where ``row`` is the example's index in its split: masks change every epoch (RoBERTa, Liu et
+al. 2019, section 4.1) but never depend on ranks, batch size, threads or resuming.
+Static masking uses the positions stored in the shards.
+
+Batches are padded to their longest sequence with ``[PAD]`` = 0; masked positions are flat
+indices into the ``B * T`` tokens (what ``BertForPreTraining.forward`` gathers).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from pipeline.errors import BertraceError
+from pipeline.io import read_json
+from pipeline.masking import MaskingSpec, mask_sequence
+
+PAD_ID, MASK_ID = 0, 4
+SPECIAL_IDS = (0, 1, 2, 3, 4)  # [PAD] [UNK] [CLS] [SEP] [MASK] (SPEC)
+SPLIT_IDS = {"train": 0, "valid": 1}
+SCHEMA_VERSION = 1
+
+
+# ----------------------------------------------------------------------------- manifest
+
+
+def load_manifest(examples_dir: str | Path) -> dict:
+    """Read and sanity-check ``examples_dir/manifest.json``."""
+    path = Path(examples_dir) / "manifest.json"
+    if not path.exists():
+        raise BertraceError(f"{path}: not found; run the examples stage first (dvc repro examples)")
+    manifest = read_json(path)
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise BertraceError(
+            f"{path}: schema_version {manifest.get('schema_version')!r}, this code reads {SCHEMA_VERSION}; "
+            "rerun the examples stage (dvc repro examples)")
+    for key in ("masking", "vocab_size", "splits", "tokenizer_sha256", "max_seq_len"):
+        if key not in manifest:
+            raise BertraceError(f"{path}: has no '{key}' field; rerun the examples stage (dvc repro examples)")
+    if manifest["masking"] not in ("static", "dynamic"):
+        raise BertraceError(f"{path}: masking {manifest['masking']!r} is neither 'static' nor 'dynamic'")
+    return manifest
+
+
+def masking_spec(manifest: dict, is_continuation: np.ndarray | None = None) -> MaskingSpec:
+    """The dynamic-masking recipe the examples stage recorded in its manifest."""
+    wwm = bool(manifest.get("whole_word_masking", False))
+    if wwm and is_continuation is None:
+        raise BertraceError(
+            "examples manifest asks for dynamic whole-word masking: pass the tokenizer "
+            "(data/tokenizer/tokenizer.json) so the loader knows which pieces start with '##'")
+    return MaskingSpec(
+        vocab_size=int(manifest["vocab_size"]), mask_id=MASK_ID, special_ids=SPECIAL_IDS,
+        masked_lm_prob=float(manifest.get("masked_lm_prob", 0.15)),
+        max_predictions_per_seq=int(manifest.get("max_predictions_per_seq", 20)),
+        whole_word_masking=wwm, is_continuation=is_continuation if wwm else None)
+
+
+def continuation_table(tokenizer_json: str | Path) -> np.ndarray:
+    """``is_continuation[id]``: True for WordPiece ``##`` pieces (for whole-word masking)."""
+    from tokenizers import Tokenizer
+
+    path = Path(tokenizer_json)
+    if not path.is_file():
+        raise BertraceError(f"{path}: tokenizer not found; run the tokenizer stage (dvc repro tokenizer)")
+    tok = Tokenizer.from_file(str(path))
+    vocab = tok.get_vocab(with_added_tokens=True)
+    table = np.zeros(max(vocab.values()) + 1, dtype=bool)
+    for piece, i in vocab.items():
+        table[i] = piece.startswith("##")
+    return table
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+@dataclass
+class Batch:
+    """One padded batch. ``masked_positions`` index the flattened ``[B * T]`` tokens."""
+
+    input_ids: torch.Tensor  # [B, T] long
+    token_type_ids: torch.Tensor  # [B, T] long
+    attention_mask: torch.Tensor  # [B, T] long, 1 = real token, 0 = padding
+    masked_positions: torch.Tensor  # [N] long, flat indices into B * T
+    masked_lm_labels: torch.Tensor  # [N] long, original ids at those positions
+    next_sentence_labels: torch.Tensor  # [B] long, 0 = IsNext, 1 = NotNext
+    example_ids: torch.Tensor  # [B] long, row index of each example in its split
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        """Real (non-padding) tokens in the batch."""
+        return int(self.attention_mask.sum())
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
+
+    def pin_memory(self) -> "Batch":
+        return Batch(**{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
+
+
+# One example as held in the shuffle buffer: (input_ids, token_type_ids, nsp, positions, labels).
+_Row = tuple
+
+
+def collate(rows: list[_Row], example_ids: list[int]) -> Batch:
+    """Pad ``rows`` (already masked) to the longest one and flatten the masked positions."""
+    B = len(rows)
+    T = max(len(r[0]) for r in rows)
+    ids = np.zeros((B, T), dtype=np.int64)
+    types = np.zeros((B, T), dtype=np.int64)
+    attn = np.zeros((B, T), dtype=np.int64)
+    positions, labels = [], []
+    for b, (row_ids, row_types, _, pos, lbl) in enumerate(rows):
+        n = len(row_ids)
+        ids[b, :n] = row_ids
+        types[b, :n] = row_types
+        attn[b, :n] = 1
+        positions.append(np.asarray(pos, dtype=np.int64) + b * T)
+        labels.append(np.asarray(lbl, dtype=np.int64))
+    return Batch(
+        input_ids=torch.from_numpy(ids),
+        token_type_ids=torch.from_numpy(types),
+        attention_mask=torch.from_numpy(attn),
+        masked_positions=torch.from_numpy(np.concatenate(positions)),
+        masked_lm_labels=torch.from_numpy(np.concatenate(labels)),
+        next_sentence_labels=torch.tensor([r[2] for r in rows], dtype=torch.long),
+        example_ids=torch.tensor(example_ids, dtype=torch.long),
+    )
+
+
+# ----------------------------------------------------------------------------- the loader
+
+
+@dataclass(frozen=True)
+class _Unit:
+    shard: int  # index into the split's shard list
+    row_group: int
+    start: int  # index of the unit's first row in the split
+    rows: int
+
+
+class PretrainingData:
+    """Batches of one split of an examples directory, for one DDP rank.
+
+    ``batch_size`` is the per-rank (micro-)batch. ``train_stream`` is the shuffled, endless
+    training stream; ``eval_batches`` the fixed-order validation pass.
+    """
+
+    def __init__(
+        self,
+        examples_dir: str | Path,
+        split: str = "train",
+        *,
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle_buffer: int = 10_000,
+        is_continuation: np.ndarray | None = None,
+    ):
+        if split not in SPLIT_IDS:
+            raise ValueError(f"split must be one of {list(SPLIT_IDS)}")
+        if batch_size < 1:
+            raise BertraceError(f"batch size {batch_size}: must be >= 1; fix pretrain.batch_size in params.yaml")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world size {world_size}")
+        self.dir = Path(examples_dir)
+        self.manifest = load_manifest(self.dir)
+        self.split = split
+        self.split_id = SPLIT_IDS[split]
+        self.batch_size = batch_size
+        self.seed = int(seed)
+        self.rank, self.world_size = rank, world_size
+        self.shuffle_buffer = max(1, int(shuffle_buffer))
+        self.dynamic = self.manifest["masking"] == "dynamic"
+        self.spec = masking_spec(self.manifest, is_continuation) if self.dynamic else None
+        self.shards, self.units = self._scan()
+        self.rows = sum(u.rows for u in self.units)
+        self._starts = np.array([u.start for u in self.units], dtype=np.int64)
+        self._pq_cache: tuple[int, pq.ParquetFile] | None = None
+        self._bpe_cache: dict[int, int] = {}
+
+    # -- metadata --------------------------------------------------------------------------
+    def _scan(self) -> tuple[list[Path], list[_Unit]]:
+        """Shard paths and their row groups, from the Parquet footers only."""
+        info = self.manifest["splits"].get(self.split)
+        manifest_path = self.dir / "manifest.json"
+        if not info or not info.get("shards"):
+            raise BertraceError(f"{manifest_path}: no '{self.split}' shards; rerun the examples stage")
+        shards, units, start = [], [], 0
+        for s, entry in enumerate(info["shards"]):
+            path = self.dir / entry["path"]
+            if not path.is_file():
+                raise BertraceError(f"{path}: listed in {manifest_path} but missing; rerun the examples stage "
+                                    "(dvc repro examples, or dvc checkout data/examples)")
+            try:
+                meta = pq.ParquetFile(path).metadata
+            except Exception as e:  # pyarrow raises ArrowInvalid/OSError on truncated files
+                raise BertraceError(f"{path}: not a readable Parquet file ({e}); rerun the examples stage") from None
+            if meta.num_rows != entry["rows"]:
+                raise BertraceError(f"{path}: has {meta.num_rows} rows, {manifest_path} says {entry['rows']}; "
+                                    "the shards and manifest are out of sync, rerun the examples stage")
+            for g in range(meta.num_row_groups):
+                n = meta.row_group(g).num_rows
+                if n:
+                    units.append(_Unit(s, g, start, n))
+                    start += n
+            shards.append(path)
+        return shards, units
+
+    def _epoch_units(self, epoch: int) -> list[_Unit]:
+        """This rank's units for ``epoch``, in reading order."""
+        order = np.random.default_rng([self.seed, self.split_id, epoch, 0]).permutation(len(self.units))
+        return [self.units[i] for i in order[self.rank :: self.world_size]]
+
+    def batches_per_epoch(self, epoch: int = 0) -> int:
+        """Batches every rank yields in ``epoch`` (the least any rank can fill)."""
+        if epoch not in self._bpe_cache:
+            if len(self.units) < self.world_size:
+                raise BertraceError(
+                    f"{self.dir}: the {self.split} split has {len(self.units)} Parquet row groups, fewer than the "
+                    f"{self.world_size} ranks; lower examples.row_group_size or use fewer processes")
+            order = np.random.default_rng([self.seed, self.split_id, epoch, 0]).permutation(len(self.units))
+            rows = np.array([u.rows for u in self.units])[order]
+            per_rank = [int(rows[r :: self.world_size].sum()) for r in range(self.world_size)]
+            n = min(per_rank) // self.batch_size
+            if n == 0:
+                raise BertraceError(
+                    f"{self.dir}: a rank gets {min(per_rank)} {self.split} examples per epoch, fewer than the "
+                    f"per-rank batch size {self.batch_size}; lower pretrain.batch_size or make more examples")
+            self._bpe_cache[epoch] = n
+        return self._bpe_cache[epoch]
+
+    # -- reading ---------------------------------------------------------------------------
+    def _read_unit(self, unit: _Unit) -> dict[int, _Row]:
+        """All rows of one row group, keyed by their index in the split (copied, unmasked)."""
+        path = self.shards[unit.shard]
+        try:
+            if self._pq_cache is None or self._pq_cache[0] != unit.shard:
+                self._pq_cache = (unit.shard, pq.ParquetFile(path))
+            table = self._pq_cache[1].read_row_group(unit.row_group)
+        except Exception as e:  # pyarrow: ArrowInvalid / OSError on damaged pages
+            raise BertraceError(f"{path}: row group {unit.row_group} is unreadable ({e}); the shard is damaged, "
+                                "rerun the examples stage (dvc repro examples, or dvc checkout data/examples)") from None
+
+        def lists(name):
+            col = table.column(name).combine_chunks()
+            return col.values.to_numpy(zero_copy_only=False), col.offsets.to_numpy()
+
+        ids, offs = lists("input_ids")
+        types, toffs = lists("token_type_ids")
+        nsp = table.column("next_sentence_label").to_numpy()
+        static = not self.dynamic
+        if static:
+            pos, poffs = lists("masked_lm_positions")
+            lbl, loffs = lists("masked_lm_ids")
+        rows = {}
+        for r in range(unit.rows):
+            a, b = offs[r], offs[r + 1]
+            row = [ids[a:b].copy(), types[toffs[r]:toffs[r + 1]].copy(), int(nsp[r]), None, None]
+            if static:
+                row[3] = pos[poffs[r]:poffs[r + 1]].copy()
+                row[4] = lbl[loffs[r]:loffs[r + 1]].copy()
+            rows[unit.start + r] = row
+        return rows
+
+    def _mask(self, row: list, example: int, epoch: int) -> _Row:
+        if not self.dynamic:
+            return tuple(row)
+        rng = np.random.default_rng([self.seed, self.split_id, epoch, example])
+        ids, pos, lbl = mask_sequence(row[0], rng, self.spec)
+        return ids, row[1], row[2], pos, lbl
+
+    def _unit_of(self, example: int) -> _Unit:
+        return self.units[int(np.searchsorted(self._starts, example, side="right")) - 1]
+
+    # -- the shuffled index stream --------------------------------------------------------
+    def _index_stream(self, epoch: int) -> Iterator[tuple[_Unit | None, list[int], list[int]]]:
+        """Yield ``(unit, emitted, buffer)`` after each unit's rows entered the shuffle buffer.
+
+        ``emitted`` are the row indices the buffer gave out meanwhile (in order); ``buffer`` is
+        the live buffer (read it before advancing). The last item has ``unit=None`` and holds
+        the buffer's remaining rows in random order.
+        """
+        rng = np.random.default_rng([self.seed, self.split_id, epoch, 1 + self.rank])
+        size = self.shuffle_buffer
+        buf: list[int] = []
+        for unit in self._epoch_units(epoch):
+            emitted = []
+            draws = rng.integers(0, size, size=unit.rows).tolist()  # one draw per incoming row
+            for x, j in zip(range(unit.start, unit.start + unit.rows), draws):
+                if len(buf) < size:
+                    buf.append(x)
+                else:
+                    emitted.append(buf[j])
+                    buf[j] = x
+            yield unit, emitted, buf
+        yield None, [buf[i] for i in rng.permutation(len(buf))], []
+
+    def train_stream(self, epoch: int = 0, skip_batches: int = 0) -> Iterator[tuple[int, int, Batch]]:
+        """Endless ``(epoch, batch index in epoch, batch)`` from ``(epoch, skip_batches)`` on."""
+        while True:
+            for i, batch in enumerate(self.epoch_batches(epoch, skip_batches), start=skip_batches):
+                yield epoch, i, batch
+            epoch, skip_batches = epoch + 1, 0
+
+    def epoch_batches(self, epoch: int, skip_batches: int = 0) -> Iterator[Batch]:
+        """The batches of one epoch for this rank, the first ``skip_batches`` skipped cheaply."""
+        n_batches = self.batches_per_epoch(epoch)
+        if skip_batches >= n_batches:
+            return
+        skip = skip_batches * self.batch_size  # rows to pass over without reading them
+        wanted = n_batches * self.batch_size
+        seen = 0  # rows emitted by the shuffle buffer so far
+        data: dict[int, list] = {}  # rows read and not yet emitted
+        live = skip == 0
+        pending_rows: list[_Row] = []
+        pending_ids: list[int] = []
+        for unit, emitted, buf in self._index_stream(epoch):
+            if live:
+                if unit is not None:
+                    data.update(self._read_unit(unit))
+            elif seen + len(emitted) > skip:
+                # Resume point reached: read what the buffer and the rest of the epoch need.
+                live = True
+                emitted = emitted[skip - seen :]
+                seen = skip
+                need = set(emitted) | set(buf)
+                for u in sorted({self._unit_of(x) for x in need}, key=lambda u: u.start):
+                    data.update((k, v) for k, v in self._read_unit(u).items() if k in need)
+            else:
+                seen += len(emitted)
+                continue
+            for x in emitted:
+                if seen >= wanted:
+                    return
+                pending_rows.append(self._mask(data.pop(x), x, epoch))
+                pending_ids.append(x)
+                seen += 1
+                if len(pending_rows) == self.batch_size:
+                    yield collate(pending_rows, pending_ids)
+                    pending_rows, pending_ids = [], []
+
+    # -- validation -----------------------------------------------------------------------
+    def eval_batches(self, max_batches: int | None = None) -> Iterator[Batch]:
+        """Fixed-order batches (file order; the last one may be short), batch ``i`` on rank
+        ``i % world_size``, at most ``max_batches`` in all ranks together. Dynamic masks are
+        seeded as epoch 0, so every evaluation sees the same masks."""
+        limit = self.rows if not max_batches else min(self.rows, max_batches * self.batch_size)
+        B, W, R = self.batch_size, self.world_size, self.rank
+        rows: list[_Row] = []
+        ids: list[int] = []
+        for unit in self.units:
+            if unit.start >= limit:
+                break
+            end = min(unit.start + unit.rows, limit)
+            if not any(b % W == R for b in range(unit.start // B, (end - 1) // B + 1)):
+                continue  # none of this rank's batches touch this row group
+            data = self._read_unit(unit)
+            for x in range(unit.start, end):
+                if (x // B) % W != R:
+                    continue
+                rows.append(self._mask(data[x], x, 0))
+                ids.append(x)
+                if (x + 1) % B == 0 or x + 1 == limit:
+                    yield collate(rows, ids)
+                    rows, ids = [], []
+
+
+def prefetch(iterator: Iterable, depth: int = 2, pin: bool = False) -> Iterator:
+    """Run ``iterator`` in a background thread, ``depth`` items ahead (order unchanged).
+
+    Reading, masking and padding then overlap with the accelerator's work.
+    """
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def work():
+        try:
+            for item in iterator:
+                if pin and isinstance(item, tuple) and isinstance(item[-1], Batch):
+                    item = (*item[:-1], item[-1].pin_memory())
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as e:  # hand the error to the consumer
+            q.put(e)
+
+    thread = threading.Thread(target=work, daemon=True, name="bertrace-prefetch")
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()

@@ -1,0 +1,97 @@
+"""DVC stage `pretrain`: BERT MLM + NSP pre-training on data/examples → data/pretrain/{last,best}.pt.
+
+One process: ``python -m stages.pretrain``. Several (DDP): ``torchrun --nproc_per_node N -m
+stages.pretrain`` (NCCL on GPUs, gloo on CPU); only rank 0 writes files and logs to MLflow.
+A run continues from ``data/pretrain/last.pt`` when it exists and fits the current data and
+recipe (``data/pretrain`` is ``persist: true`` in dvc.yaml so DVC keeps it); see ``pretrain.resume``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from pipeline.errors import BertraceError
+from pipeline.io import write_json
+from pipeline.pretrain_data import load_manifest
+from pipeline.train import TRAIN_CURVE, VAL_CURVE, PretrainConfig, pretrain
+from stages.common import METRICS_DIR, StageRun, load_params, run_stage
+
+EXAMPLES = Path("data/examples")
+TOKENIZER = Path("data/tokenizer/tokenizer.json")
+OUT = Path("data/pretrain")
+PLOTS = Path("plots")
+
+
+def _init_distributed(cfg: PretrainConfig) -> tuple[int, int]:
+    """Join the process group torchrun describes in RANK / WORLD_SIZE / LOCAL_RANK."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() and not cfg.device.startswith(("cpu", "mps"))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if use_cuda else "gloo")
+    return rank, world
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m stages.pretrain", description=__doc__.splitlines()[0])
+    parser.add_argument("--no-resume", action="store_true", help="ignore data/pretrain/last.pt and start over")
+    args = parser.parse_args(argv)
+
+    params = load_params("pretrain")
+    # resume: auto (default) continues data/pretrain/last.pt when it was trained on the same data
+    # and recipe (only budget/cadence/device changed) and starts over otherwise; true insists on
+    # resuming (a mismatch is an error naming both hashes); false (or --no-resume) starts over.
+    resume = params.get("resume", "auto")
+    if resume not in ("auto", True, False):
+        raise BertraceError(f"params.yaml: pretrain.resume = {resume!r}: use auto, true or false")
+    if args.no_resume:
+        resume = False
+    cfg = PretrainConfig.from_params({k: v for k, v in params.items() if k != "resume"})
+    rank, world = _init_distributed(cfg)
+    main_rank = rank == 0
+    try:
+        with StageRun("pretrain", params, log_mlflow=main_rank) as run:
+            manifest = load_manifest(EXAMPLES)  # a clear error when the examples stage has not run
+            manifest_sha = run.add_input(EXAMPLES / "manifest.json")
+            run.add_upstream("examples")
+            run.extra.update({"tokenizer_sha256": manifest["tokenizer_sha256"],
+                              "examples_manifest_sha256": manifest_sha, "world_size": world})
+            run.set_tags({"bertrace.tokenizer_sha256": manifest["tokenizer_sha256"],
+                          "bertrace.examples_manifest_sha256": manifest_sha, "bertrace.world_size": world})
+
+            metrics = pretrain(
+                cfg, examples_dir=EXAMPLES, out_dir=OUT, provenance=run.provenance(), resume=resume,
+                on_log=lambda step, m: run.log_metrics(m, step=step), progress=main_rank,
+                tokenizer_json=TOKENIZER if TOKENIZER.exists() else None, curves_dir=PLOTS,
+            )
+            if not main_rank:
+                return
+            for name in ("last.pt", "best.pt"):
+                if (OUT / name).exists():
+                    run.add_output(OUT / name)
+            run.set_tags({"bertrace.model_sha256": metrics["model_sha256"]})
+            write_json(METRICS_DIR / "pretrain.json", metrics)  # the DVC metrics file
+            run.log_metrics({"final": metrics}, step=metrics["step"])  # final.* (per-step curves stay clean)
+            run.log_artifact(PLOTS / TRAIN_CURVE, "plots")
+            run.log_artifact(PLOTS / VAL_CURVE, "plots")
+            run.log_artifact(OUT / "last.pt", "checkpoint")
+            run.write_provenance()
+            val = f", val MLM loss {metrics['val_mlm_loss']:.4f} (ppl {metrics['val_perplexity']:.1f})" \
+                if "val_mlm_loss" in metrics else ""
+            print(f"pretrain: step {metrics['step']}, {metrics['tokens_seen']:,} tokens, "
+                  f"{metrics['train_seconds'] / 60:.1f} min{val} -> {OUT}")
+    finally:
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run_stage(main)

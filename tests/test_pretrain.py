@@ -1,0 +1,333 @@
+"""Pre-training loop and checkpoints: learning, schedule, optimizer groups, exact resume,
+schedule extension, weights_only checkpoints, data-hash checks, corrupt files."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline import checkpoint as ckpt_lib
+from pipeline.errors import BertraceError
+from pipeline.io import sha256_file
+from pipeline.model import BertConfig, BertForPreTraining
+from pipeline.train import PretrainConfig, lr_at_progress, lr_at_step, pretrain, warmup_steps_for
+from test_pretrain_data import make_examples, make_tokenizer
+
+TINY = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "max_position": 64}
+
+
+def tiny_cfg(**kw) -> PretrainConfig:
+    base = dict(model=dict(TINY), batch_size=16, lr=3e-3, warmup=0.1, max_steps=20, eval_every=0,
+                eval_batches=None, log_every=1, checkpoint_every=None, checkpoint_minutes=None,
+                shuffle_buffer=64, seed=0, num_threads=1)
+    base.update(kw)
+    return PretrainConfig(**base)
+
+
+def run(cfg, examples, out, **kw):
+    logs: list[tuple[int, dict]] = []
+    metrics = pretrain(cfg, examples_dir=examples, out_dir=out, provenance={"git": {"commit": "abc", "dirty": False}},
+                       on_log=lambda step, m: logs.append((step, m)), progress=False, **kw)
+    return metrics, logs
+
+
+TIMING = ("tokens_per_s", "seconds")
+
+
+def untimed(rows):
+    """Logs or history rows without the wall-clock fields (which no rerun reproduces)."""
+    strip = lambda m: {k: v for k, v in m.items() if k not in TIMING}
+    return [(r[0], strip(r[1])) if isinstance(r, tuple) else strip(r) for r in rows]
+
+
+def train_logs(logs):
+    return [(s, m) for s, m in logs if "loss" in m]
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory):
+    return make_examples(tmp_path_factory.mktemp("ex"), masking="static", train_rows=1024, valid_rows=64,
+                         rows_per_shard=256, row_group_size=64)
+
+
+@pytest.fixture(scope="module")
+def small_dynamic(tmp_path_factory):
+    # 128 rows: with batch 16 an epoch is 8 updates, so short runs cross epochs
+    return make_examples(tmp_path_factory.mktemp("dyn"), masking="dynamic", train_rows=128, valid_rows=32,
+                         rows_per_shard=48, row_group_size=16)
+
+
+# ----------------------------------------------------------------------------- learning
+
+
+def test_loss_decreases_on_a_learnable_corpus(examples, tmp_path):
+    model = {**TINY, "hidden_size": 64, "intermediate_size": 128}
+    cfg = tiny_cfg(model=model, max_steps=200, log_every=25, eval_every=100, warmup=0.1)
+    metrics, logs = run(cfg, examples, tmp_path)
+    losses = [m["loss"] for _, m in train_logs(logs)]
+    assert losses[0] > 5.0  # ~ln(123) + ln(2) at initialisation
+    assert losses[-1] < losses[0] - 0.8, losses
+    vals = [m for _, m in logs if "val_mlm_loss" in m]
+    assert [s for s, m in logs if "val_mlm_loss" in m] == [100, 200]
+    assert vals[-1]["val_mlm_loss"] < 4.2 and vals[-1]["val_mlm_loss"] < vals[0]["val_mlm_loss"] - 0.3
+    assert math.isclose(vals[-1]["val_perplexity"], math.exp(vals[-1]["val_mlm_loss"]))
+    assert 0 <= vals[-1]["val_mlm_acc"] <= 1 and 0 <= vals[-1]["val_nsp_acc"] <= 1
+    assert metrics["step"] == 200 and metrics["completed"]
+    assert metrics["val_mlm_loss"] == vals[-1]["val_mlm_loss"] == metrics["best_val_mlm_loss"]
+    assert metrics["tokens_seen"] > 200 * 16 * 8
+    assert set(train_logs(logs)[0][1]) >= {"loss", "mlm_loss", "nsp_loss", "lr", "grad_norm", "tokens_per_s"}
+    # the loss curves for DVC plots
+    curve = (tmp_path / "pretrain_loss.csv").read_text().splitlines()
+    assert curve[0].startswith("step,tokens,seconds,lr,loss") and len(curve) == 1 + 8
+    val = (tmp_path / "pretrain_val.csv").read_text().splitlines()
+    assert len(val) == 3 and val[2].startswith("200,")
+    assert (tmp_path / "best.pt").exists() and (tmp_path / "last.pt").exists()
+
+
+# ----------------------------------------------------------------------------- schedule
+
+
+def test_lr_schedule_warmup_peak_and_linear_decay_to_zero():
+    kw = dict(peak=1e-3, warmup_steps=10, total_steps=110)
+    assert lr_at_step(0, **kw) == pytest.approx(1e-4)
+    assert lr_at_step(4, **kw) == pytest.approx(5e-4)
+    assert lr_at_step(9, **kw) == pytest.approx(1e-3)  # peak at the end of warmup
+    assert lr_at_step(10, **kw) == pytest.approx(1e-3)
+    assert lr_at_step(60, **kw) == pytest.approx(5e-4)  # halfway through the decay
+    assert lr_at_step(109, **kw) == pytest.approx(1e-5)
+    assert lr_at_step(110, **kw) == 0.0 and lr_at_step(500, **kw) == 0.0
+    assert lr_at_step(0, peak=1.0, warmup_steps=0, total_steps=4) == 1.0
+    assert warmup_steps_for(0.1, 200) == 20 and warmup_steps_for(30, 200) == 30
+    # wall-clock budget: the same shape over the elapsed fraction
+    assert lr_at_progress(0.05, peak=1.0, warmup_fraction=0.1) == pytest.approx(0.5)
+    assert lr_at_progress(0.1, peak=1.0, warmup_fraction=0.1) == pytest.approx(1.0)
+    assert lr_at_progress(0.55, peak=1.0, warmup_fraction=0.1) == pytest.approx(0.5)
+    assert lr_at_progress(1.0, peak=1.0, warmup_fraction=0.1) == 0.0
+
+
+def test_training_applies_the_schedule_every_step(examples, tmp_path):
+    cfg = tiny_cfg(max_steps=12, warmup=4, lr=1e-3)
+    _, logs = run(cfg, examples, tmp_path)
+    got = [m["lr"] for _, m in train_logs(logs)]
+    want = [lr_at_step(s, peak=1e-3, warmup_steps=4, total_steps=12) for s in range(12)]
+    assert got == pytest.approx(want)
+    assert max(got) == pytest.approx(1e-3) and got[-1] == pytest.approx(1e-3 / 8)
+    opt = torch.load(tmp_path / "last.pt", weights_only=True)["optimizer"]
+    assert all(g["lr"] == pytest.approx(want[-1]) for g in opt["param_groups"])
+
+
+def test_optimizer_excludes_bias_and_layernorm_from_weight_decay(examples, tmp_path):
+    cfg = tiny_cfg(max_steps=1, weight_decay=0.05)
+    run(cfg, examples, tmp_path)
+    state = torch.load(tmp_path / "last.pt", weights_only=True)
+    groups = state["optimizer"]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.05, 0.0]
+    assert groups[0]["eps"] == 1e-6 and tuple(groups[0]["betas"]) == (0.9, 0.999)
+    model = BertForPreTraining(BertConfig.from_dict(state["model_config"]))
+    norm_or_bias = {id(p) for m in model.modules() for n, p in m.named_parameters(recurse=False)
+                    if isinstance(m, torch.nn.LayerNorm) or n.endswith("bias")}
+    all_params = {id(p) for p in model.parameters()}
+    assert len(groups[1]["params"]) == len(norm_or_bias) > 0
+    assert len(groups[0]["params"]) == len(all_params - norm_or_bias)
+    # the no-decay group holds exactly the bias/LayerNorm shapes (AdamW state follows group order)
+    shapes = [tuple(state["optimizer"]["state"][i]["exp_avg"].shape) for i in groups[1]["params"]]
+    assert all(len(s) == 1 for s in shapes)
+
+
+def test_config_validation_errors():
+    with pytest.raises(BertraceError, match="exactly one budget"):
+        tiny_cfg(max_steps=10, time_minutes=5)
+    with pytest.raises(BertraceError, match="exactly one budget"):
+        tiny_cfg(max_steps=None)
+    with pytest.raises(BertraceError, match="warmup as a fraction"):
+        tiny_cfg(max_steps=None, time_minutes=1, warmup=100)
+    with pytest.raises(BertraceError, match=r"unknown pretrain keys \['lr_peak'\]"):
+        PretrainConfig.from_params({"lr_peak": 1.0, "max_steps": 3})
+    with pytest.raises(BertraceError, match="multiple of grad_accum"):
+        tiny_cfg(batch_size=10, grad_accum=4)
+    with pytest.raises(BertraceError, match="pretrain.lr = 'fast': must be a number"):
+        tiny_cfg(lr="fast")
+    assert tiny_cfg(lr="5e-4", max_steps=10.0).lr == 5e-4  # YAML 1.1 reads 5e-4 as a string
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def test_exact_resume_matches_an_uninterrupted_run(small_dynamic, tmp_path):
+    # dropout on, dynamic masking, grad accumulation, epochs crossed, a resume point mid-epoch
+    cfg = tiny_cfg(max_steps=16, grad_accum=2, eval_every=4, checkpoint_every=4, shuffle_buffer=20)
+    assert cfg.model.get("dropout", 0.1) > 0
+    full_metrics, full = run(cfg, small_dynamic, tmp_path / "full")
+    part_metrics, first = run(cfg, small_dynamic, tmp_path / "parts", stop_at_step=6)
+    assert part_metrics["step"] == 6 and not part_metrics["completed"]
+    pos = torch.load(tmp_path / "parts" / "last.pt", weights_only=True)["data_position"]
+    assert (pos["epoch"], pos["batch"]) == (0, 12)  # mid-epoch: 12 of 16 micro-batches
+    _, second = run(cfg, small_dynamic, tmp_path / "parts")
+    assert second[0][0] == 7  # continued, did not restart
+    assert untimed(first + second) == untimed(full)  # every logged loss, lr, grad norm and val metric, bit for bit
+    a = torch.load(tmp_path / "full" / "last.pt", weights_only=True)
+    b = torch.load(tmp_path / "parts" / "last.pt", weights_only=True)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert a["tokens_seen"] == b["tokens_seen"] and untimed(a["history"]) == untimed(b["history"])
+    assert full_metrics["model_sha256"] == run(cfg, small_dynamic, tmp_path / "parts")[0]["model_sha256"]
+    # the CSV of the resumed run is the uninterrupted run's
+    assert (tmp_path / "full" / "pretrain_loss.csv").read_text().count("\n") == \
+        (tmp_path / "parts" / "pretrain_loss.csv").read_text().count("\n") == 17
+
+
+def test_resume_with_a_larger_budget_extends_the_schedule(examples, tmp_path):
+    cfg = tiny_cfg(max_steps=10, warmup=2)
+    _, logs = run(cfg, examples, tmp_path)
+    assert train_logs(logs)[-1][1]["lr"] == pytest.approx(3e-3 / 8)
+    again, _ = run(cfg, examples, tmp_path)  # same budget: nothing left to do
+    assert again["step"] == 10
+    metrics, more = run(replace(cfg, max_steps=20), examples, tmp_path)
+    steps = [s for s, _ in train_logs(more)]
+    assert steps == list(range(11, 21))
+    lrs = [m["lr"] for _, m in train_logs(more)]
+    assert lrs[0] == pytest.approx(lr_at_step(10, peak=3e-3, warmup_steps=2, total_steps=20))
+    assert lrs[0] == pytest.approx(3e-3 * 10 / 18)
+    assert lrs[0] > train_logs(logs)[-1][1]["lr"]  # the rate went back up: schedule stretched
+    assert all(x > 0 for x in lrs) and metrics["step"] == 20 and metrics["completed"]
+
+
+def test_epoch_budget_counts_updates_over_the_shards(small_dynamic, tmp_path):
+    metrics, logs = run(tiny_cfg(max_steps=None, epochs=1.5), small_dynamic, tmp_path)
+    assert metrics["step"] == 12 and metrics["epochs"] == 1.5  # 128 rows / 16 per update = 8 per epoch
+    assert train_logs(logs)[-1][1]["epoch"] == 1.5
+
+
+def test_dynamic_whole_word_masking_needs_the_matching_tokenizer(tmp_path):
+    tok = make_tokenizer(tmp_path / "tokenizer.json")
+    ex = make_examples(tmp_path / "ex", masking="dynamic", whole_word_masking=True, train_rows=64,
+                       valid_rows=16, tokenizer_sha256=sha256_file(tok))
+    with pytest.raises(BertraceError, match="needs the tokenizer"):
+        run(tiny_cfg(max_steps=2), ex, tmp_path / "a")
+    other = make_tokenizer(tmp_path / "other.json")
+    other.write_text(other.read_text().replace("w9", "w9x"))
+    with pytest.raises(BertraceError, match="sha256 differs"):
+        run(tiny_cfg(max_steps=2), ex, tmp_path / "b", tokenizer_json=other)
+    metrics, _ = run(tiny_cfg(max_steps=2), ex, tmp_path / "c", tokenizer_json=tok)
+    assert metrics["step"] == 2
+
+
+def test_time_budget_stops_on_the_clock(examples, tmp_path):
+    cfg = tiny_cfg(max_steps=None, time_minutes=0.05, warmup=0.1)  # 3 s
+    metrics, logs = run(cfg, examples, tmp_path)
+    assert metrics["completed"] and metrics["train_seconds"] >= 3.0
+    lrs = [m["lr"] for _, m in train_logs(logs)]
+    assert max(lrs) <= 3e-3 and lrs[-1] < 0.5 * max(lrs)  # decayed towards 0 as the clock ran out
+    assert metrics["step"] == len(lrs) > 3
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_loads_with_weights_only_and_carries_provenance(examples, tmp_path):
+    cfg = tiny_cfg(max_steps=3, eval_every=3)
+    run(cfg, examples, tmp_path)
+    state = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert state["step"] == 3 and state["format"] == ckpt_lib.FORMAT
+    assert set(state["rng"][0]) >= {"torch", "numpy", "python"}
+    assert state["data_position"]["batch"] == 3
+    prov = state["provenance"]
+    assert prov["git"] == {"commit": "abc", "dirty": False}
+    assert prov["tokenizer_sha256"] == json.loads((examples / "manifest.json").read_text())["tokenizer_sha256"]
+    assert prov["examples_manifest_sha256"] == sha256_file(examples / "manifest.json")
+    assert prov["torch"] == torch.__version__ and prov["device"] == "cpu"
+    model = BertForPreTraining(BertConfig.from_dict(state["model_config"]))
+    model.load_state_dict(state["model"])
+    best = torch.load(tmp_path / "best.pt", weights_only=True)
+    assert best["best_val_mlm_loss"] == state["best_val_mlm_loss"] == state["metrics"]["val_mlm_loss"]
+    assert "optimizer" not in best  # best.pt is the lean, weights-only kind
+    # RNG states round-trip
+    ckpt_lib.set_rng_state(state["rng"][0])
+    x = torch.rand(3)
+    ckpt_lib.set_rng_state(state["rng"][0])
+    assert torch.equal(torch.rand(3), x)
+
+
+def test_resume_refuses_other_data_naming_both_hashes(examples, tmp_path):
+    cfg = tiny_cfg(max_steps=2)
+    out = tmp_path / "ckpt"
+    run(cfg, examples, out)
+    old_tok = json.loads((examples / "manifest.json").read_text())["tokenizer_sha256"]
+    old_manifest = sha256_file(examples / "manifest.json")
+    other = make_examples(tmp_path / "other", train_rows=128, valid_rows=16, rows_per_shard=64,
+                          tokenizer_sha256="f" * 64)
+    new_manifest = sha256_file(other / "manifest.json")
+    with pytest.raises(BertraceError) as err:
+        run(cfg, other, out)
+    msg = str(err.value)
+    for h in (old_tok, "f" * 64, old_manifest, new_manifest):
+        assert h in msg
+    assert f"delete {out}" in msg and "point the examples directory" in msg
+    # resume=False starts over on the new data instead (and drops the old best.pt)
+    assert (out / "best.pt").exists()
+    metrics, _ = run(cfg, other, out, resume=False)
+    assert metrics["step"] == 2
+    assert torch.load(out / "best.pt", weights_only=True)["provenance"]["examples_manifest_sha256"] == new_manifest
+
+
+def test_resume_refuses_a_different_model_config(examples, tmp_path):
+    run(tiny_cfg(max_steps=2), examples, tmp_path)
+    with pytest.raises(BertraceError, match="model config differs.*'num_layers': \\(2, 3\\)"):
+        run(tiny_cfg(max_steps=4, model={**TINY, "num_layers": 3}), examples, tmp_path)
+
+
+def test_resume_refuses_changed_recipe_params(examples, tmp_path):
+    run(tiny_cfg(max_steps=2), examples, tmp_path)
+    with pytest.raises(BertraceError, match=r"other pretrain params.*'lr': \(0.003, 0.001\).*Delete"):
+        run(tiny_cfg(max_steps=4, lr=1e-3), examples, tmp_path)
+    metrics, _ = run(tiny_cfg(max_steps=4, log_every=2, eval_every=2), examples, tmp_path)  # cadence may change
+    assert metrics["step"] == 4
+
+
+def test_missing_or_corrupt_checkpoints_are_clear_errors(examples, tmp_path):
+    with pytest.raises(BertraceError, match="checkpoint not found"):
+        ckpt_lib.load_checkpoint(tmp_path / "nope.pt")
+    run(tiny_cfg(max_steps=2), examples, tmp_path)
+    last = tmp_path / "last.pt"
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 2])
+    with pytest.raises(BertraceError, match=r"last.pt: not a readable checkpoint.*delete it"):
+        ckpt_lib.load_checkpoint(last)
+    with pytest.raises(BertraceError, match="not a readable checkpoint"):  # resume never silently restarts
+        run(tiny_cfg(max_steps=4), examples, tmp_path)
+    last.write_bytes(b"garbage")
+    with pytest.raises(BertraceError, match="not a readable checkpoint"):
+        ckpt_lib.load_checkpoint(last)
+    torch.save({"weights": torch.zeros(2)}, last)
+    with pytest.raises(BertraceError, match="not a bertrace pre-training checkpoint"):
+        ckpt_lib.load_checkpoint(last)
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_intact(examples, tmp_path, monkeypatch):
+    cfg = tiny_cfg(max_steps=6, checkpoint_every=2)
+    run(cfg, examples, tmp_path, stop_at_step=2)
+    before = (tmp_path / "last.pt").read_bytes()
+    real_save = torch.save
+
+    def crash_midway(obj, f, *a, **k):
+        real_save(obj, f, *a, **k)
+        Path(f).write_bytes(Path(f).read_bytes()[:100])  # half-written ...
+        raise OSError("disk full")  # ... then the writer dies
+
+    monkeypatch.setattr(torch, "save", crash_midway)
+    with pytest.raises(OSError, match="disk full"):
+        run(cfg, examples, tmp_path)
+    assert (tmp_path / "last.pt").read_bytes() == before
+    assert not list(tmp_path.glob(".last.pt.*"))  # the temporary was removed
+    monkeypatch.setattr(torch, "save", real_save)
+    # what a SIGKILL mid-write leaves behind is swept on the next start, nothing else is touched
+    stale = [tmp_path / ".last.pt.x1.tmp", tmp_path / ".best.pt.x2.tmp", tmp_path / ".pretrain_loss.csv.x3.tmp"]
+    for f in stale + [tmp_path / "notes.tmp"]:
+        f.write_bytes(b"partial")
+    metrics, logs = run(cfg, examples, tmp_path)
+    assert train_logs(logs)[0][0] == 3 and metrics["step"] == 6
+    assert not any(f.exists() for f in stale) and (tmp_path / "notes.tmp").exists()

@@ -1,0 +1,326 @@
+"""The pre-training loader: shard-aware shuffling, DDP split, dynamic masking, cheap resume.
+
+Also home of ``make_examples``, a builder of tiny SPEC-conformant shard directories that the
+other ``test_pretrain*`` files import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from pipeline.errors import BertraceError
+from pipeline.masking import MaskingSpec, mask_sequence
+from pipeline.pretrain_data import PretrainingData, collate, continuation_table, load_manifest
+
+VOCAB = 128
+FIRST = 5  # first non-special id
+TOKENIZER_SHA = hashlib.sha256(b"tiny test tokenizer").hexdigest()
+
+
+def _row(rng: np.random.Generator, max_len: int):
+    """``[CLS] A [SEP] B [SEP]`` from a learnable grammar: tokens count up by one (mod the
+    non-special range); B continues A (IsNext) or starts anywhere else (NotNext)."""
+    n = int(rng.integers(8, max_len - 2))
+    la = int(rng.integers(2, n - 1))
+    lb = n - la
+    start = int(rng.integers(0, VOCAB - FIRST))
+    nsp = int(rng.random() < 0.5)
+    a = [(start + k) % (VOCAB - FIRST) + FIRST for k in range(la)]
+    b_start = start + la if nsp == 0 else start + la + int(rng.integers(3, VOCAB - FIRST - 3))
+    b = [(b_start + k) % (VOCAB - FIRST) + FIRST for k in range(lb)]
+    ids = np.array([2, *a, 3, *b, 3], dtype=np.uint16)
+    types = np.array([0] * (la + 2) + [1] * (lb + 1), dtype=np.uint8)
+    return ids, types, nsp
+
+
+def make_examples(
+    out: Path,
+    *,
+    masking: str = "static",
+    train_rows: int = 512,
+    valid_rows: int = 96,
+    rows_per_shard: int = 128,
+    row_group_size: int = 32,
+    max_len: int = 32,
+    seed: int = 7,
+    tokenizer_sha256: str = TOKENIZER_SHA,
+    whole_word_masking: bool = False,
+) -> Path:
+    """Write ``out/{train,valid}/shard-*.parquet`` + ``out/manifest.json`` per SPEC."""
+    out = Path(out)
+    spec = MaskingSpec(vocab_size=VOCAB, mask_id=4, special_ids=(0, 1, 2, 3, 4))
+    rng = np.random.default_rng(seed)
+    id_type = pa.uint16()
+    cols = [pa.field("input_ids", pa.list_(id_type)), pa.field("token_type_ids", pa.list_(pa.uint8())),
+            pa.field("next_sentence_label", pa.int8())]
+    if masking == "static":
+        cols += [pa.field("masked_lm_positions", pa.list_(pa.uint16())), pa.field("masked_lm_ids", pa.list_(id_type))]
+    schema = pa.schema(cols)
+    splits = {}
+    for split, total in (("train", train_rows), ("valid", valid_rows)):
+        shards, done, index = [], 0, 0
+        while done < total:
+            n = min(rows_per_shard, total - done)
+            data = {"input_ids": [], "token_type_ids": [], "next_sentence_label": [],
+                    "masked_lm_positions": [], "masked_lm_ids": []}
+            tokens = 0
+            for _ in range(n):
+                ids, types, nsp = _row(rng, max_len)
+                tokens += len(ids)
+                if masking == "static":
+                    ids_m, pos, lbl = mask_sequence(ids, rng, spec)
+                    data["input_ids"].append(ids_m.astype(np.uint16))
+                    data["masked_lm_positions"].append(pos.astype(np.uint16))
+                    data["masked_lm_ids"].append(lbl.astype(np.uint16))
+                else:
+                    data["input_ids"].append(ids)
+                data["token_type_ids"].append(types)
+                data["next_sentence_label"].append(nsp)
+            table = pa.table({f.name: data[f.name] for f in schema}, schema=schema)
+            rel = f"{split}/shard-{index:05d}.parquet"
+            (out / split).mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, out / rel, compression="zstd", row_group_size=row_group_size)
+            sha = hashlib.sha256((out / rel).read_bytes()).hexdigest()
+            shards.append({"path": rel, "rows": n, "tokens": tokens, "sha256": sha})
+            done += n
+            index += 1
+        splits[split] = {"rows": total, "tokens": sum(s["tokens"] for s in shards), "documents": total,
+                         "shards": shards}
+    manifest = {
+        "schema_version": 1, "masking": masking, "tokenizer_sha256": tokenizer_sha256,
+        "vocab_size": VOCAB, "special_ids": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4},
+        "max_seq_len": max_len, "masked_lm_prob": 0.15, "max_predictions_per_seq": 20,
+        "whole_word_masking": whole_word_masking, "seed": seed, "params": {"masking": masking},
+        "inputs": {}, "splits": splits,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return out
+
+
+@pytest.fixture(scope="module")
+def static_dir(tmp_path_factory):
+    return make_examples(tmp_path_factory.mktemp("static"), masking="static")
+
+
+@pytest.fixture(scope="module")
+def dynamic_dir(tmp_path_factory):
+    return make_examples(tmp_path_factory.mktemp("dynamic"), masking="dynamic")
+
+
+def _epoch_ids(data: PretrainingData, epoch: int, skip: int = 0) -> list[list[int]]:
+    return [b.example_ids.tolist() for b in data.epoch_batches(epoch, skip)]
+
+
+def test_batch_shapes_padding_and_flat_positions(static_dir):
+    data = PretrainingData(static_dir, batch_size=16, seed=0)
+    batch = next(data.epoch_batches(0))
+    B, T = batch.input_ids.shape
+    assert B == 16 and batch.input_ids.dtype == torch.long
+    lengths = batch.attention_mask.sum(1)
+    assert T == int(lengths.max())  # padded to the longest sequence of this batch
+    assert (batch.input_ids[batch.attention_mask == 0] == 0).all()
+    assert batch.token_type_ids.shape == (B, T) and batch.next_sentence_labels.shape == (B,)
+    N = batch.masked_positions.numel()
+    assert batch.masked_lm_labels.shape == (N,) and N > 0
+    # flat positions land on real tokens and point at the stored original ids' slots
+    flat_mask = batch.attention_mask.reshape(-1)[batch.masked_positions]
+    assert (flat_mask == 1).all()
+    rows = batch.masked_positions // T
+    assert rows.min() >= 0 and rows.max() < B
+    # static shards: labels are the stored masked_lm_ids, and 80% of positions hold [MASK]
+    assert (batch.masked_lm_labels >= 5).all()
+    frac_mask = (batch.input_ids.reshape(-1)[batch.masked_positions] == 4).float().mean()
+    assert 0.6 < float(frac_mask) < 0.95
+
+
+def test_epoch_is_a_shuffled_permutation_and_differs_by_epoch(static_dir):
+    data = PretrainingData(static_dir, batch_size=16, seed=0, shuffle_buffer=64)
+    e0, e1 = _epoch_ids(data, 0), _epoch_ids(data, 1)
+    flat0 = [x for b in e0 for x in b]
+    assert len(e0) == data.batches_per_epoch(0) == 512 // 16
+    assert sorted(flat0) == list(range(512))  # every row exactly once
+    assert flat0 != sorted(flat0)
+    assert e0 != e1
+    # deterministic from the seed, different for another seed
+    assert _epoch_ids(PretrainingData(static_dir, batch_size=16, seed=0, shuffle_buffer=64), 0) == e0
+    assert _epoch_ids(PretrainingData(static_dir, batch_size=16, seed=1, shuffle_buffer=64), 0) != e0
+    # the buffer mixes row groups: a batch spans several 32-row units
+    units = {x // 32 for x in e0[5]}
+    assert len(units) >= 2
+
+
+def test_resume_skip_gives_the_same_remaining_batches(static_dir, dynamic_dir):
+    for d in (static_dir, dynamic_dir):
+        data = PretrainingData(d, batch_size=8, seed=3, shuffle_buffer=50)
+        full = list(data.epoch_batches(2))
+        for skip in (1, 7, 40, len(full) - 1, len(full)):
+            rest = list(PretrainingData(d, batch_size=8, seed=3, shuffle_buffer=50).epoch_batches(2, skip))
+            assert len(rest) == len(full) - skip
+            for a, b in zip(full[skip:], rest):
+                assert torch.equal(a.example_ids, b.example_ids)
+                assert torch.equal(a.input_ids, b.input_ids)
+                assert torch.equal(a.masked_positions, b.masked_positions)
+    # the stream crosses epochs and picks up exactly where it left
+    data = PretrainingData(static_dir, batch_size=8, seed=3)
+    n = data.batches_per_epoch(0)
+    it = data.train_stream(0, n - 2)
+    got = [next(it)[:2] for _ in range(4)]
+    assert got == [(0, n - 2), (0, n - 1), (1, 0), (1, 1)]
+
+
+def test_skipping_reads_only_what_it_needs(static_dir, monkeypatch):
+    data = PretrainingData(static_dir, batch_size=8, seed=0, shuffle_buffer=40)
+    reads = []
+    orig = data._read_unit
+    monkeypatch.setattr(data, "_read_unit", lambda u: reads.append(u) or orig(u))
+    n = data.batches_per_epoch(0)
+    next(data.epoch_batches(0, n - 1))
+    # the last batch needs the rows still in the buffer: far fewer than all 16 row groups
+    assert 0 < len(reads) < len(data.units)
+
+
+def test_memory_is_bounded_by_the_shuffle_buffer(static_dir, monkeypatch):
+    data = PretrainingData(static_dir, batch_size=8, seed=0, shuffle_buffer=48)
+    read = [0]
+    orig = data._read_unit
+    monkeypatch.setattr(data, "_read_unit", lambda u: read.__setitem__(0, read[0] + u.rows) or orig(u))
+    yielded = 0
+    for b in data.epoch_batches(0):
+        yielded += b.size
+        # rows held = read - handed out <= buffer + one row group (32 rows) + the batch being built
+        assert read[0] - yielded <= 48 + 32 + 8
+    assert read[0] == 512  # and each row group is read once per epoch
+
+
+def test_ddp_ranks_read_distinct_units_and_yield_equal_batch_counts(tmp_path):
+    # 5 shards of uneven size: per-rank row counts differ, batch counts must not
+    d = make_examples(tmp_path, train_rows=300, rows_per_shard=70, row_group_size=32)
+    for world in (2, 3):
+        per_rank = [PretrainingData(d, batch_size=8, seed=0, rank=r, world_size=world) for r in range(world)]
+        for epoch in (0, 1):
+            ids = [[x for b in p.epoch_batches(epoch) for x in b.example_ids.tolist()] for p in per_rank]
+            counts = {len(x) for x in ids}
+            assert len(counts) == 1, counts  # same number of batches on every rank
+            assert counts.pop() == per_rank[0].batches_per_epoch(epoch) * 8
+            units = [{per_rank[0]._unit_of(x).start for x in rank_ids} for rank_ids in ids]
+            for i in range(world):
+                for j in range(i + 1, world):
+                    assert not units[i] & units[j]  # no row group shared between ranks
+        assert len(per_rank[0].units) == sum(1 for _ in per_rank[0].units)
+
+
+def test_dynamic_masking_rate_epochs_and_reruns(dynamic_dir):
+    def masks(epoch):
+        data = PretrainingData(dynamic_dir, batch_size=32, seed=11)
+        out = {}
+        for b in data.epoch_batches(epoch):
+            T = b.input_ids.shape[1]
+            for row, ex in enumerate(b.example_ids.tolist()):
+                sel = (b.masked_positions // T) == row
+                out[ex] = (b.masked_positions[sel] % T).tolist()
+        return out, data
+
+    m0, data = masks(0)
+    m0_again, _ = masks(0)
+    m1, _ = masks(1)
+    assert m0 == m0_again  # reruns: identical masks
+    changed = sum(m0[k] != m1[k] for k in m0)
+    assert changed > 0.9 * len(m0)  # a new mask for (nearly) every example each epoch
+    # ~15% of tokens, special tokens never masked
+    tokens = masked = 0
+    for b in data.epoch_batches(0):
+        tokens += b.num_tokens
+        masked += b.masked_positions.numel()
+        assert not torch.isin(b.masked_lm_labels, torch.tensor([0, 1, 2, 3, 4])).any()
+    assert 0.13 < masked / tokens < 0.17
+    # masks depend on the example, not on the batch it lands in or the rank
+    other = PretrainingData(dynamic_dir, batch_size=5, seed=11, rank=1, world_size=2)
+    for b in other.epoch_batches(0):
+        T = b.input_ids.shape[1]
+        for row, ex in enumerate(b.example_ids.tolist()):
+            sel = (b.masked_positions // T) == row
+            assert (b.masked_positions[sel] % T).tolist() == m0[ex]
+
+
+def test_eval_batches_fixed_order_and_rank_split(static_dir, dynamic_dir):
+    for d in (static_dir, dynamic_dir):
+        one = PretrainingData(d, "valid", batch_size=10, seed=0)
+        batches = list(one.eval_batches())
+        ids = [x for b in batches for x in b.example_ids.tolist()]
+        assert ids == list(range(96))  # file order, last batch short (96 = 9*10 + 6)
+        again = list(PretrainingData(d, "valid", batch_size=10, seed=0).eval_batches())
+        assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(batches, again))
+        assert len(list(one.eval_batches(max_batches=3))) == 3
+        r0 = list(PretrainingData(d, "valid", batch_size=10, seed=0, world_size=2).eval_batches(max_batches=5))
+        r1 = list(PretrainingData(d, "valid", batch_size=10, seed=0, rank=1, world_size=2).eval_batches(max_batches=5))
+        assert len(r0) == 3 and len(r1) == 2
+        split = sorted(x for b in r0 + r1 for x in b.example_ids.tolist())
+        assert split == list(range(50))
+        assert torch.equal(r1[0].input_ids, batches[1].input_ids)
+
+
+def test_collate_flat_positions_are_offsets_into_b_times_t():
+    rows = [
+        (np.array([2, 9, 4, 3]), np.zeros(4), 0, np.array([2]), np.array([10])),
+        (np.array([2, 4, 7, 3, 8, 3]), np.zeros(6), 1, np.array([1, 4]), np.array([5, 6])),
+    ]
+    b = collate(rows, [0, 1])
+    assert b.input_ids.shape == (2, 6)
+    assert b.masked_positions.tolist() == [2, 6 + 1, 6 + 4]
+    assert b.masked_lm_labels.tolist() == [10, 5, 6]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 0, 0], [1] * 6]
+
+
+def test_clear_errors_for_bad_examples_dirs(tmp_path, static_dir):
+    with pytest.raises(BertraceError, match="run the examples stage"):
+        load_manifest(tmp_path)
+    d = make_examples(tmp_path / "x", train_rows=64, rows_per_shard=64)
+    (d / "train" / "shard-00000.parquet").unlink()
+    with pytest.raises(BertraceError, match="shard-00000.parquet: listed in .* but missing"):
+        PretrainingData(d, batch_size=8)
+    with pytest.raises(BertraceError, match="fewer than the per-rank batch size"):
+        PretrainingData(static_dir, batch_size=1000).batches_per_epoch(0)
+
+
+def make_tokenizer(path: Path) -> Path:
+    """A WordPiece ``tokenizer.json`` over the test vocabulary: ids divisible by 3 start a word,
+    the others are ``##`` continuation pieces (so counting sequences form 1-3 piece words)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordPiece
+
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])}
+    vocab.update({("" if i % 3 == 0 else "##") + f"w{i}": i for i in range(FIRST, VOCAB)})
+    Tokenizer(WordPiece(vocab, unk_token="[UNK]")).save(str(path))
+    return path
+
+
+def test_dynamic_whole_word_masking_masks_whole_words(tmp_path):
+    d = make_examples(tmp_path / "ex", masking="dynamic", whole_word_masking=True, train_rows=128)
+    with pytest.raises(BertraceError, match="pass the tokenizer"):
+        PretrainingData(d, batch_size=16)
+    table = continuation_table(make_tokenizer(tmp_path / "tokenizer.json"))
+    assert table[7] and table[8] and not table[6] and not table[9] and not table[2]
+    data = PretrainingData(d, batch_size=16, seed=0, is_continuation=table)
+    together = 0
+    for b in data.epoch_batches(0):
+        T = b.input_ids.shape[1]
+        labels = dict(zip(b.masked_positions.tolist(), b.masked_lm_labels.tolist()))
+        flat = b.input_ids.reshape(-1).tolist()
+        for p, original in labels.items():
+            # a masked continuation piece comes with the piece before it, unless a special
+            # token ([CLS]/[SEP]) precedes it (then it starts the segment's first word)
+            if table[original] and p % T and flat[p - 1] not in (2, 3):
+                assert p - 1 in labels, f"position {p}: '##' piece masked without its word start"
+                together += 1
+            # and a masked piece never leaves the continuation after it unmasked
+            if (p + 1) % T and p + 1 not in labels and table[flat[p + 1]]:
+                pytest.fail(f"position {p}: word masked without its continuation at {p + 1}")
+    assert together > 10
