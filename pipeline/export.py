@@ -1,0 +1,417 @@
+"""Export a bertrace checkpoint for use outside bertrace.
+
+* :func:`export_hf` writes a Hugging Face directory that ``transformers`` loads with
+  ``BertForSequenceClassification.from_pretrained(DIR)`` (a fine-tuned ``model.pt``) or
+  ``BertForPreTraining.from_pretrained(DIR)`` (a pre-training ``best.pt`` / ``last.pt``), and
+  ``BertTokenizerFast.from_pretrained(DIR)``. Weights are saved by transformers' own
+  ``save_pretrained`` (``model.safetensors``), so the files match the installed version. Before
+  the directory is moved into place it is loaded back and checked: the tokenizer must encode
+  probe texts to our ids and the logits must equal ours.
+* :func:`log_pyfunc` logs a fine-tuned checkpoint as an MLflow ``pyfunc`` model
+  (``mlflow.pyfunc.load_model(uri).predict(DataFrame)``), carrying the ``pipeline`` package as
+  code so it loads where bertrace is not installed.
+
+``transformers`` is imported only here, lazily: it is an export/test dependency
+(``pip install 'bertrace[test]'``), not a pipeline one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import tempfile
+import warnings
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from pipeline.errors import BertraceError
+from pipeline.inference import (Classifier, check_tokenizer, is_finetuned, load_weights, read_checkpoint,
+                                softmax)
+from pipeline.io import sha256_file, write_json
+
+try:  # the pyfunc wrapper class must live at module level so MLflow can unpickle it by name
+    import mlflow.pyfunc as _mlflow_pyfunc
+
+    _PythonModel = _mlflow_pyfunc.PythonModel
+except ImportError:  # pragma: no cover - mlflow is a core dependency
+    _PythonModel = object
+
+SPECIAL_TOKENS_MAP = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                      "mask_token": "[MASK]"}
+EXPORT_INFO = "bertrace_export.json"
+PROBE_TEXTS = [
+    "A gripping, funny film -- the best of the year!",
+    "Café au lait, naïve résumé: ACCENTS and Capitals.",
+    "it 's a boring , pointless movie .",
+    "Transformers (Vaswani et al., 2017) use self-attention; BERT pre-trains them on unlabeled text.",
+]
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise BertraceError(
+            "exporting to Hugging Face format needs the transformers package, which is not installed; "
+            "install it with `pip install 'bertrace[test]'` (or `pip install transformers`)") from None
+    return transformers
+
+
+@contextlib.contextmanager
+def _quiet(tf):
+    """transformers without its info messages and progress bars, restored afterwards."""
+    log = tf.utils.logging
+    verbosity, bars = log.get_verbosity(), log.is_progress_bar_enabled()
+    log.set_verbosity_error()
+    log.disable_progress_bar()
+    try:
+        yield
+    finally:
+        log.set_verbosity(verbosity)
+        if bars:
+            log.enable_progress_bar()
+
+
+# --------------------------------------------------------------------------------------------
+# Loading our side
+
+
+def _find_tokenizer(path: Path, ckpt: dict[str, Any], tokenizer_path: str | Path | None) -> tuple[Path, str | None]:
+    """The tokenizer of a checkpoint and the sha256 it must have.
+
+    Fine-tuned: ``tokenizer.json`` next to ``model.pt``. Pre-training: next to the checkpoint,
+    else the pipeline's ``data/tokenizer/tokenizer.json`` (``../tokenizer/`` from ``data/pretrain``).
+    """
+    expected = ckpt.get("tokenizer_sha256") or (ckpt.get("provenance") or {}).get("tokenizer_sha256")
+    if tokenizer_path:
+        return Path(tokenizer_path), expected
+    candidates = [path.parent / "tokenizer.json"]
+    if not is_finetuned(ckpt):
+        candidates.append(path.parent.parent / "tokenizer" / "tokenizer.json")
+    for c in candidates:
+        if c.is_file():
+            return c, expected
+    raise BertraceError(f"{path}: no tokenizer.json found at {', '.join(map(str, candidates))}; pass the tokenizer "
+                        "the checkpoint was trained with (--tokenizer data/tokenizer/tokenizer.json)")
+
+
+def load_for_export(model_pt: str | Path, tokenizer_path: str | Path | None = None) -> dict[str, Any]:
+    """``{kind: "classifier"|"pretraining", model (ours, eval), config, tokenizer, tokenizer_path,
+    tokenizer_sha256, label_names, checkpoint (without weights)}``."""
+    from tokenizers import Tokenizer
+
+    from pipeline.model import BertConfig, BertForPreTraining
+
+    path = Path(model_pt)
+    ckpt = read_checkpoint(path)
+    tok_path, expected = _find_tokenizer(path, ckpt, tokenizer_path)
+    if is_finetuned(ckpt):
+        clf = Classifier.from_checkpoint(ckpt, path, tok_path)
+        return {"kind": "classifier", "model": clf.model, "config": clf.model.config, "tokenizer": clf.tokenizer,
+                "tokenizer_path": tok_path, "tokenizer_sha256": sha256_file(tok_path), "label_names": clf.label_names,
+                "max_len": clf.max_len, "truncation": clf.truncation, "text_columns": clf.text_columns,
+                "checkpoint": clf.checkpoint}
+    sha = check_tokenizer(tok_path, expected, path)
+    config = BertConfig.from_dict(ckpt["model_config"])
+    model = BertForPreTraining(config)
+    load_weights(model, ckpt["model"], path)
+    model.eval()
+    return {"kind": "pretraining", "model": model, "config": config, "tokenizer": Tokenizer.from_file(str(tok_path)),
+            "tokenizer_path": tok_path, "tokenizer_sha256": sha, "label_names": None, "max_len": config.max_position,
+            "truncation": "head", "text_columns": None, "checkpoint": {k: v for k, v in ckpt.items() if k != "model"}}
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizer files
+
+
+def normalizer_settings(tokenizer_json: str | Path) -> dict[str, bool]:
+    """``do_lower_case`` / ``strip_accents`` / ``tokenize_chinese_chars`` of a BERT tokenizer.json."""
+    data = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
+    norm = data.get("normalizer") or {}
+    if norm.get("type") != "BertNormalizer":
+        raise BertraceError(f"{tokenizer_json}: normalizer is {norm.get('type')!r}, not BertNormalizer; only BERT "
+                            "tokenizers (the tokenizer stage's) can be exported for BertTokenizerFast")
+    lower = bool(norm.get("lowercase", True))
+    strip = norm.get("strip_accents")
+    return {"do_lower_case": lower, "strip_accents": lower if strip is None else bool(strip),
+            "tokenize_chinese_chars": bool(norm.get("handle_chinese_chars", True))}
+
+
+def write_tokenizer_files(tokenizer, tokenizer_json: Path, out_dir: Path, model_max_length: int) -> None:
+    """vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json (BERT layout)."""
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    by_id = sorted(vocab.items(), key=lambda kv: kv[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise BertraceError(f"{tokenizer_json}: vocabulary ids are not 0..{len(by_id) - 1}; it cannot be written "
+                            "as vocab.txt")
+    for tok, i in SPECIAL_TOKENS_MAP.items():
+        if i not in vocab:
+            raise BertraceError(f"{tokenizer_json}: special token {i} missing from the vocabulary")
+    (out_dir / "vocab.txt").write_text("".join(t + "\n" for t, _ in by_id), encoding="utf-8")
+    shutil.copyfile(tokenizer_json, out_dir / "tokenizer.json")
+    config = {
+        "tokenizer_class": "BertTokenizer",
+        **normalizer_settings(tokenizer_json),
+        "model_max_length": int(model_max_length),
+        "padding_side": "right",
+        "truncation_side": "right",
+        "clean_up_tokenization_spaces": False,
+        **SPECIAL_TOKENS_MAP,
+    }
+    write_json(out_dir / "tokenizer_config.json", config)
+    write_json(out_dir / "special_tokens_map.json", SPECIAL_TOKENS_MAP)
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face export
+
+
+def _probe_batch(loaded: dict[str, Any]) -> tuple[list[list[int]], list[list[int]], list[str], list[str] | None]:
+    from pipeline.task_data import encode_examples
+
+    a = PROBE_TEXTS
+    pair = loaded["kind"] == "pretraining" or len(loaded["text_columns"] or []) == 2
+    b = list(reversed(PROBE_TEXTS)) if pair else None
+    ids, types, _ = encode_examples(loaded["tokenizer"], a, b, min(loaded["max_len"], loaded["config"].max_position),
+                                    "head")
+    return ids, types, a, b
+
+
+def _pad(ids: list[list[int]], types: list[list[int]]) -> dict[str, torch.Tensor]:
+    from pipeline.task_data import collate
+
+    batch = collate([(i, t, 0) for i, t in zip(ids, types)])
+    batch.pop("labels")
+    return batch
+
+
+@torch.no_grad()
+def _compare(loaded: dict[str, Any], hf_model, ids, types) -> float:
+    """Max |logit difference| between our model and the HF one on the probe batch."""
+    batch = _pad(ids, types)
+    ours = loaded["model"]
+    hf_model.eval()
+    hf_out = hf_model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                      attention_mask=batch["attention_mask"])
+    if loaded["kind"] == "classifier":
+        a = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        return float((a - hf_out.logits).abs().max())
+    out = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    valid = batch["attention_mask"].bool()
+    mlm = float((out.mlm_logits[valid] - hf_out.prediction_logits[valid]).abs().max())
+    nsp = float((out.nsp_logits - hf_out.seq_relationship_logits).abs().max())
+    return max(mlm, nsp)
+
+
+def export_hf(model_pt: str | Path, out_dir: str | Path, tokenizer_path: str | Path | None = None,
+              verify: bool = True) -> dict[str, Any]:
+    """Write ``out_dir`` as a Hugging Face model + tokenizer directory; returns what it wrote.
+
+    A fine-tuned checkpoint becomes ``BertForSequenceClassification`` (config with
+    ``id2label`` / ``label2id``), a pre-training one ``BertForPreTraining``. Also written:
+    ``bertrace_export.json`` (source checkpoint and tokenizer sha256, task, provenance). With
+    ``verify`` the directory is loaded back with transformers first: a tokenizer that encodes the
+    probe texts differently, or logits further than 1e-4 (relative to the logit scale) from ours,
+    is an error and nothing is written. ``out_dir`` is replaced only if it is empty or a previous
+    bertrace export.
+    """
+    tf = _transformers()
+    with _quiet(tf):
+        return _export_hf(tf, model_pt, out_dir, tokenizer_path, verify)
+
+
+def _export_hf(tf, model_pt, out_dir, tokenizer_path, verify) -> dict[str, Any]:
+    from pipeline.model import hf_config, to_hf_state_dict
+
+    src = Path(model_pt)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / EXPORT_INFO).exists())):
+        raise BertraceError(f"{out_dir}: exists and is not a bertrace export; choose a new directory or remove it")
+    loaded = load_for_export(src, tokenizer_path)
+    config, kind = loaded["config"], loaded["kind"]
+
+    fields = hf_config(config, len(loaded["label_names"]) if kind == "classifier" else None)
+    if kind == "classifier":
+        names = loaded["label_names"]
+        fields.update(id2label={i: n for i, n in enumerate(names)}, label2id={n: i for i, n in enumerate(names)},
+                      problem_type="single_label_classification", architectures=["BertForSequenceClassification"])
+        hf_cls = tf.BertForSequenceClassification
+    else:
+        fields.update(architectures=["BertForPreTraining"])
+        hf_cls = tf.BertForPreTraining
+    hf_model = hf_cls(tf.BertConfig(**fields))
+    result = hf_model.load_state_dict(to_hf_state_dict(loaded["model"]), strict=False)
+    allowed_missing = {"bert.embeddings.position_ids", "bert.embeddings.token_type_ids",
+                       "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
+    bad_missing = [k for k in result.missing_keys if k not in allowed_missing]
+    if bad_missing or result.unexpected_keys:
+        raise BertraceError(f"{src}: weights do not map onto transformers.{hf_cls.__name__} (missing {bad_missing[:6]}, "
+                            f"unexpected {list(result.unexpected_keys)[:6]}); transformers {tf.__version__} may "
+                            "name BERT's parameters differently")
+    hf_model.eval()
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        hf_model.save_pretrained(tmp)
+        write_tokenizer_files(loaded["tokenizer"], loaded["tokenizer_path"], tmp,
+                              loaded["max_len"] if kind == "classifier" else config.max_position)
+        info: dict[str, Any] = {
+            "kind": kind,
+            "architecture": hf_cls.__name__,
+            "source_checkpoint": str(src),
+            "source_sha256": sha256_file(src),
+            "tokenizer_sha256": loaded["tokenizer_sha256"],
+            "label_names": loaded["label_names"],
+            "task": loaded["checkpoint"].get("task"),
+            "transformers_version": tf.__version__,
+            "provenance": loaded["checkpoint"].get("provenance"),
+        }
+        if kind == "classifier" and loaded["truncation"] != "head":
+            info["note"] = (f"fine-tuned with {loaded['truncation']} truncation to {loaded['max_len']} tokens; "
+                            "the HF tokenizer truncates the head only")
+        if verify:
+            info["verification"] = _verify(loaded, tf, hf_cls, tmp)
+        write_json(tmp / EXPORT_INFO, info)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {**{k: v for k, v in info.items() if k != "provenance"}, "path": str(out_dir),
+            "files": sorted(p.name for p in out_dir.iterdir())}
+
+
+def _verify(loaded: dict[str, Any], tf, hf_cls, directory: Path) -> dict[str, Any]:
+    """Load ``directory`` back with transformers; compare tokenization and logits with ours."""
+    ids, types, a, b = _probe_batch(loaded)
+    hf_tok = tf.BertTokenizerFast.from_pretrained(str(directory))
+    enc = hf_tok(a, b) if b is not None else hf_tok(a)
+    ours = loaded["tokenizer"].encode_batch(list(zip(a, b)) if b is not None else a)  # untruncated, with [CLS]/[SEP]
+    if ([list(x) for x in enc["input_ids"]] != [e.ids for e in ours]
+            or [list(x) for x in enc["token_type_ids"]] != [e.type_ids for e in ours]):
+        raise BertraceError(f"export to {directory}: transformers' BertTokenizerFast encodes the probe texts "
+                            f"differently from {loaded['tokenizer_path']}; the export is not faithful "
+                            f"(transformers {tf.__version__})")
+    hf_model = hf_cls.from_pretrained(str(directory))
+    diff = _compare(loaded, hf_model, ids, types)
+    scale = max(1.0, float(np.abs(_pad_logits(loaded, ids, types)).max()))
+    if not diff <= 1e-4 * scale:
+        raise BertraceError(f"export to {directory}: transformers' {hf_cls.__name__} logits differ from ours by {diff:.3g} "
+                            f"(tolerance {1e-4 * scale:.3g}); the export is not faithful (transformers {tf.__version__})")
+    return {"probe_texts": len(a), "max_abs_logit_diff": diff, "tokenizer_ids_equal": True}
+
+
+@torch.no_grad()
+def _pad_logits(loaded: dict[str, Any], ids, types) -> np.ndarray:
+    batch = _pad(ids, types)
+    out = loaded["model"](batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    return (out if loaded["kind"] == "classifier" else out.nsp_logits).numpy()
+
+
+# --------------------------------------------------------------------------------------------
+# MLflow pyfunc
+
+
+class BertracePyfunc(_PythonModel):
+    """MLflow pyfunc around :class:`pipeline.inference.Classifier`.
+
+    Input: a DataFrame with the task's text column(s) (e.g. ``sentence``; two for a pair task).
+    Output: a DataFrame with ``label`` (name), ``label_id`` and ``prob_<label>`` per class.
+    """
+
+    def load_context(self, context) -> None:
+        self._clf = Classifier.load(context.artifacts["checkpoint"], tokenizer_path=context.artifacts["tokenizer"])
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
+        return predict_frame(self._clf, model_input, batch_size=int((params or {}).get("batch_size", 64)))
+
+
+def predict_frame(clf: Classifier, frame, batch_size: int = 64):
+    """Classify the rows of a DataFrame (the pyfunc's ``predict``)."""
+    if not isinstance(frame, pd.DataFrame):
+        frame = pd.DataFrame(frame if isinstance(frame, dict) else {clf.text_columns[0]: list(frame)})
+    cols = clf.text_columns
+    missing = [c for c in cols if c not in frame.columns]
+    if missing and len(cols) == 1 and len(frame.columns) == 1:
+        frame = frame.rename(columns={frame.columns[0]: cols[0]})
+        missing = []
+    if missing:
+        raise BertraceError(f"model input: no column(s) {missing}; the model reads {cols}, the input has "
+                            f"{list(frame.columns)}")
+    texts = [frame[c].fillna("").astype(str).tolist() for c in cols]
+    inputs = texts[0] if len(cols) == 1 else list(zip(texts[0], texts[1]))
+    logits = clf.logits(inputs, batch_size=batch_size)
+    probs = softmax(logits)
+    ids = probs.argmax(axis=1) if len(probs) else np.zeros(0, dtype=np.int64)
+    out = {"label": [clf.label_names[int(i)] for i in ids], "label_id": ids.astype(np.int64)}
+    for k, name in enumerate(clf.label_names):
+        out[f"prob_{name}"] = probs[:, k] if len(probs) else np.zeros(0)
+    return pd.DataFrame(out, index=frame.index)
+
+
+def pip_requirements() -> list[str]:
+    """The pyfunc's runtime packages pinned to the installed versions (local tags like
+    ``+cpu`` dropped: the index serves the plain version)."""
+    reqs = []
+    for name in ("torch", "tokenizers", "numpy", "pandas"):
+        version = metadata.version(name).split("+")[0]
+        reqs.append(f"{name}=={version}")
+    return reqs
+
+
+def _package_copy(dest: Path) -> Path:
+    """A clean copy of the ``pipeline`` package (no caches) for the model's code_paths."""
+    import pipeline
+
+    src = Path(pipeline.__file__).resolve().parent
+    target = dest / "pipeline"
+    shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
+    return target
+
+
+def log_pyfunc(model_pt: str | Path, artifact_path: str = "model", *, tokenizer_path: str | Path | None = None,
+               registered_model_name: str | None = None, input_example: list[str] | None = None):
+    """Log a fine-tuned checkpoint as an MLflow pyfunc model in the active run (MLflow opens one
+    if none is active); returns MLflow's ``ModelInfo``. Load it back with
+    ``mlflow.pyfunc.load_model(f"runs:/{run_id}/{artifact_path}")``."""
+    import inspect
+
+    import mlflow.pyfunc
+    from mlflow.models import infer_signature
+
+    path = Path(model_pt)
+    clf = Classifier.load(path, tokenizer_path)
+    tok = Path(tokenizer_path) if tokenizer_path else path.parent / "tokenizer.json"
+    texts = input_example or PROBE_TEXTS[:2]
+    example = pd.DataFrame({c: (texts if i == 0 else list(reversed(texts))) for i, c in enumerate(clf.text_columns)})
+    with warnings.catch_warnings():  # "integer column can't hold missing values": label_id is never missing
+        warnings.filterwarnings("ignore", message=".*integer column", category=UserWarning)
+        signature = infer_signature(example, predict_frame(clf, example))
+    with tempfile.TemporaryDirectory(prefix="bertrace-pyfunc-") as tmp:
+        code = _package_copy(Path(tmp))
+        kwargs: dict[str, Any] = dict(
+            python_model=BertracePyfunc(),
+            artifacts={"checkpoint": str(path), "tokenizer": str(tok)},
+            code_paths=[str(code)],
+            pip_requirements=pip_requirements(),
+            signature=signature,
+            input_example=example,
+            registered_model_name=registered_model_name,
+            metadata={"bertrace_checkpoint_sha256": sha256_file(path),
+                      "bertrace_tokenizer_sha256": clf.checkpoint["tokenizer_sha256"],
+                      "label_names": clf.label_names, "text_columns": clf.text_columns},
+        )
+        if "name" in inspect.signature(mlflow.pyfunc.log_model).parameters:  # MLflow 3
+            kwargs["name"] = artifact_path
+        else:  # pragma: no cover - MLflow 2
+            kwargs["artifact_path"] = artifact_path
+        return mlflow.pyfunc.log_model(**kwargs)

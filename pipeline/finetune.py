@@ -1,0 +1,463 @@
+"""Fine-tuning a pre-trained encoder on a classification task (run_classifier.py, Devlin et al.
+2018 section 4.1): [CLS] pooled vector -> dropout -> Linear, cross-entropy, AdamW.
+
+The encoder comes from a pre-training checkpoint: its config (never re-typed in params) and,
+in ``full`` / ``frozen`` mode, its ``bert.*`` weights; the MLM and NSP heads are dropped and the
+classifier starts fresh. Modes:
+
+* ``full``: every weight trains (the paper's fine-tuning);
+* ``frozen``: the encoder is frozen (``requires_grad=False``, kept in eval mode so no dropout
+  noise) and only the classifier on the pooled [CLS] vector learns: a linear probe;
+* ``scratch``: the same architecture, randomly initialised: what pre-training buys.
+
+Optimisation follows Google's ``optimization.py``: AdamW with eps 1e-6, no weight decay on
+biases and LayerNorm, linear warm-up over ``warmup_ratio`` of the steps then linear decay to 0,
+gradient clipping at global norm 1.0. Validation accuracy is measured after every epoch (or
+every ``eval_every_steps``); training stops after ``patience`` checks without improvement and
+the best weights are kept. Several seeds give mean ± std (fine-tuning BERT is notoriously
+seed-sensitive on small tasks: Dodge et al. 2020); the model of the best seed is the one saved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, ContextManager
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.errors import BertraceError
+from pipeline.io import atomic_path, sha256_file
+from pipeline.model import BertConfig, BertForSequenceClassification, param_groups
+from pipeline.task_data import TaskData, TaskSplit, collate
+
+MODES = ("full", "frozen", "scratch")
+FORMAT = "bertrace-finetune-checkpoint"
+VERSION = 1
+
+
+@dataclass
+class FinetuneConfig:
+    mode: str = "full"
+    epochs: int = 3
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    adam_eps: float = 1e-6
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = 1.0  # 0 = no clipping
+    dropout: float | None = None  # classifier dropout; None = the encoder's hidden dropout
+    patience: int = 2  # checks without improvement before stopping; 0 = never stop early
+    eval_every_steps: int = 0  # 0 = once per epoch
+    seeds: list[int] = field(default_factory=lambda: [42])
+    group_by_length: bool = True  # batches of similar length: less padding, same examples per epoch
+    log_every_steps: int = 50
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+
+    # Keys of the params section that are not training settings (read by the stage / task_data).
+    NON_TRAINING_KEYS = ("checkpoint", "tokenizer", "mirror", "task", "max_len", "truncation", "threads", "seed")
+
+    @classmethod
+    def from_params(cls, params: dict, source: str = "params.yaml") -> "FinetuneConfig":
+        params = dict(params or {})
+        valid = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - valid - set(cls.NON_TRAINING_KEYS))
+        if unknown:
+            raise BertraceError(f"{source}: unknown finetune keys {unknown}; valid keys are "
+                                f"{sorted(valid | set(cls.NON_TRAINING_KEYS))}")
+        kwargs = {k: v for k, v in params.items() if k in valid and v is not None}
+        if params.get("dropout") is None:
+            kwargs.pop("dropout", None)
+        seeds = params.get("seeds")
+        if not seeds:
+            seeds = [params["seed"]] if params.get("seed") is not None else [42]
+        kwargs["seeds"] = [int(s) for s in (seeds if isinstance(seeds, (list, tuple)) else [seeds])]
+        try:  # YAML reads 5e-5 (no dot) as a string: coerce, with a clear error for garbage
+            for name in ("lr", "weight_decay", "warmup_ratio", "adam_eps", "max_grad_norm", "dropout"):
+                if name in kwargs:
+                    kwargs[name] = float(kwargs[name])
+            for name in ("epochs", "batch_size", "eval_batch_size", "patience", "eval_every_steps", "log_every_steps"):
+                if name in kwargs:
+                    kwargs[name] = int(kwargs[name])
+            if "adam_betas" in kwargs:
+                kwargs["adam_betas"] = tuple(float(b) for b in kwargs["adam_betas"])
+        except (TypeError, ValueError) as e:
+            raise BertraceError(f"{source}: a finetune setting is not a number ({e}); fix it in the finetune section") \
+                from None
+        if "group_by_length" in kwargs:
+            kwargs["group_by_length"] = bool(kwargs["group_by_length"])
+        cfg = cls(**kwargs)
+        cfg.check(source)
+        return cfg
+
+    def check(self, source: str = "params.yaml") -> None:
+        def bad(msg: str):
+            raise BertraceError(f"{source}: finetune.{msg}")
+
+        if self.mode not in MODES:
+            bad(f"mode is {self.mode!r}; use one of {list(MODES)}")
+        for name in ("epochs", "batch_size", "eval_batch_size"):
+            if int(getattr(self, name)) < 1:
+                bad(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not float(self.lr) > 0:
+            bad(f"lr must be positive, got {self.lr}")
+        if not 0.0 <= float(self.warmup_ratio) < 1.0:
+            bad(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.dropout is not None and not 0.0 <= float(self.dropout) < 1.0:
+            bad(f"dropout must be in [0, 1) or null, got {self.dropout}")
+        if int(self.patience) < 0 or int(self.eval_every_steps) < 0:
+            bad("patience and eval_every_steps must be >= 0")
+        if len(set(self.seeds)) != len(self.seeds):
+            bad(f"seeds {self.seeds} repeat a seed")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["adam_betas"] = list(self.adam_betas)
+        return d
+
+
+# ---------------------------------------------------------------------------------------------
+# Transplant: pre-training checkpoint -> classifier
+# ---------------------------------------------------------------------------------------------
+def load_pretrained(path: str | Path) -> dict[str, Any]:
+    """The pre-training checkpoint (``pipeline.checkpoint.load_checkpoint``), checked for the
+    keys fine-tuning needs."""
+    from pipeline.checkpoint import load_checkpoint
+
+    path = Path(path)
+    ckpt = load_checkpoint(path)
+    missing = [k for k in ("model", "model_config") if k not in ckpt]
+    if missing:
+        raise BertraceError(f"{path}: pre-training checkpoint lacks {missing}; rerun the pretrain stage")
+    return ckpt
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """``path`` when it exists, else ``last.pt`` next to it (a run without a best.pt yet)."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    last = path.with_name("last.pt")
+    if path.name != "last.pt" and last.is_file():
+        return last
+    raise BertraceError(f"{path}: pre-training checkpoint not found (nor {last}); run the pretrain stage "
+                        "(dvc repro pretrain) or set finetune.checkpoint")
+
+
+def check_tokenizer(ckpt: dict[str, Any], ckpt_path: str | Path, tokenizer_path: str | Path) -> str:
+    """The task tokenizer's sha256; BertraceError naming both hashes when the checkpoint was
+    pre-trained with another tokenizer (its ids would mean different tokens)."""
+    tokenizer_path = Path(tokenizer_path)
+    if not tokenizer_path.is_file():
+        raise BertraceError(f"{tokenizer_path}: tokenizer not found; run the tokenizer stage or set finetune.tokenizer")
+    actual = sha256_file(tokenizer_path)
+    expected = (ckpt.get("provenance") or {}).get("tokenizer_sha256")
+    if not expected:
+        raise BertraceError(f"{ckpt_path}: records no tokenizer_sha256 in its provenance, so the tokenizer it was "
+                            "pre-trained with is unknown; rerun the pretrain stage")
+    if actual != expected:
+        raise BertraceError(
+            f"tokenizer mismatch: {ckpt_path} was pre-trained with tokenizer sha256 {expected}, but "
+            f"{tokenizer_path} has sha256 {actual}; fine-tune with the tokenizer the checkpoint was trained with "
+            "(finetune.tokenizer, or `dvc checkout` the matching data/tokenizer) or pre-train again")
+    return actual
+
+
+def build_model(ckpt: dict[str, Any], num_labels: int, mode: str = "full", *, dropout: float | None = None,
+                seed: int = 0, source: str = "checkpoint") -> BertForSequenceClassification:
+    """BertForSequenceClassification with the checkpoint's config; encoder weights loaded for
+    ``full`` / ``frozen``, random (seeded) for ``scratch``; encoder frozen for ``frozen``."""
+    if mode not in MODES:
+        raise BertraceError(f"params.yaml: finetune.mode is {mode!r}; use one of {list(MODES)}")
+    config = BertConfig.from_dict(dict(ckpt["model_config"]))
+    torch.manual_seed(seed)  # classifier (and, for scratch, encoder) initialisation
+    model = BertForSequenceClassification(config, num_labels, classifier_dropout=dropout)
+    if mode != "scratch":
+        model.load_pretrained_encoder(ckpt["model"], source=str(source))
+    if mode == "frozen":
+        for p in model.bert.parameters():
+            p.requires_grad_(False)
+    return model
+
+
+def _set_train_mode(model: BertForSequenceClassification, mode: str) -> None:
+    model.train()
+    if mode == "frozen":
+        model.bert.eval()  # a frozen encoder is a fixed feature extractor: no dropout in it
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def linear_warmup_decay(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """LR multiplier: 0 -> 1 over ``warmup_steps``, then linearly to 0 at ``total_steps``
+    (Google's optimization.py; Hugging Face's get_linear_schedule_with_warmup)."""
+    def f(step: int) -> float:
+        if step < warmup_steps:
+            return step / max(1, warmup_steps)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+    return f
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class LengthGroupedBatches(torch.utils.data.Sampler):
+    """Random batches of similar-length examples (Hugging Face's ``group_by_length``): each
+    epoch shuffles the examples, sorts each window of ``window`` batches by length, cuts it into
+    batches and shuffles the batches. Every example is seen once per epoch; padding (most of the
+    compute on short-sentence tasks like SST-2) mostly disappears."""
+
+    def __init__(self, lengths: list[int], batch_size: int, generator: torch.Generator, window: int = 50):
+        self.lengths, self.batch_size, self.generator, self.window = lengths, batch_size, generator, window
+
+    def _chunks(self) -> list[int]:
+        n, size = len(self.lengths), self.batch_size * self.window
+        return [min(size, n - s) for s in range(0, n, size)]
+
+    def __len__(self) -> int:
+        return sum(math.ceil(c / self.batch_size) for c in self._chunks())
+
+    def __iter__(self):
+        perm = torch.randperm(len(self.lengths), generator=self.generator).tolist()
+        size = self.batch_size * self.window
+        batches = []
+        for s in range(0, len(perm), size):
+            chunk = sorted(perm[s:s + size], key=lambda i: self.lengths[i])
+            batches += [chunk[j:j + self.batch_size] for j in range(0, len(chunk), self.batch_size)]
+        for k in torch.randperm(len(batches), generator=self.generator).tolist():
+            yield batches[k]
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, split: TaskSplit, batch_size: int = 128,
+             device: torch.device | str = "cpu") -> dict[str, float]:
+    """``{"accuracy", "loss", "n"}`` on a labelled split (batches of length-sorted examples)."""
+    if split.labels is None:
+        raise BertraceError(f"{split.source}: the {split.role} split has no labels; accuracy needs a labelled split")
+    was_training = model.training
+    model.eval()
+    order = sorted(range(len(split)), key=lambda i: len(split.input_ids[i]))
+    correct, loss_sum = 0, 0.0
+    for s in range(0, len(order), batch_size):
+        batch = {k: v.to(device) for k, v in collate([split[i] for i in order[s:s + batch_size]]).items()}
+        logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
+        loss_sum += F.cross_entropy(logits, batch["labels"], reduction="sum").item()
+        correct += (logits.argmax(-1) == batch["labels"]).sum().item()
+    model.train(was_training)
+    n = len(order)
+    return {"accuracy": correct / n, "loss": loss_sum / n, "n": n}
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    validation_accuracy: float  # at the best check (the weights kept)
+    validation_loss: float
+    best_step: int
+    best_epoch: float
+    steps: int  # optimizer steps run
+    planned_steps: int
+    epochs_run: float
+    stopped_early: bool
+    train_loss: float  # mean over the last epoch's steps
+    history: list[dict[str, float]]  # one entry per validation check
+    cpu_seconds: float
+    wall_seconds: float
+    state_dict: dict[str, torch.Tensor] | None = field(default=None, repr=False)  # best weights (CPU)
+
+    def metrics(self) -> dict[str, Any]:
+        """The numbers (no weights, no history) as a JSON-able dict."""
+        return {k: getattr(self, k) for k in (
+            "seed", "validation_accuracy", "validation_loss", "best_step", "best_epoch", "steps",
+            "planned_steps", "epochs_run", "stopped_early", "train_loss", "cpu_seconds", "wall_seconds")}
+
+
+def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: int, *, progress: bool = True,
+               log: Callable[[dict[str, float], int], None] | None = None,
+               source: str = "checkpoint") -> SeedResult:
+    """Fine-tune one model with ``seed`` (init, shuffling and dropout all follow it) and return
+    its best-validation weights and numbers. ``log(metrics, step)`` receives the training loss
+    and learning rate every ``log_every_steps`` and each validation check."""
+    from tqdm.auto import tqdm
+
+    train, valid = data.splits.get("train"), data.splits.get("validation")
+    if train is None or valid is None:
+        raise BertraceError("fine-tuning needs the train and validation splits; load them with "
+                            "roles=('train', 'validation')")
+    t_wall, t_cpu = time.perf_counter(), time.process_time()
+    device = pick_device(cfg.device)
+    model = build_model(ckpt, data.num_labels, cfg.mode, dropout=cfg.dropout, seed=seed, source=source).to(device)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    groups = [g for g in param_groups(model, cfg.weight_decay) if g["params"]]
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)
+    generator = torch.Generator().manual_seed(seed)
+    if cfg.group_by_length:
+        sampler = LengthGroupedBatches([len(x) for x in train.input_ids], cfg.batch_size, generator)
+        loader = torch.utils.data.DataLoader(train, batch_sampler=sampler, collate_fn=collate)
+    else:
+        loader = torch.utils.data.DataLoader(train, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate,
+                                             generator=generator)
+    steps_per_epoch = len(loader)
+    planned = cfg.epochs * steps_per_epoch
+    warmup = int(round(cfg.warmup_ratio * planned))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(warmup, planned))
+    eval_every = cfg.eval_every_steps or steps_per_epoch
+
+    def snapshot() -> dict[str, torch.Tensor]:
+        return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+    history: list[dict[str, float]] = []
+    best = {"accuracy": -1.0, "loss": math.inf, "step": 0, "epoch": 0.0}
+    best_state = snapshot()
+    bad_checks, step, stopped, epoch_losses = 0, 0, False, []
+    bar = tqdm(total=planned, desc=f"finetune seed {seed}", unit="step", disable=not progress, mininterval=1.0)
+    _set_train_mode(model, cfg.mode)
+    for epoch in range(cfg.epochs):
+        epoch_losses = []
+        for batch in loader:
+            batch = {k: v.to(device) for k, v in batch.items()}
+            logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+            loss = F.cross_entropy(logits.float(), batch["labels"])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            epoch_losses.append(loss.item())
+            bar.update(1)
+            if log and step % max(1, cfg.log_every_steps) == 0:
+                log({"train_loss": epoch_losses[-1], "lr": scheduler.get_last_lr()[0]}, step)
+            if step % eval_every == 0 or step == planned:
+                ev = evaluate(model, valid, cfg.eval_batch_size, device)
+                _set_train_mode(model, cfg.mode)
+                point = {"step": step, "epoch": round(step / steps_per_epoch, 4),
+                         "validation_accuracy": ev["accuracy"], "validation_loss": ev["loss"],
+                         "train_loss": sum(epoch_losses) / len(epoch_losses)}
+                history.append(point)
+                bar.set_postfix(val_acc=f"{ev['accuracy']:.4f}")
+                if log:
+                    log({k: v for k, v in point.items() if k not in ("step",)}, step)
+                if ev["accuracy"] > best["accuracy"]:
+                    best = {"accuracy": ev["accuracy"], "loss": ev["loss"], "step": step, "epoch": point["epoch"]}
+                    best_state = snapshot()
+                    bad_checks = 0
+                else:
+                    bad_checks += 1
+                    if cfg.patience and bad_checks >= cfg.patience and step < planned:
+                        stopped = True
+                        break
+        if stopped:
+            break
+    bar.close()
+    result = SeedResult(
+        seed=seed, validation_accuracy=best["accuracy"], validation_loss=best["loss"], best_step=best["step"],
+        best_epoch=best["epoch"], steps=step, planned_steps=planned, epochs_run=round(step / steps_per_epoch, 4),
+        stopped_early=stopped, train_loss=sum(epoch_losses) / max(1, len(epoch_losses)), history=history,
+        cpu_seconds=time.process_time() - t_cpu, wall_seconds=time.perf_counter() - t_wall, state_dict=best_state,
+    )
+    if log:
+        log({"best_validation_accuracy": result.validation_accuracy, "best_step": result.best_step,
+             "cpu_seconds": result.cpu_seconds, "wall_seconds": result.wall_seconds}, step)
+    return result
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n - 1; 0.0 for a single value)."""
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def best_seed(results: list[SeedResult]) -> SeedResult:
+    """Highest validation accuracy; ties go to the earlier seed in ``seeds``."""
+    return max(results, key=lambda r: (r.validation_accuracy, -results.index(r)))
+
+
+def summarize(results: list[SeedResult]) -> dict[str, Any]:
+    """Per-seed metrics and mean ± std over seeds (validation accuracy and loss)."""
+    acc_mean, acc_std = mean_std([r.validation_accuracy for r in results])
+    loss_mean, loss_std = mean_std([r.validation_loss for r in results])
+    best = best_seed(results)
+    return {
+        "seeds": [r.seed for r in results],
+        "per_seed": {str(r.seed): r.metrics() for r in results},
+        "validation_accuracy": {"mean": acc_mean, "std": acc_std,
+                                "min": min(r.validation_accuracy for r in results),
+                                "max": max(r.validation_accuracy for r in results)},
+        "validation_loss": {"mean": loss_mean, "std": loss_std},
+        "best_seed": best.seed,
+        "best_validation_accuracy": best.validation_accuracy,
+        "cpu_seconds": sum(r.cpu_seconds for r in results),
+        "wall_seconds": sum(r.wall_seconds for r in results),
+    }
+
+
+def finetune(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, *, progress: bool = True,
+             seed_context: Callable[[int], ContextManager[Callable[[dict[str, float], int], None] | None]] | None = None,
+             source: str = "checkpoint") -> tuple[dict[str, Any], SeedResult]:
+    """Run every seed of ``cfg.seeds``; returns ``(summary, best seed's result)``.
+
+    ``seed_context(seed)``, when given, wraps each seed's training (the stage opens a nested
+    MLflow run there) and yields the ``log(metrics, step)`` function that seed reports to."""
+    results = []
+    best: SeedResult | None = None
+    for seed in cfg.seeds:
+        with (seed_context(seed) if seed_context else contextlib.nullcontext(None)) as log:
+            r = train_seed(ckpt, data, cfg, seed, progress=progress, source=source, log=log)
+        results.append(r)
+        if best is None or r.validation_accuracy > best.validation_accuracy:
+            best = r
+        else:
+            r.state_dict = None  # keep only the best weights in memory
+    return summarize(results), best
+
+
+# ---------------------------------------------------------------------------------------------
+# The fine-tuned checkpoint (SPEC "Fine-tuned checkpoint")
+# ---------------------------------------------------------------------------------------------
+def _plain(obj: Any) -> Any:
+    """JSON-able copy (str for anything exotic) so ``torch.load(weights_only=True)`` reads it."""
+    return json.loads(json.dumps(obj, default=str))
+
+
+def save_finetuned(path: str | Path, *, state_dict: dict[str, torch.Tensor], model_config: dict, label_names: list[str],
+                   task: dict, tokenizer_sha256: str, mode: str, seed: int, metrics: dict,
+                   provenance: dict) -> Path:
+    """Write ``model.pt`` atomically: tensors, numbers, strings, lists, dicts only."""
+    path = Path(path)
+    state = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": {k: v.detach().cpu().contiguous() for k, v in state_dict.items()},
+        "model_config": _plain(model_config),
+        "num_labels": len(label_names),
+        "label_names": [str(n) for n in label_names],
+        "task": _plain(task),
+        "tokenizer_sha256": tokenizer_sha256,
+        "mode": mode,
+        "seed": int(seed),
+        "metrics": _plain(metrics),
+        "provenance": _plain(provenance),
+    }
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+    return path
+
+
+__all__ = ["FinetuneConfig", "MODES", "load_pretrained", "resolve_checkpoint", "check_tokenizer", "build_model",
+           "linear_warmup_decay", "evaluate", "train_seed", "finetune", "summarize", "mean_std", "best_seed",
+           "SeedResult", "save_finetuned", "pick_device"]

@@ -1,0 +1,153 @@
+"""DVC stage `evaluate`: the fine-tuned classifier on the task's held-out splits.
+
+Loads ``data/finetune/model.pt`` (+ its ``tokenizer.json``), re-reads the task data named by
+``finetune.task`` (through ``pipeline.task_data``, encoded with the checkpoint's max_len and
+truncation) and writes ``metrics/eval.json``, ``plots/confusion.csv`` (DVC confusion plot),
+``reports/confusion.png``, ``reports/evaluation.md`` and ``data/provenance/evaluate.json``.
+The MLflow run gets the same numbers, the files, and the model as an MLflow pyfunc
+(artifact path ``model``: ``mlflow.pyfunc.load_model("runs:/<run id>/model")``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from pipeline.errors import BertraceError
+from pipeline.evaluate import (evaluate_logits, metrics_for_dvc, plot_confusion, provenance_chain, render_report,
+                               write_confusion_csv, write_report)
+from pipeline.finetune import pick_device
+from pipeline.inference import Classifier
+from pipeline.io import read_json, write_json
+from pipeline.task_data import ROLES, load_task_data
+from stages.common import PROVENANCE_DIR, StageRun, load_params, run_stage
+
+MODEL = Path("data/finetune/model.pt")
+METRICS = Path("metrics/eval.json")
+CONFUSION_CSV = Path("plots/confusion.csv")
+CONFUSION_PNG = Path("reports/confusion.png")
+REPORT = Path("reports/evaluation.md")
+
+
+def _provenance_records() -> dict[str, dict]:
+    """The records in data/provenance/ (candidates to complete the checkpoint's chain)."""
+    records = {}
+    if PROVENANCE_DIR.is_dir():
+        for path in sorted(PROVENANCE_DIR.glob("*.json")):
+            if path.stem != "evaluate":
+                records[path.stem] = read_json(path)
+    return records
+
+
+def mlflow_safe(metrics: dict) -> dict:
+    """Metric names MLflow accepts: label names may hold any character, so others become '_'."""
+    out = {}
+    for key, value in metrics.items():
+        key = re.sub(r"[^\w\-. :/]", "_", str(key))
+        out[key] = mlflow_safe(value) if isinstance(value, dict) else value
+    return out
+
+
+def main(progress: bool = True) -> dict:
+    params = load_params("evaluate")
+    finetune_params = load_params("finetune")
+    task = finetune_params.get("task")
+    mirror = finetune_params.get("mirror") or os.environ.get("BERTRACE_HUB_MIRROR") or None
+    model_path = MODEL
+    splits = [str(s) for s in (params.get("splits") or ["validation"])]
+    bad = [s for s in splits if s not in ROLES]
+    if bad:
+        raise BertraceError(f"params.yaml: evaluate.splits has {bad}; use task roles from {list(ROLES)}")
+    batch_size = int(params.get("batch_size") or 128)
+    baselines = params.get("baselines") or {}
+    if not isinstance(baselines, dict) or not all(isinstance(v, (int, float)) for v in baselines.values()):
+        raise BertraceError("params.yaml: evaluate.baselines must map a model name to its published accuracy in %, "
+                            'e.g. {"BERT-base (Devlin et al. 2019, GLUE test)": 93.5}')
+    # Baseline names are free text, not valid MLflow param names: record them as one list value.
+    run_params = {**params, "baselines": [[name, value] for name, value in baselines.items()], "task": task}
+
+    with StageRun("evaluate", run_params) as run:
+        clf = Classifier.load(model_path, device=pick_device(str(params.get("device") or "auto")))
+        ckpt_sha = run.add_input(model_path)
+        tok_sha = run.add_input(model_path.parent / "tokenizer.json")
+        run.add_upstream("finetune")
+        run.set_tags({"bertrace.finetune_checkpoint_sha256": ckpt_sha, "bertrace.tokenizer_sha256": tok_sha})
+        data = load_task_data(task, clf.tokenizer, max_len=clf.max_len, truncation=clf.truncation, mirror=mirror,
+                              roles=splits, progress=progress)
+        for path, digest in data.files.items():
+            run.add_input(path, digest)
+        if data.label_names != clf.label_names:
+            raise BertraceError(f"params.yaml: finetune.task.label_names {data.label_names} differ from the labels "
+                                f"{clf.label_names} that {model_path} was trained with; evaluate with the task it "
+                                "was fine-tuned on (rerun dvc repro finetune)")
+
+        results, notes, predictions = {}, [], {}
+        for role in splits:
+            split = data.splits[role]
+            if split.labels is None:
+                notes.append(f"{role} ({split.source}) has no labels: not scored")
+                continue
+            logits = clf.logits_from_ids(split.input_ids, split.token_type_ids, batch_size=batch_size,
+                                         progress=progress)
+            labels = split.labels.numpy()
+            results[role] = evaluate_logits(logits, labels, clf.label_names)
+            predictions[role] = (labels, logits.argmax(axis=1))
+            if split.truncated:
+                notes.append(f"{role}: {split.truncated} of {len(split)} examples cut to {clf.max_len} tokens "
+                             f"({clf.truncation})")
+        if not results:
+            raise BertraceError(f"params.yaml: none of evaluate.splits {splits} has labels; add a labelled split")
+
+        recorded = (clf.checkpoint.get("metrics") or {}).get("validation_accuracy")
+        if recorded is not None and "validation" in results:
+            diff = abs(results["validation"]["accuracy"] - float(recorded))
+            notes.append(f"re-evaluated validation accuracy {results['validation']['accuracy']:.4f} vs "
+                         f"{float(recorded):.4f} recorded by fine-tuning"
+                         + (" (equal)" if diff < 1e-9 else f" (differs by {diff:.4f}: a different split or data?)"))
+
+        primary = next(iter(results))
+        labels, preds = predictions[primary]
+        write_confusion_csv(CONFUSION_CSV, labels, preds, clf.label_names)
+        plot_confusion(CONFUSION_PNG, results[primary]["confusion_matrix"], clf.label_names,
+                       title=f"{primary}: accuracy {results[primary]['accuracy']:.1%} (n={results[primary]['n']})")
+
+        chain = provenance_chain(clf.checkpoint.get("provenance"), "finetune", _provenance_records())
+        t = clf.checkpoint.get("task") or {}
+        source = t.get("source") or {}
+        task_name = "/".join(str(x) for x in (source.get("dataset"), source.get("config")) if x) or None
+        cfg = clf.model.config
+        facts = {
+            "path": model_path.as_posix(), "sha256": ckpt_sha, "tokenizer_sha256": tok_sha,
+            "mode": clf.checkpoint.get("mode"), "seed": clf.checkpoint.get("seed"),
+            "num_parameters": f"{sum(p.numel() for p in clf.model.parameters()):,}",
+            "model": f"{cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads, vocab {cfg.vocab_size}",
+            "task": f"{' + '.join(clf.text_columns)} → {', '.join(clf.label_names)} (max_len {clf.max_len}, "
+                    f"{clf.truncation} truncation)",
+            "recorded_validation_accuracy": recorded,
+        }
+        report = render_report(results, checkpoint=facts, baselines=baselines, chain=chain,
+                               task_name=task_name, figure=CONFUSION_PNG.name, notes=notes)
+        write_report(REPORT, report)
+
+        metrics = metrics_for_dvc(results)
+        write_json(METRICS, metrics)
+        run.log_metrics(mlflow_safe(metrics))
+        for path in (CONFUSION_CSV, CONFUSION_PNG, REPORT):
+            run.add_output(path)
+            run.log_artifact(path, "evaluation")
+        if params.get("log_model", True) and run.mlflow_run_id is not None:
+            from pipeline.export import log_pyfunc
+
+            info = log_pyfunc(model_path, "model", registered_model_name=params.get("registered_model_name") or None)
+            run.set_tags({"bertrace.pyfunc_model_uri": info.model_uri})
+        run.extra["chain"] = [e["stage"] for e in chain]
+        run.write_provenance()
+        summary = ", ".join(f"{role} accuracy {m['accuracy']:.4f} (macro F1 {m['macro_f1']:.4f}, n={m['n']})"
+                            for role, m in results.items())
+        print(f"evaluate: {summary} -> {REPORT}")
+        return metrics
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,419 @@
+"""Fine-tuning: task data (hub mirror / local files, column maps, labels, truncation), the
+transplant of pre-trained encoder weights, the three modes, seeds, and the finetune stage end
+to end on a tiny model with a tiny tokenizer trained here."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import statistics
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from pipeline.checkpoint import save_checkpoint
+from pipeline.errors import BertraceError
+from pipeline.finetune import (FinetuneConfig, LengthGroupedBatches, build_model, check_tokenizer,
+                               linear_warmup_decay, load_pretrained, resolve_checkpoint, train_seed)
+from pipeline.io import sha256_file
+from pipeline.model import BertConfig, BertForPreTraining, BertForSequenceClassification
+from pipeline.task_data import cut, encode_examples, head_tail_split, load_task_data, pair_budget
+from pipeline.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
+from tests.conftest import REPO, shared_file
+
+FILLER = "the a movie film story plot actor scene was is very quite rather this that".split()
+
+
+def synthetic_rows(n: int, seed: int) -> list[tuple[str, int]]:
+    """A trivially learnable task: label 1 iff the sentence contains 'good' (else 'bad')."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = i % 2
+        words = rng.choices(FILLER, k=rng.randint(4, 10))
+        words.insert(rng.randrange(len(words) + 1), "good" if label else "bad")
+        rows.append((" ".join(words), label))
+    rng.shuffle(rows)
+    return rows
+
+
+def write_csv(path: Path, header: list[str], rows: list[tuple]) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def train_tokenizer(path: Path, extra_lines: list[str], vocab_size: int = 400) -> Path:
+    from tokenizers import trainers
+
+    tok = build_tokenizer(lowercase=True)
+    corpus = [t for t, _ in synthetic_rows(200, 0)] + extra_lines
+    tok.train_from_iterator(corpus, trainer=trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##",
+        show_progress=False))
+    path.write_text(tok.to_str(), encoding="utf-8")
+    return path
+
+
+def tiny_config(vocab_size: int) -> BertConfig:
+    return BertConfig(vocab_size=vocab_size, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                      max_position=128)
+
+
+def make_pretrain_checkpoint(path: Path, tokenizer_path: Path, seed: int = 1234) -> Path:
+    """A pre-training checkpoint in the SPEC format with random BertForPreTraining weights (a seed no
+    fine-tuning test uses: a scratch model with the same seed would equal it)."""
+    tok = load_tokenizer(tokenizer_path)
+    torch.manual_seed(seed)
+    config = tiny_config(tok.get_vocab_size())
+    model = BertForPreTraining(config)
+    provenance = {"stage": "pretrain", "git": {"commit": None, "dirty": None}, "params": {}, "params_hash": "0" * 64,
+                  "tokenizer_sha256": sha256_file(tokenizer_path), "examples_manifest_sha256": "1" * 64}
+    return save_checkpoint(path, {"model": model.state_dict(), "model_config": config.to_dict(), "step": 0,
+                                  "provenance": provenance})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny models run fastest on one thread (no sync overhead; CI machines are shared)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A tokenizer, a pre-training checkpoint and a synthetic train/validation task."""
+    root = tmp_path_factory.mktemp("finetune")
+    sst2_dev = shared_file("sst2", "dev.tsv").read_text(encoding="utf-8").splitlines()[1:300]
+    tok_path = train_tokenizer(root / "tokenizer.json", [line.split("\t", 1)[1] for line in sst2_dev])
+    ckpt_path = make_pretrain_checkpoint(root / "pretrain" / "last.pt", tok_path)
+    train = write_csv(root / "train.csv", ["text", "label"], synthetic_rows(200, 1))
+    valid = write_csv(root / "valid.csv", ["text", "label"], synthetic_rows(100, 2))
+    task = {"source": "local", "local": {"train": str(train), "validation": str(valid)},
+            "text_columns": ["text"], "label_column": "label", "label_names": ["neg", "pos"]}
+    return {"root": root, "tokenizer_path": tok_path, "tokenizer": load_tokenizer(tok_path), "ckpt_path": ckpt_path,
+            "ckpt": load_pretrained(ckpt_path), "task": task}
+
+
+# ---------------------------------------------------------------------------------------------
+# Task data
+# ---------------------------------------------------------------------------------------------
+def test_sst2_local_files_label_first_crlf_and_content_column(env, tmp_path):
+    train_src = shared_file("sst2", "train.tsv")
+    head = train_src.read_bytes().split(b"\n")[:301]  # header + 300 rows, CRLF kept
+    train = tmp_path / "train.tsv"
+    train.write_bytes(b"\n".join(head) + b"\n")
+    assert b"\r\n" in train.read_bytes()
+    dev = shared_file("sst2", "dev.tsv")
+    task = {"source": "local", "text_columns": ["sentence"], "label_column": "label",
+            "label_names": ["negative", "positive"],
+            "local": {"train": str(train), "validation": {"path": str(dev), "columns": {"content": "sentence"}}}}
+    data = load_task_data(task, env["tokenizer"], max_len=64)
+    tr, va = data.splits["train"], data.splits["validation"]
+    assert (len(tr), len(va)) == (300, 872)
+    assert va.label_counts(2) == [428, 444]  # README: dev has 428 label 0, 444 label 1
+    assert sum(tr.label_counts(2)) == 300
+    # the first train row: "0<TAB>hide new secretions from the parental units" (no stray \r)
+    first = env["tokenizer"].encode("hide new secretions from the parental units", add_special_tokens=False).ids
+    assert tr.input_ids[0] == [2, *first, 3] and int(tr.labels[0]) == 0
+    assert data.files[dev.as_posix()] == "84207e6be5873fb18db798cc6faec86871f5a426554650ff64a1c34e87665f6f"
+    assert data.files[train.as_posix()] == sha256_file(train)
+
+    # The dev file read under its own column name needs no rename.
+    task2 = {**task, "text_columns": ["content"], "local": {"validation": str(dev)}}
+    data2 = load_task_data(task2, env["tokenizer"], max_len=64, roles=("validation",))
+    assert data2.splits["validation"].input_ids == va.input_ids
+
+
+def test_sst2_through_the_mirror_renames_columns_and_test_is_labelled(env):
+    shared_file("sst2", "test.tsv")
+    mirror = REPO / "mirrors" / "shared-data.yaml"
+    data = load_task_data({}, env["tokenizer"], max_len=64, mirror=mirror, roles=("validation", "test"))
+    assert data.label_names == ["negative", "positive"] and data.text_columns == ["sentence"]
+    assert data.splits["validation"].label_counts(2) == [428, 444]
+    assert data.splits["test"].label_counts(2) == [912, 909]  # the local test.tsv is labelled
+    assert set(data.files.values()) == {
+        "84207e6be5873fb18db798cc6faec86871f5a426554650ff64a1c34e87665f6f",
+        "fcd46f967b7b8efd8b5398481dadf873886298d092195167af907fd532e81e1c"}
+    assert data.source["type"] == "hub" and data.source["dataset"] == "nyu-mll/glue"
+
+
+def test_hub_source_with_classlabel_names_and_column_renames(env, tmp_path, monkeypatch):
+    """The hub code path (datasets.load_dataset), offline: a local dataset folder."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    features = datasets.Features({"review": datasets.Value("string"),
+                                  "label": datasets.ClassLabel(names=["bad", "good"])})
+    folder = tmp_path / "hub-dataset"
+    folder.mkdir()
+    for split, n in (("train", 40), ("validation", 10)):
+        rows = synthetic_rows(n, 3)
+        datasets.Dataset.from_dict({"review": [t for t, _ in rows], "label": [y for _, y in rows]},
+                                   features=features).to_parquet(str(folder / f"{split}.parquet"))
+    task = {"hub": {"dataset": str(folder), "config": None}, "columns": {"review": "sentence"}, "label_names": []}
+    data = load_task_data(task, env["tokenizer"], max_len=32)
+    assert data.label_names == ["bad", "good"]  # from the ClassLabel feature
+    assert (len(data.splits["train"]), len(data.splits["validation"])) == (40, 10)
+    assert data.splits["train"].label_counts(2) == [20, 20]
+    assert data.source["type"] == "hub" and len(data.files) == 2
+
+
+def test_imdb_parquet_head_tail_truncation_and_carved_validation(env, tmp_path):
+    table = pq.read_table(shared_file("imdb", "train.parquet"))
+    sl = pa.concat_tables([table.slice(0, 150), table.slice(12_500, 150)])  # 150 neg + 150 pos
+    path = tmp_path / "imdb.parquet"
+    pq.write_table(sl, path)
+    task = {"source": "local", "local": {"train": str(path)}, "text_columns": "text", "label_names": ["neg", "pos"],
+            "splits": {"validation": None}, "validation_fraction": 0.2}
+    data = load_task_data(task, env["tokenizer"], max_len=64, truncation="head_tail")
+    tr, va = data.splits["train"], data.splits["validation"]
+    assert (len(tr), len(va)) == (240, 60)
+    assert sum(tr.label_counts(2)) + sum(va.label_counts(2)) == 300 and min(va.label_counts(2)) > 10
+    assert tr.truncated > 200  # reviews are long
+    assert max(len(ids) for ids in tr.input_ids + va.input_ids) == 64
+    # head_tail keeps the start and the end of the review (Sun et al. 2019)
+    full = env["tokenizer"].encode(sl.column("text")[0].as_py(), add_special_tokens=False).ids
+    ids, _, n_cut = encode_examples(env["tokenizer"], [sl.column("text")[0].as_py()], None, 64, "head_tail")
+    h = head_tail_split(62)
+    assert n_cut == 1 and len(ids[0]) == 64 and h == 15
+    assert ids[0] == [2, *full[:h], *full[-(62 - h):], 3]
+    assert head_tail_split(510) == 128  # 128 head + 382 tail at max_len 512
+    # validation rows are disjoint from train rows; the split does not depend on anything but the seed
+    again = load_task_data(task, env["tokenizer"], max_len=64, truncation="head_tail")
+    assert again.splits["validation"].input_ids == va.input_ids
+    assert not set(map(tuple, va.input_ids)) & set(map(tuple, tr.input_ids)) - {()}
+    # max_examples draws a random subset per role, the same whichever roles are loaded together
+    capped = {**task, "max_examples": {"train": 100, "validation": 20}}
+    both = load_task_data(capped, env["tokenizer"], max_len=64, truncation="head_tail")
+    alone = load_task_data(capped, env["tokenizer"], max_len=64, truncation="head_tail", roles=("validation",))
+    assert (len(both.splits["train"]), len(both.splits["validation"])) == (100, 20)
+    assert alone.splits["validation"].input_ids == both.splits["validation"].input_ids
+    assert set(map(tuple, both.splits["validation"].input_ids)) <= set(map(tuple, va.input_ids))
+    assert min(both.splits["train"].label_counts(2)) > 30  # not the first 100 rows (all neg)
+
+
+def test_sentence_pair_task_with_string_labels(env, tmp_path):
+    rows = [{"premise": "the movie was good " * (8 if i == 0 else 1), "hypothesis": "a film", "label": lab}
+            for i, lab in enumerate(["entailment", "not_entailment", "entailment", "0", 1])]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    task = {"source": "local", "local": {"train": str(path), "validation": str(path)},
+            "text_columns": ["premise", "hypothesis"], "label_names": ["entailment", "not_entailment"]}
+    data = load_task_data(task, env["tokenizer"], max_len=16)
+    tr = data.splits["train"]
+    assert tr.labels.tolist() == [0, 1, 0, 0, 1]  # names, digit strings and ints
+    ids, types = tr.input_ids[1], tr.token_type_ids[1]
+    a = env["tokenizer"].encode("the movie was good", add_special_tokens=False).ids
+    b = env["tokenizer"].encode("a film", add_special_tokens=False).ids
+    assert ids == [2, *a, 3, *b, 3] and types == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+    # the long premise is cut first (longest-first, Google's _truncate_seq_pair); B stays whole
+    assert len(tr.input_ids[0]) == 16 and tr.token_type_ids[0].count(1) == len(b) + 1 and tr.truncated == 1
+    assert pair_budget(10, 3, 8) == (5, 3) and pair_budget(4, 4, 6) == (3, 3)
+    assert cut(list(range(10)), 4, "head") == [0, 1, 2, 3]
+
+
+def test_labels_outside_label_names_are_an_error(env, tmp_path):
+    path = write_csv(tmp_path / "bad.csv", ["text", "label"], [("good", "pos"), ("bad", "maybe"), ("x", "neg")])
+    task = {"source": "local", "local": {"train": str(path), "validation": str(path)},
+            "text_columns": ["text"], "label_names": ["neg", "pos"]}
+    with pytest.raises(BertraceError) as e:
+        load_task_data(task, env["tokenizer"], max_len=32)
+    msg = str(e.value)
+    assert str(path) in msg and "'maybe'" in msg and "['neg', 'pos']" in msg and "label_names" in msg
+    path2 = write_csv(tmp_path / "bad2.csv", ["text", "label"], [("good", 1), ("bad", 2)])
+    with pytest.raises(BertraceError, match=r"bad2\.csv.*outside.*2"):
+        load_task_data({**task, "local": {"train": str(path2), "validation": str(path2)}}, env["tokenizer"], max_len=32)
+
+
+def test_missing_column_lists_the_columns_present(env, tmp_path):
+    dev = shared_file("sst2", "dev.tsv")
+    task = {"source": "local", "local": {"validation": str(dev)}, "text_columns": ["sentence"],
+            "label_names": ["negative", "positive"]}
+    with pytest.raises(BertraceError) as e:
+        load_task_data(task, env["tokenizer"], max_len=32, roles=("validation",))
+    msg = str(e.value)
+    assert str(dev) in msg and "'sentence'" in msg and "['label', 'content']" in msg
+    assert "finetune.task.text_columns" in msg
+
+
+def test_missing_file_and_empty_split_errors(env, tmp_path):
+    task = {**env["task"], "local": {"train": str(tmp_path / "nope.tsv"), "validation": str(tmp_path / "nope.tsv")}}
+    with pytest.raises(BertraceError, match=r"nope\.tsv: file not found"):
+        load_task_data(task, env["tokenizer"], max_len=32)
+    empty = write_csv(tmp_path / "empty.csv", ["text", "label"], [])
+    with pytest.raises(BertraceError, match=r"empty\.csv: the train split \(train\) has no rows"):
+        load_task_data({**env["task"], "local": {"train": str(empty), "validation": str(empty)}},
+                       env["tokenizer"], max_len=32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Transplant and modes
+# ---------------------------------------------------------------------------------------------
+def test_tokenizer_mismatch_names_both_hashes(env, tmp_path):
+    other = train_tokenizer(tmp_path / "other.json", ["completely different words here"], vocab_size=120)
+    expected, actual = sha256_file(env["tokenizer_path"]), sha256_file(other)
+    with pytest.raises(BertraceError) as e:
+        check_tokenizer(env["ckpt"], env["ckpt_path"], other)
+    assert expected in str(e.value) and actual in str(e.value) and str(env["ckpt_path"]) in str(e.value)
+    assert check_tokenizer(env["ckpt"], env["ckpt_path"], env["tokenizer_path"]) == expected
+
+
+def test_full_loads_encoder_and_scratch_does_not(env):
+    sd = env["ckpt"]["model"]
+    full = build_model(env["ckpt"], 2, "full", seed=0)
+    scratch = build_model(env["ckpt"], 2, "scratch", seed=0)
+    encoder_keys = [k for k in full.state_dict() if k.startswith("bert.")]
+    assert encoder_keys and all(torch.equal(full.state_dict()[k], sd[k]) for k in encoder_keys)
+    differ = [k for k in encoder_keys if k.endswith("weight") and "ln" not in k
+              and not torch.equal(scratch.state_dict()[k], sd[k])]
+    assert len(differ) == len([k for k in encoder_keys if k.endswith("weight") and "ln" not in k])
+    assert not any(k.startswith(("mlm.", "nsp.")) for k in full.state_dict())  # heads dropped
+    assert set(full.state_dict()) == set(scratch.state_dict())
+    # same seed, same classifier init in every mode (only the encoder differs)
+    assert torch.equal(full.classifier.weight, scratch.classifier.weight)
+    assert resolve_checkpoint(env["ckpt_path"].with_name("best.pt")) == env["ckpt_path"]  # falls back to last.pt
+
+
+def test_frozen_mode_trains_only_the_classifier(env):
+    data = load_task_data(env["task"], env["tokenizer"], max_len=32)
+    cfg = FinetuneConfig(mode="frozen", epochs=2, batch_size=32, lr=1e-2, seeds=[0], patience=0)
+    model = build_model(env["ckpt"], 2, "frozen", seed=0)
+    assert all(not p.requires_grad for p in model.bert.parameters()) and model.classifier.weight.requires_grad
+    result = train_seed(env["ckpt"], data, cfg, 0, progress=False)
+    sd, pre = result.state_dict, env["ckpt"]["model"]
+    encoder = [k for k in sd if k.startswith("bert.")]
+    assert all(torch.equal(sd[k], pre[k]) for k in encoder)  # bit-identical after training
+    assert not torch.equal(sd["classifier.weight"], model.classifier.weight)  # the probe learned
+    assert result.steps == 2 * 7
+
+
+def test_seeds_are_reproducible_and_batches_cover_every_example(env):
+    data = load_task_data(env["task"], env["tokenizer"], max_len=32)
+    cfg = FinetuneConfig(epochs=1, batch_size=16, lr=1e-3, patience=0)
+    a, b, c = (train_seed(env["ckpt"], data, cfg, seed, progress=False) for seed in (5, 5, 6))
+    assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
+    assert a.validation_loss == b.validation_loss and a.history == b.history
+    assert not torch.equal(a.state_dict["classifier.weight"], c.state_dict["classifier.weight"])
+
+    lengths = [len(x) for x in data.splits["train"].input_ids]
+    sampler = LengthGroupedBatches(lengths, 7, torch.Generator().manual_seed(0), window=3)
+    epoch1, epoch2 = list(sampler), list(sampler)
+    assert len(epoch1) == len(sampler) == 29  # 9 windows of 21 examples (3 batches each) + 11 left: 2 batches
+    assert sorted(i for batch in epoch1 for i in batch) == list(range(200)) and epoch1 != epoch2
+    def spread(batches):
+        return statistics.fmean(max(lengths[i] for i in bt) - min(lengths[i] for i in bt) for bt in batches)
+
+    perm = torch.randperm(200, generator=torch.Generator().manual_seed(0)).tolist()
+    random_batches = [perm[j:j + 7] for j in range(0, 200, 7)]
+    assert spread(epoch1) < 0.5 * spread(random_batches)  # similar lengths in a batch: little padding
+
+
+def test_schedule_and_params():
+    f = linear_warmup_decay(10, 110)
+    assert [f(0), f(5), f(10), f(60), f(110)] == [0.0, 0.5, 1.0, 0.5, 0.0]
+    assert linear_warmup_decay(0, 10)(0) == 1.0
+    cfg = FinetuneConfig.from_params({"mode": "frozen", "seed": 7, "lr": 1e-3, "dropout": None, "task": {}})
+    assert cfg.seeds == [7] and cfg.dropout is None and cfg.adam_eps == 1e-6 and cfg.warmup_ratio == 0.1
+    assert FinetuneConfig.from_params({"seeds": [1, 2, 3], "seed": 7}).seeds == [1, 2, 3]
+    assert FinetuneConfig.from_params(yaml.safe_load("lr: 5e-5")).lr == 5e-5  # YAML 1.1 reads 5e-5 as a string
+    with pytest.raises(BertraceError, match=r"unknown finetune keys \['learning_rate'\]"):
+        FinetuneConfig.from_params({"learning_rate": 1e-3})
+    with pytest.raises(BertraceError, match="mode is 'partial'"):
+        FinetuneConfig.from_params({"mode": "partial"})
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage, end to end
+# ---------------------------------------------------------------------------------------------
+def test_finetune_stage_end_to_end(env, tmp_path, monkeypatch):
+    import mlflow
+
+    import stages.finetune as stage
+
+    root = tmp_path / "repo"
+    (root / "data" / "tokenizer").mkdir(parents=True)
+    (root / "data" / "pretrain").mkdir(parents=True)
+    (root / "data" / "tokenizer" / "tokenizer.json").write_bytes(env["tokenizer_path"].read_bytes())
+    # only last.pt exists: the stage falls back to it from data/pretrain/best.pt
+    (root / "data" / "pretrain" / "last.pt").write_bytes(env["ckpt_path"].read_bytes())
+    params = {"finetune": {
+        "checkpoint": "data/pretrain/best.pt", "tokenizer": "data/tokenizer/tokenizer.json", "mirror": "",
+        "task": env["task"], "mode": "full", "max_len": 32, "truncation": "head", "epochs": 6, "batch_size": 16,
+        "lr": 3e-3, "warmup_ratio": 0.1, "weight_decay": 0.01, "dropout": 0.1, "patience": 3, "seeds": [1, 2],
+        "threads": 0}}
+    (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("BERTRACE_HUB_MIRROR", raising=False)
+    metrics = stage.main(progress=False)
+
+    # metrics: per seed and mean ± std
+    saved = json.loads((root / "metrics" / "finetune.json").read_text())
+    assert saved["n_seeds"] == 2 and set(saved["per_seed"]) == {"1", "2"}
+    accs = [saved["per_seed"][s]["validation_accuracy"] for s in ("1", "2")]
+    assert saved["validation_accuracy"]["mean"] == pytest.approx(statistics.fmean(accs))
+    assert saved["validation_accuracy"]["std"] == pytest.approx(statistics.stdev(accs))
+    losses = [saved["per_seed"][s]["validation_loss"] for s in ("1", "2")]
+    assert losses[0] != losses[1]  # the seeds really are different runs
+    assert saved["validation_loss"]["std"] == pytest.approx(statistics.stdev(losses))
+    assert min(accs) > 0.8, accs  # a keyword task: far better than the 0.5 of chance
+    assert saved["cpu_minutes"] > 0 and saved["examples"] == {"train": 200, "validation": 100}
+    assert metrics["best_seed"] == saved["best_seed"] == (1 if accs[0] >= accs[1] else 2)
+
+    # the checkpoint: SPEC format, weights_only-loadable, the best seed's model
+    ckpt = torch.load(root / "data" / "finetune" / "model.pt", weights_only=True)
+    for key in ("model", "model_config", "num_labels", "label_names", "task", "tokenizer_sha256", "mode", "seed",
+                "metrics", "provenance"):
+        assert key in ckpt, key
+    assert ckpt["num_labels"] == 2 and ckpt["label_names"] == ["neg", "pos"] and ckpt["mode"] == "full"
+    assert ckpt["task"]["text_columns"] == ["text"] and ckpt["task"]["max_len"] == 32
+    assert ckpt["task"]["truncation"] == "head" and ckpt["seed"] == saved["best_seed"]
+    assert ckpt["metrics"]["validation_accuracy"] == max(accs)
+    tok_sha = sha256_file(env["tokenizer_path"])
+    assert ckpt["tokenizer_sha256"] == tok_sha == sha256_file(root / "data" / "finetune" / "tokenizer.json")
+    prov = ckpt["provenance"]
+    assert prov["pretrain"]["tokenizer_sha256"] == tok_sha and prov["params"]["mode"] == "full"
+    assert prov["params_hash"] and "git" in prov
+    assert prov["pretrain_checkpoint_sha256"] == sha256_file(env["ckpt_path"])
+    assert set(prov["task_files"].values()) == {sha256_file(env["task"]["local"]["train"]),
+                                                sha256_file(env["task"]["local"]["validation"])}
+    assert BertConfig.from_dict(ckpt["model_config"]) == BertConfig.from_dict(env["ckpt"]["model_config"])
+
+    # it loads strictly and reproduces the reported validation accuracy
+    model = BertForSequenceClassification(BertConfig.from_dict(ckpt["model_config"]), ckpt["num_labels"])
+    model.load_state_dict(ckpt["model"])
+    from pipeline.finetune import evaluate
+
+    data = load_task_data(env["task"], env["tokenizer"], max_len=32)
+    assert evaluate(model, data.splits["validation"])["accuracy"] == pytest.approx(max(accs))
+
+    # provenance record with the pre-training provenance upstream
+    record = json.loads((root / "data" / "provenance" / "finetune.json").read_text())
+    assert record["stage"] == "finetune" and record["upstream"]["pretrain"]["tokenizer_sha256"] == tok_sha
+    assert record["outputs"]["data/finetune/model.pt"] == sha256_file(root / "data" / "finetune" / "model.pt")
+    assert record["inputs"]["data/pretrain/last.pt"] == sha256_file(env["ckpt_path"])
+
+    # MLflow: one parent run, one nested run per seed with the tags
+    client = mlflow.tracking.MlflowClient()
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 2
+    assert {r.data.tags["bertrace.seed"] for r in children} == {"1", "2"}
+    for r in children:
+        assert r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert r.data.tags["bertrace.stage"] == "finetune" and r.data.tags["bertrace.mode"] == "full"
+        assert r.data.tags["bertrace.tokenizer_sha256"] == tok_sha
+        assert r.data.tags["bertrace.pretrain_checkpoint_sha256"] == sha256_file(env["ckpt_path"])
+        assert r.data.metrics["best_validation_accuracy"] == saved["per_seed"][r.data.tags["bertrace.seed"]][
+            "validation_accuracy"]
+    assert parents[0].data.metrics["validation_accuracy.mean"] == pytest.approx(saved["validation_accuracy"]["mean"])
