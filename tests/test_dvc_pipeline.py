@@ -21,7 +21,6 @@ from tests.conftest import REPO, shared_file
 
 pytestmark = pytest.mark.slow
 
-DATA_STAGES = ["download", "clean", "tokenizer", "examples", "validate"]
 
 
 def _run(cmd, cwd, env=None, check=True):
@@ -57,14 +56,16 @@ def repo(tmp_path_factory):
     params["tokenizer"]["vocab_size"] = 2000
     params["examples"].update(dupe_factor=2, docs_per_shard=8, workers=2)
     params["validate"]["nsp_tolerance"] = 0.1
-    if "pretrain" in params:
-        params["pretrain"] = _tiny_pretrain(params["pretrain"])
+    params["pretrain"] = _tiny_pretrain(params["pretrain"])
+    params["finetune"] = _tiny_finetune(params["finetune"])
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     env["PYTHONPATH"] = str(root)
     env.pop("MLFLOW_TRACKING_URI", None)  # the stages' default: <repo>/mlflow.db
-    env.pop("BERTRACE_HUB_MIRROR", None)
+    # Task data (SST-2) through the offline mirror of ../shared/data; the corpus is a local file.
+    shared_file("sst2", "train.tsv")
+    env["BERTRACE_HUB_MIRROR"] = str(REPO / "mirrors" / "shared-data.yaml")
     env["TQDM_DISABLE"] = "1"
     _run(["git", "init", "-q"], root)
     _run(["git", "add", "-A"], root)
@@ -77,11 +78,16 @@ def _tiny_pretrain(p: dict) -> dict:
     """Shrink the pre-training stage so the end-to-end run stays fast on 2 cores."""
     p = dict(p)
     p["model"] = {"preset": "tiny", "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
-    p["budget"] = {"max_steps": 4}
-    p["batch_size"] = 8
-    p["eval_every"] = 2
-    p["eval_batches"] = 2
-    p["log_every"] = 1
+    p.update(max_steps=6, epochs=None, time_minutes=None, batch_size=8, eval_every=3, eval_batches=2,
+             log_every=1, checkpoint_every=3, checkpoint_minutes=None)
+    return p
+
+
+def _tiny_finetune(p: dict) -> dict:
+    """SST-2 through the hub mirror, a few hundred examples, one seed."""
+    p = dict(p)
+    p["task"] = dict(p["task"], max_examples={"train": 256, "validation": 128, "test": 128})
+    p.update(epochs=1, seeds=[0], batch_size=32)
     return p
 
 
@@ -122,9 +128,14 @@ def test_mlflow_has_one_run_per_stage_with_a_shared_pipeline_run_id(repo):
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{root}/mlflow.db")
     exp = client.get_experiment_by_name("bertrace")
     runs = client.search_runs([exp.experiment_id], max_results=100)
-    by_stage = {r.data.tags["bertrace.stage"]: r for r in runs}
-    assert set(DATA_STAGES) <= set(by_stage)
-    ids = {by_stage[s].data.tags["bertrace.pipeline_run_id"] for s in DATA_STAGES}
+    stage_runs = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]  # not the per-seed children
+    seed_runs = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert {r.data.tags["bertrace.stage"] for r in seed_runs} == {"finetune"}
+    by_stage = {r.data.tags["bertrace.stage"]: r for r in stage_runs}
+    stages = list(yaml.safe_load((root / "dvc.yaml").read_text())["stages"])
+    assert set(by_stage) == set(stages)
+    assert len(stage_runs) == len(stages)  # one run per stage
+    ids = {r.data.tags["bertrace.pipeline_run_id"] for r in stage_runs}
     assert len(ids) == 1, ids
     tok_sha = by_stage["tokenizer"].data.tags["bertrace.tokenizer_sha256"]
     assert by_stage["examples"].data.tags["bertrace.input.tokenizer.json"] == tok_sha
