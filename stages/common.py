@@ -59,11 +59,13 @@ class StageRun:
     (FAILED when an exception escapes).
     """
 
-    def __init__(self, stage: str, params: dict[str, Any], *, log_mlflow: bool = True, run_name: str | None = None):
+    def __init__(self, stage: str, params: dict[str, Any], *, log_mlflow: bool = True, run_name: str | None = None,
+                 system_metrics: bool = False):
         self.stage = stage
         self.params = params
         self.log_mlflow = log_mlflow and os.environ.get("BERTRACE_NO_MLFLOW") != "1"
         self.run_name = run_name or stage
+        self.system_metrics = system_metrics  # MLflow's sampler: CPU, memory, GPU every 10 s
         self.inputs: dict[str, str] = {}
         self.outputs: dict[str, str] = {}
         self.upstream: dict[str, Any] = {}
@@ -90,7 +92,9 @@ class StageRun:
             if self.git["commit"]:
                 tags["mlflow.source.git.commit"] = self.git["commit"]
                 tags["bertrace.git_commit"] = self.git["commit"]
-            run = mlflow.start_run(experiment_id=experiment_id, run_name=self.run_name, tags=tags)
+            tags.update(_system_tags())
+            run = mlflow.start_run(experiment_id=experiment_id, run_name=self.run_name, tags=tags,
+                                   log_system_metrics=self.system_metrics or None)
             self.mlflow_run_id = run.info.run_id
             mlflow.log_params(tracking.mlflow_params(self.params))
             self._mlflow = mlflow
@@ -171,6 +175,22 @@ class StageRun:
         write_json(path, metrics)
         self.log_metrics(metrics)
         return path
+
+
+def _system_tags() -> dict[str, str]:
+    """Where the stage ran: host, CPUs, Python, torch and accelerator (when torch is loaded)."""
+    import platform
+
+    tags = {"bertrace.host": platform.node(), "bertrace.cpus": str(os.cpu_count()),
+            "bertrace.python": platform.python_version(), "bertrace.platform": platform.platform()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        tags["bertrace.torch"] = torch.__version__
+        tags["bertrace.torch_threads"] = str(torch.get_num_threads())
+        if torch.cuda.is_available():
+            tags["bertrace.cuda_device"] = torch.cuda.get_device_name(0)
+            tags["bertrace.cuda_devices"] = str(torch.cuda.device_count())
+    return tags
 
 
 def run_stage(main: Callable[[], Any]) -> None:

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     rank, world = _init_distributed(cfg)
     main_rank = rank == 0
     try:
-        with StageRun("pretrain", params, log_mlflow=main_rank) as run:
+        with StageRun("pretrain", params, log_mlflow=main_rank, system_metrics=True) as run:
             manifest = load_manifest(EXAMPLES)  # a clear error when the examples stage has not run
             manifest_sha = run.add_input(EXAMPLES / "manifest.json")
             run.add_upstream("examples")

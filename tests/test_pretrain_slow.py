@@ -217,6 +217,8 @@ def test_stage_writes_checkpoints_metrics_plots_provenance_and_mlflow(tmp_path):
     assert [m.step for m in history] == [2, 4, 6, 8]
     assert runs.iloc[0]["metrics.val_mlm_loss"] == pytest.approx(metrics["val_mlm_loss"])
     assert runs.iloc[0]["metrics.final.tokens_seen"] == metrics["tokens_seen"]
+    assert runs.iloc[0]["tags.bertrace.cpus"] == str(os.cpu_count())  # system info on the run
+    assert runs.iloc[0]["tags.bertrace.torch"] == torch.__version__
     artifacts = [a.path for a in mlflow.tracking.MlflowClient().list_artifacts(run_id, "checkpoint")]
     assert artifacts == ["checkpoint/last.pt"]
 
