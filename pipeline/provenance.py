@@ -51,8 +51,16 @@ def git_state(repo_dir: str | os.PathLike = ".") -> dict[str, Any]:
         status = git("status", "--porcelain", "--untracked-files=normal")
     except subprocess.CalledProcessError:
         status = ""
-    paths = [line[3:].strip().strip('"') for line in status.splitlines() if line.strip()]
-    dirty = [p for p in paths if not p.startswith(_RUN_PRODUCTS)]
+    dirty = []
+    for line in status.splitlines():
+        if not line.strip():
+            continue
+        code, path = line[:2], line[3:].strip().strip('"')
+        if path.startswith(_RUN_PRODUCTS):
+            continue
+        if code == "??" and path.startswith("data/"):
+            continue  # a DVC output not yet in data/.gitignore (DVC adds it after the stage ran)
+        dirty.append(path)
     return {"commit": commit, "dirty": bool(dirty), "dirty_paths": dirty[:20]}
 
 

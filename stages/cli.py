@@ -4,6 +4,7 @@
     bertrace validate --corpus F [F ...]          ... or on clean corpus files
     bertrace predict TEXT... | --file F [--model P]   classify texts (JSON lines out)
     bertrace export --hf DIR [--checkpoint P] [--tokenizer T]   Hugging Face directory
+    bertrace trace TARGET [--json] [--verify] [--root DIR]     lineage of a checkpoint, hashes rechecked
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("validate", help="validate a shard directory or corpus files", add_help=False)
     sub.add_parser("predict", help="classify texts with a fine-tuned model (JSON lines)", add_help=False)
     sub.add_parser("export", help="export a checkpoint as a Hugging Face directory", add_help=False)
+    sub.add_parser("trace", help="lineage of a checkpoint or provenance record (--verify rechecks hashes)",
+                   add_help=False)
     args = parser.parse_args(argv[:1])
     rest = argv[1:]
     from stages.common import run_stage
@@ -34,6 +37,10 @@ def main(argv: list[str] | None = None) -> None:
         from stages import predict
 
         run_stage(lambda: (predict.main_predict if args.command == "predict" else predict.main_export)(rest))
+    elif args.command == "trace":
+        from stages import trace
+
+        run_stage(lambda: trace.main(rest))
 
 
 if __name__ == "__main__":

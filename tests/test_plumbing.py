@@ -63,6 +63,9 @@ def test_git_state_reports_commit_and_dirty_but_ignores_run_products(tmp_path):
     assert len(state["commit"]) == 40 and state["dirty"] is False
     (tmp_path / "dvc.lock").write_text("b\n")  # dvc repro rewrites it while running
     assert prov.git_state(tmp_path)["dirty"] is False
+    (tmp_path / "data" / "raw").mkdir(parents=True)  # a fresh DVC output, not yet git-ignored
+    (tmp_path / "data" / "raw" / "part-0.parquet").write_text("x")
+    assert prov.git_state(tmp_path)["dirty"] is False
     (tmp_path / "code.py").write_text("x = 2\n")
     state = prov.git_state(tmp_path)
     assert state["dirty"] is True and state["dirty_paths"] == ["code.py"]
