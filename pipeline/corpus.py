@@ -271,7 +271,7 @@ def _hub_error_help(dataset: str, config: str | None, reason: str) -> str:
         f"    (a directory <mirror>/{dataset}/{config or 'default'}/<split>.<ext> works too), or\n"
         + (f"  * offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and the dataset is not in the Hugging\n"
            f"    Face cache (HF_HOME): unset offline mode where the hub is reachable."
-           if _hub_offline() else
+           if hub_offline() else
            f"  * if the dataset is already in your Hugging Face cache, set HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1.")
     )
 
@@ -282,7 +282,8 @@ def _is_network_error(e: BaseException) -> bool:
                          "TransportError", "TimeoutException", "NetworkError", "ConnectError"})
 
 
-def _hub_offline() -> bool:
+def hub_offline() -> bool:
+    """Whether huggingface_hub or datasets is in offline mode (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)."""
     import huggingface_hub.constants as hc
     import datasets.config as dc
 
@@ -292,7 +293,7 @@ def _hub_offline() -> bool:
 def _resolve_hub_revision(dataset: str, config: str | None, revision: str) -> str | None:
     """Commit sha the revision points to (None in offline mode). One quick request, no retries:
     an unreachable hub fails here in well under a second instead of in ``load_dataset``'s retry loop."""
-    if _hub_offline():
+    if hub_offline():
         return None
     from huggingface_hub import HfApi
 

@@ -67,9 +67,9 @@ from pipeline.errors import BertraceError
 from pipeline.io import atomic_path, sha256_file, write_json
 from pipeline.masking import MaskingSpec, mask_sequence
 from pipeline.sentences import split_sentences
+from pipeline.tokenizer import SPECIAL_IDS, load_tokenizer
 
 SCHEMA_VERSION = 1
-SPECIAL_IDS = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
 CLS_ID, SEP_ID, MASK_ID = SPECIAL_IDS["[CLS]"], SPECIAL_IDS["[SEP]"], SPECIAL_IDS["[MASK]"]
 SPLIT_IDS = {"train": 0, "valid": 1}
 MASKING_MODES = ("static", "dynamic")
@@ -138,26 +138,6 @@ class ExamplesConfig:
 
 
 # ----------------------------------------------------------------------------- tokenizer
-
-
-def load_tokenizer(tokenizer_json: str | os.PathLike):
-    """Load a HF ``tokenizers`` file and check the special ids fixed by SPEC."""
-    from tokenizers import Tokenizer
-
-    path = Path(tokenizer_json)
-    if not path.is_file():
-        raise BertraceError(f"{path}: tokenizer not found; run the tokenizer stage first (dvc repro tokenizer)")
-    try:
-        tok = Tokenizer.from_file(str(path))
-    except Exception as e:  # the Rust side raises plain Exceptions with a parse message
-        raise BertraceError(f"{path}: not a valid tokenizers JSON file ({e}); rerun the tokenizer stage") from None
-    for name, want in SPECIAL_IDS.items():
-        got = tok.token_to_id(name)
-        if got != want:
-            raise BertraceError(
-                f"{path}: special token {name} has id {got}, expected {want}; retrain the tokenizer with "
-                "special tokens [PAD], [UNK], [CLS], [SEP], [MASK] in that order")
-    return tok
 
 
 def _id_dtype(vocab_size: int):

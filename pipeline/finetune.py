@@ -36,6 +36,7 @@ from pipeline.errors import BertraceError
 from pipeline.io import atomic_path, sha256_file
 from pipeline.model import BertConfig, BertForSequenceClassification, param_groups
 from pipeline.task_data import TaskData, TaskSplit, collate
+from pipeline.train import resolve_device
 
 MODES = ("full", "frozen", "scratch")
 FORMAT = "bertrace-finetune-checkpoint"
@@ -207,12 +208,6 @@ def linear_warmup_decay(warmup_steps: int, total_steps: int) -> Callable[[int], 
     return f
 
 
-def pick_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 class LengthGroupedBatches(torch.utils.data.Sampler):
     """Random batches of similar-length examples (Hugging Face's ``group_by_length``): each
     epoch shuffles the examples, sorts each window of ``window`` batches by length, cuts it into
@@ -297,7 +292,7 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
         raise BertraceError("fine-tuning needs the train and validation splits; load them with "
                             "roles=('train', 'validation')")
     t_wall, t_cpu = time.perf_counter(), time.process_time()
-    device = pick_device(cfg.device)
+    device = resolve_device(cfg.device, param="finetune.device")
     model = build_model(ckpt, data.num_labels, cfg.mode, dropout=cfg.dropout, seed=seed, source=source).to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     groups = [g for g in param_groups(model, cfg.weight_decay) if g["params"]]
@@ -460,4 +455,4 @@ def save_finetuned(path: str | Path, *, state_dict: dict[str, torch.Tensor], mod
 
 __all__ = ["FinetuneConfig", "MODES", "load_pretrained", "resolve_checkpoint", "check_tokenizer", "build_model",
            "linear_warmup_decay", "evaluate", "train_seed", "finetune", "summarize", "mean_std", "best_seed",
-           "SeedResult", "save_finetuned", "pick_device"]
+           "SeedResult", "save_finetuned"]

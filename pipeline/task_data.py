@@ -34,6 +34,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from pipeline.corpus import hub_offline, resolve_mirror
 from pipeline.errors import BertraceError
 from pipeline.io import sha256_file
 
@@ -260,7 +261,6 @@ def resolve_task_mirror(mirror: str | os.PathLike, dataset: str, config: str | N
     Entries written ``{path: ..., columns: {old: new}}`` are resolved here (relative to the
     YAML file); plain paths and mirror directories go through :func:`pipeline.corpus.resolve_mirror`.
     """
-    from pipeline.corpus import resolve_mirror
 
     mirror_path = Path(os.path.expanduser(str(mirror)))
     entries = _mirror_yaml_entries(mirror_path, dataset, config) if mirror_path.is_file() else {}
@@ -333,13 +333,6 @@ def _file_rows(path: Path, renames: dict[str, str], global_renames: dict[str, st
     return _Rows(columns, str(path), hint, None, original)
 
 
-def _hub_offline() -> bool:
-    import datasets.config as dc
-    import huggingface_hub.constants as hc
-
-    return bool(hc.HF_HUB_OFFLINE or dc.HF_HUB_OFFLINE or getattr(dc, "HF_DATASETS_OFFLINE", False))
-
-
 def _hub_help(where: str, e: BaseException) -> str:
     return (f"{where}: cannot be loaded ({type(e).__name__}: {str(e)[:200]}). Offline? Point BERTRACE_HUB_MIRROR "
             "(or finetune.mirror) at a mirror YAML, e.g. mirrors/shared-data.yaml, or set "
@@ -349,7 +342,7 @@ def _hub_help(where: str, e: BaseException) -> str:
 def resolve_hub_revision(dataset: str, revision: str) -> str | None:
     """The commit sha ``revision`` points to (None offline): pins the data for provenance, and
     fails in seconds when the hub is unreachable instead of in ``load_dataset``'s retry loop."""
-    if _hub_offline() or Path(dataset).is_dir():  # a local dataset folder has no revisions
+    if hub_offline() or Path(dataset).is_dir():  # a local dataset folder has no revisions
         return None
     from huggingface_hub import HfApi
 
@@ -376,7 +369,7 @@ def _hub_rows(dataset: str, config: str | None, revision: str, split: str, globa
         names = {c.__name__ for c in type(e).__mro__}
         network = names & {"ConnectionError", "TimeoutError", "OfflineModeIsEnabled", "LocalEntryNotFoundError",
                            "TransportError", "ConnectError", "DatasetNotFoundError"}
-        if network or _hub_offline():
+        if network or hub_offline():
             raise BertraceError(_hub_help(where, e)) from None
         if isinstance(e, ValueError) and "split" in str(e).lower():
             raise BertraceError(f"{where}: {e}; fix finetune.task.splits") from None

@@ -187,7 +187,9 @@ def warmup_steps_for(warmup: float, total_steps: int) -> int:
 # ----------------------------------------------------------------------------- device
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, param: str = "pretrain.device") -> torch.device:
+    """``auto`` is cuda → mps → cpu; anything else must name a device torch can use (``param``
+    is the params.yaml key the name came from, for the error message)."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", torch.cuda.current_device())
@@ -197,11 +199,11 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise BertraceError(f"params.yaml: pretrain.device = {name!r} is not a device (auto, cpu, cuda, cuda:N, mps)") from None
+        raise BertraceError(f"params.yaml: {param} = {name!r} is not a device (auto, cpu, cuda, cuda:N, mps)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise BertraceError("params.yaml: pretrain.device asks for CUDA but torch sees no GPU; use device: auto")
+        raise BertraceError(f"params.yaml: {param} asks for CUDA but torch sees no GPU; use device: auto")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise BertraceError("params.yaml: pretrain.device asks for MPS but it is not available; use device: auto")
+        raise BertraceError(f"params.yaml: {param} asks for MPS but it is not available; use device: auto")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device

@@ -17,7 +17,7 @@ from pathlib import Path
 from pipeline.errors import BertraceError
 from pipeline.evaluate import (evaluate_logits, metrics_for_dvc, plot_confusion, provenance_chain, render_report,
                                write_confusion_csv, write_report)
-from pipeline.finetune import pick_device
+from pipeline.train import resolve_device
 from pipeline.inference import Classifier
 from pipeline.io import read_json, write_json
 from pipeline.task_data import ROLES, load_task_data
@@ -68,7 +68,7 @@ def main(progress: bool = True) -> dict:
     run_params = {**params, "baselines": [[name, value] for name, value in baselines.items()], "task": task}
 
     with StageRun("evaluate", run_params) as run:
-        clf = Classifier.load(model_path, device=pick_device(str(params.get("device") or "auto")))
+        clf = Classifier.load(model_path, device=resolve_device(str(params.get("device") or "auto"), param="evaluate.device"))
         ckpt_sha = run.add_input(model_path)
         tok_sha = run.add_input(model_path.parent / "tokenizer.json")
         run.add_upstream("finetune")

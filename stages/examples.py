@@ -15,14 +15,13 @@ def main() -> None:
     params = load_params("examples")
     cfg = ExamplesConfig.from_params(params)
     with StageRun("examples", params) as run:
-        run.add_input(CLEAN / "train.txt")
-        run.add_input(CLEAN / "valid.txt")
-        run.add_input(TOKENIZER)
         run.add_upstream("clean")
         run.add_upstream("tokenizer")
         manifest = generate_examples(
             CLEAN / "train.txt", CLEAN / "valid.txt", TOKENIZER, OUT, cfg, workers=params.get("workers", 0)
         )
+        for path in (CLEAN / "train.txt", CLEAN / "valid.txt", TOKENIZER):  # hashed while generating
+            run.add_input(path, manifest["inputs"][path.name])
         manifest_sha = sha256_file(OUT / "manifest.json")
         run.add_output(OUT / "manifest.json", manifest_sha)
         run.set_tags({"bertrace.examples_manifest_sha256": manifest_sha,

@@ -410,7 +410,7 @@ def test_error_tokenizer_with_wrong_special_ids(corpus, tmp_path):
     tok.train([str(corpus["valid"])], trainers.WordPieceTrainer(
         vocab_size=200, special_tokens=["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]"], show_progress=False))
     tok.save(str(tmp_path / "bad.json"))
-    with pytest.raises(BertraceError, match=r"bad\.json: special token \[PAD\] has id 1, expected 0"):
+    with pytest.raises(BertraceError, match=r"bad\.json: special tokens have ids \{'\[PAD\]': 1, '\[UNK\]': 0\}"):
         generate_examples(corpus["train"], corpus["valid"], tmp_path / "bad.json", tmp_path / "o", CFG, progress=False)
 
 
