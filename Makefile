@@ -31,5 +31,12 @@ test: install
 test-fast: install
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not slow"
 
+# Data-stage benchmarks (BENCHMARKS.md). The peer is Google's create_pretraining_data.py, run
+# from a checkout of google-research/bert (never copied here) with a Python that has tensorflow.
+GOOGLE_BERT ?= ../peer/bert
+PEER_PYTHON ?= ../bench-venv/bin/python
+bench: install
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python bench/run_all.py --google-bert $(GOOGLE_BERT) --peer-python $(PEER_PYTHON)
+
 clean-venv:
 	rm -rf $(VENV)

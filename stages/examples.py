@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from pipeline.distributed import Engine
 from pipeline.examples import ExamplesConfig, generate_examples
 from pipeline.io import sha256_file
 from stages.common import StageRun, load_params, run_stage
@@ -18,7 +19,7 @@ def main() -> None:
         run.add_upstream("clean")
         run.add_upstream("tokenizer")
         manifest = generate_examples(
-            CLEAN / "train.txt", CLEAN / "valid.txt", TOKENIZER, OUT, cfg, workers=params.get("workers", 0)
+            CLEAN / "train.txt", CLEAN / "valid.txt", TOKENIZER, OUT, cfg, engine=Engine.from_params(params, "examples")
         )
         for path in (CLEAN / "train.txt", CLEAN / "valid.txt", TOKENIZER):  # hashed while generating
             run.add_input(path, manifest["inputs"][path.name])

@@ -431,3 +431,43 @@ def test_config_from_params():
     assert (cfg.max_seq_len, cfg.masking) == (256, "dynamic")
     with pytest.raises(BertraceError, match="unknown key.*max_len"):
         ExamplesConfig.from_params({"max_len": 256})
+
+
+# ----------------------------------------------------------------------------- fast encoding
+
+
+TRICKY = ["Mr. Smith's [MASK] cost $3.50 (approx.)!", "[SEP]x y[CLS]z", "Café naïve ÜBER straße", "東京に行きました。",
+          "x" * 101, "y" * 100, "tab\there", "ctrl\x01char", "two  spaces ", "", "ΑΣ Σ", "##ab ## #", "a\u200bb",
+          "don't stop-believing!!", "U.S.A. 1,234.5 e-mail@x.org", "\u00a0nbsp"]
+
+
+@pytest.mark.parametrize("max_cache", [1 << 19, 5])
+def test_sentence_encoder_gives_the_tokenizers_ids(corpus, max_cache):
+    from pipeline.encode import SentenceEncoder
+    from pipeline.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(corpus["tokenizer"])
+    lines = corpus["train"].read_text(encoding="utf-8").splitlines()[:10]
+    sentences = [s for line in lines for s in split_sentences(line)] + TRICKY + [s.upper() for s in TRICKY]
+    enc = SentenceEncoder(tok, np.uint16, max_cache=max_cache)
+    assert enc.chunked and enc.python_wordpiece
+    for batch in (sentences[:50], sentences, sentences[::-1]):  # cold, partly warm, warm cache
+        ids, lengths = enc.encode(batch)
+        expect = [e.ids for e in tok.encode_batch(batch, add_special_tokens=False)]
+        assert lengths.tolist() == [len(e) for e in expect]
+        assert ids.tolist() == [i for e in expect for i in e]
+
+
+def test_sentence_encoder_falls_back_for_other_tokenizers(corpus):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from pipeline.encode import SentenceEncoder
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel()  # spaces are part of the tokens: no chunking
+    tok.train([str(corpus["valid"])], trainers.BpeTrainer(vocab_size=300, special_tokens=list(SPECIAL_IDS),
+                                                           show_progress=False))
+    enc = SentenceEncoder(tok, np.uint16)
+    assert not enc.chunked
+    ids, lengths = enc.encode(TRICKY)
+    assert ids.tolist() == [i for e in tok.encode_batch(TRICKY, add_special_tokens=False) for i in e.ids]

@@ -1,0 +1,86 @@
+"""Run a command and measure it: wall time, peak RSS of the whole process tree, peak RSS of its
+largest process, and CPU seconds. Shared by the data-stage benches.
+
+The tree's RSS is sampled every 20 ms with psutil (a dvc dependency, so always installed):
+summed over the command and all its descendants (worker processes included), and the largest
+single process. CPU seconds are the children's user + system time.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass
+class Run:
+    wall_s: float
+    peak_tree_mb: float  # sum over the process tree, sampled
+    peak_proc_mb: float  # largest single process, sampled
+    cpu_s: float
+    stdout: str
+    stderr: str
+    returncode: int
+
+
+def _tree_rss(proc: psutil.Process) -> tuple[int, int]:
+    """(sum, largest) RSS over a process and its descendants."""
+    total = largest = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            rss = p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        total, largest = total + rss, max(largest, rss)
+    return total, largest
+
+
+def run(cmd: list[str], *, cwd=None, env=None, check: bool = True, interval: float = 0.02) -> Run:
+    """Run ``cmd`` to completion and measure it (stdout/stderr are captured)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = peak_one = 0
+    stop = threading.Event()
+
+    def sample():
+        nonlocal peak, peak_one
+        try:
+            ps = psutil.Process(proc.pid)
+            while not stop.is_set():
+                total, largest = _tree_rss(ps)
+                peak, peak_one = max(peak, total), max(peak_one, largest)
+                stop.wait(interval)
+        except psutil.NoSuchProcess:
+            pass
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    stop.set()
+    sampler.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if check and proc.returncode != 0:
+        raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{err[-3000:]}")
+    return Run(wall_s=wall, peak_tree_mb=peak / 2**20, peak_proc_mb=peak_one / 2**20, cpu_s=cpu,
+               stdout=out, stderr=err, returncode=proc.returncode)
+
+
+def machine() -> str:
+    """One line about this machine: CPU model, cores, memory, OS."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    mem = psutil.virtual_memory().total / 2**30
+    return f"{model or 'unknown CPU'}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, {os.uname().sysname} {os.uname().release}"
