@@ -11,7 +11,7 @@ ifneq ($(wildcard ../shared/data/README.md),)
 export BERTRACE_HUB_MIRROR ?= mirrors/shared-data.yaml
 endif
 
-.PHONY: install repro test test-fast bench clean-venv
+.PHONY: install repro test test-fast bench learning-curve clean-venv
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,17 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 
 install: $(BIN)/.installed
 
+# `make repro PROFILE=enwiki`: the pipeline with profiles/enwiki.yaml's params, as a DVC experiment.
 repro: install
+ifdef PROFILE
+	PATH="$(abspath $(BIN)):$$PATH" eval dvc exp run $$($(BIN)/python -m stages.profile $(PROFILE))
+else
 	PATH="$(abspath $(BIN)):$$PATH" dvc repro
+endif
+
+# SST-2 dev accuracy vs pre-training minutes from data/pretrain/snapshots (pretrain.snapshot_minutes).
+learning-curve: install
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m stages.learning_curve
 
 test: install
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q

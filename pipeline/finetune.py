@@ -56,6 +56,7 @@ class FinetuneConfig:
     adam_betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = 1.0  # 0 = no clipping
     dropout: float | None = None  # classifier dropout; None = the encoder's hidden dropout
+    encoder_dropout: float | None = None  # encoder hidden + attention dropout; None = the checkpoint's
     patience: int = 2  # checks without improvement before stopping; 0 = never stop early
     eval_every_steps: int = 0  # 0 = once per epoch
     seeds: list[int] = field(default_factory=lambda: [42])
@@ -75,14 +76,16 @@ class FinetuneConfig:
             raise BertraceError(f"{source}: unknown finetune keys {unknown}; valid keys are "
                                 f"{sorted(valid | set(cls.NON_TRAINING_KEYS))}")
         kwargs = {k: v for k, v in params.items() if k in valid and v is not None}
-        if params.get("dropout") is None:
-            kwargs.pop("dropout", None)
+        for name in ("dropout", "encoder_dropout"):
+            if params.get(name) is None:
+                kwargs.pop(name, None)
         seeds = params.get("seeds")
         if not seeds:
             seeds = [params["seed"]] if params.get("seed") is not None else [42]
         kwargs["seeds"] = [int(s) for s in (seeds if isinstance(seeds, (list, tuple)) else [seeds])]
         try:  # YAML reads 5e-5 (no dot) as a string: coerce, with a clear error for garbage
-            for name in ("lr", "weight_decay", "warmup_ratio", "adam_eps", "max_grad_norm", "dropout"):
+            for name in ("lr", "weight_decay", "warmup_ratio", "adam_eps", "max_grad_norm", "dropout",
+                         "encoder_dropout"):
                 if name in kwargs:
                     kwargs[name] = float(kwargs[name])
             for name in ("epochs", "batch_size", "eval_batch_size", "patience", "eval_every_steps", "log_every_steps"):
@@ -112,8 +115,10 @@ class FinetuneConfig:
             bad(f"lr must be positive, got {self.lr}")
         if not 0.0 <= float(self.warmup_ratio) < 1.0:
             bad(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.dropout is not None and not 0.0 <= float(self.dropout) < 1.0:
-            bad(f"dropout must be in [0, 1) or null, got {self.dropout}")
+        for name in ("dropout", "encoder_dropout"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= float(value) < 1.0:
+                bad(f"{name} must be in [0, 1) or null, got {value}")
         if int(self.patience) < 0 or int(self.eval_every_steps) < 0:
             bad("patience and eval_every_steps must be >= 0")
         if len(set(self.seeds)) != len(self.seeds):
@@ -173,12 +178,20 @@ def check_tokenizer(ckpt: dict[str, Any], ckpt_path: str | Path, tokenizer_path:
 
 
 def build_model(ckpt: dict[str, Any], num_labels: int, mode: str = "full", *, dropout: float | None = None,
-                seed: int = 0, source: str = "checkpoint") -> BertForSequenceClassification:
+                encoder_dropout: float | None = None, seed: int = 0,
+                source: str = "checkpoint") -> BertForSequenceClassification:
     """BertForSequenceClassification with the checkpoint's config; encoder weights loaded for
-    ``full`` / ``frozen``, random (seeded) for ``scratch``; encoder frozen for ``frozen``."""
+    ``full`` / ``frozen``, random (seeded) for ``scratch``; encoder frozen for ``frozen``.
+
+    ``encoder_dropout`` replaces the checkpoint's hidden and attention dropout: a model
+    pre-trained without dropout (short budgets, Geiping & Goldstein 2022 "Cramming", sec. 4.3)
+    is fine-tuned with it switched back on."""
     if mode not in MODES:
         raise BertraceError(f"params.yaml: finetune.mode is {mode!r}; use one of {list(MODES)}")
-    config = BertConfig.from_dict(dict(ckpt["model_config"]))
+    model_config = dict(ckpt["model_config"])
+    if encoder_dropout is not None:
+        model_config.update(dropout=float(encoder_dropout), attention_dropout=float(encoder_dropout))
+    config = BertConfig.from_dict(model_config)
     torch.manual_seed(seed)  # classifier (and, for scratch, encoder) initialisation
     model = BertForSequenceClassification(config, num_labels, classifier_dropout=dropout)
     if mode != "scratch":
@@ -293,7 +306,8 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
                             "roles=('train', 'validation')")
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     device = resolve_device(cfg.device, param="finetune.device")
-    model = build_model(ckpt, data.num_labels, cfg.mode, dropout=cfg.dropout, seed=seed, source=source).to(device)
+    model = build_model(ckpt, data.num_labels, cfg.mode, dropout=cfg.dropout, encoder_dropout=cfg.encoder_dropout,
+                        seed=seed, source=source).to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     groups = [g for g in param_groups(model, cfg.weight_decay) if g["params"]]
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)

@@ -56,8 +56,8 @@ from pipeline.pretrain_data import PretrainingData, continuation_table, load_man
 # Keys a resumed run may change: the budget (to extend the schedule), cadence and hardware.
 # Any other change would silently mix two recipes in one checkpoint.
 RESUMABLE_CHANGES = ("max_steps", "epochs", "time_minutes", "eval_every", "eval_batches", "log_every",
-                     "checkpoint_every", "checkpoint_minutes", "device", "precision", "tf32", "compile",
-                     "num_threads")
+                     "checkpoint_every", "checkpoint_minutes", "snapshot_minutes", "device", "precision", "tf32",
+                     "compile", "num_threads")
 TRAIN_CURVE = "pretrain_loss.csv"
 VAL_CURVE = "pretrain_val.csv"
 TRAIN_COLUMNS = ("step", "tokens", "seconds", "lr", "loss", "mlm_loss", "nsp_loss", "grad_norm", "tokens_per_s")
@@ -87,6 +87,8 @@ class PretrainConfig:
     log_every: int = 20  # updates between training-metric logs
     checkpoint_every: int | None = 1000  # updates between checkpoints (None/0: off)
     checkpoint_minutes: float | None = 10.0  # and/or minutes between checkpoints (None/0: off)
+    snapshot_minutes: list = field(default_factory=list)  # keep the weights at these elapsed minutes
+                                                          # (snapshots/minute-015.pt …; learning curves)
     shuffle_buffer: int = 10_000  # examples in each rank's shuffle buffer
     seed: int = 0
     device: str = "auto"  # auto (cuda -> mps -> cpu) | cpu | cuda | cuda:N | mps
@@ -122,6 +124,12 @@ class PretrainConfig:
         if len(betas) != 2:
             bad("betas", "must be two numbers, e.g. [0.9, 0.999]")
         self.betas = betas
+        try:
+            self.snapshot_minutes = sorted(float(m) for m in (self.snapshot_minutes or []))
+        except (TypeError, ValueError):
+            bad("snapshot_minutes", "must be a list of minutes, e.g. [15, 30]")
+        if any(m <= 0 for m in self.snapshot_minutes):
+            bad("snapshot_minutes", "must be > 0")
         budgets = [n for n in ("max_steps", "epochs", "time_minutes") if getattr(self, n) not in (None, 0)]
         if len(budgets) != 1:
             raise BertraceError(
@@ -162,6 +170,12 @@ class PretrainConfig:
 
 
 # ----------------------------------------------------------------------------- schedule
+
+
+def snapshot_path(out_dir: str | Path, minute: float) -> Path:
+    """Where ``pretrain.snapshot_minutes`` keeps the weights at ``minute``: snapshots/minute-015.pt."""
+    label = f"{int(minute):03d}" if minute == int(minute) else f"{minute:07.3f}".rstrip("0")
+    return Path(out_dir) / "snapshots" / f"minute-{label}.pt"
 
 
 def lr_at_step(step: int, *, peak: float, warmup_steps: int, total_steps: int) -> float:
@@ -226,6 +240,22 @@ def resolve_precision(name: str, device: torch.device) -> tuple[torch.dtype | No
     if device.type != "cuda":
         raise BertraceError(f"params.yaml: pretrain.precision = fp16 needs a CUDA GPU (device is {device}); use auto")
     return torch.float16, True
+
+
+# Dense peak FLOP/s per GPU for model-FLOPs utilisation (vendor datasheets, no sparsity).
+PEAK_FLOPS = {"H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+              "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+              "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
+              "L4": {"bf16": 121e12, "fp16": 121e12, "fp32": 30e12}}
+
+
+def _mfu(flops_per_s: float, device: torch.device, precision: str, world: int) -> float | None:
+    """Model FLOPs utilisation (PaLM, Chowdhery et al. 2022, app. B) on a known GPU, else None."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    peak = next((p.get(precision) for key, p in PEAK_FLOPS.items() if key in name), None)
+    return round(flops_per_s / (peak * world), 4) if peak else None
 
 
 # ----------------------------------------------------------------------------- distributed
@@ -471,8 +501,9 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
     if main:
         ckpt_lib.remove_stale_temporaries(out_dir)  # left by a run killed while writing
         ckpt_lib.remove_stale_temporaries(curves_dir, (TRAIN_CURVE, VAL_CURVE))
-        if state is None and best_path.exists():
-            best_path.unlink()  # a fresh run: the old best.pt belongs to another run
+        if state is None:  # a fresh run: the old best.pt and snapshots belong to another run
+            for old in [best_path, *sorted((out_dir / "snapshots").glob("minute-*.pt"))]:
+                old.unlink(missing_ok=True)
 
     torch.manual_seed(cfg.seed)  # identical initialisation on every rank
     model = BertForPreTraining(config).to(device)
@@ -575,6 +606,7 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
     elapsed = prior_seconds
     start_step, start_tokens = step, tokens_seen
     last_ckpt_step, last_ckpt_time = step, elapsed
+    snapshots = [m for m in cfg.snapshot_minutes if m * 60 > elapsed]  # the ones not yet taken
     last_eval_step = history[-1]["step"] if history and "val_loss" in history[-1] else -1
     win = torch.zeros(4, dtype=torch.float64, device=device)  # loss, mlm, nsp, grad_norm sums
     win_tokens, win_steps, win_t0 = 0, 0, time.perf_counter()
@@ -652,6 +684,10 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
             if ckpt_due:
                 save_last()
                 last_ckpt_step, last_ckpt_time = step, elapsed
+            while snapshots and elapsed >= snapshots[0] * 60:
+                if main:  # weights as at that minute, in best.pt's format (fine-tune them directly)
+                    ckpt_lib.save_checkpoint(snapshot_path(out_dir, snapshots[0]), checkpoint_state(False))
+                snapshots.pop(0)
     finally:
         bar.close()
         if hasattr(stream, "close"):
@@ -689,6 +725,7 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
         "num_parameters": n_params,
         "model_sha256": weights_sha,
         "train_flops": float(flops_tok) * tokens_seen,
+        "mfu": _mfu(float(flops_tok) * (tokens_seen - start_tokens) / session_s, device, precision, world),
         "batch_size": cfg.batch_size,
         "world_size": world,
         "device": str(device),

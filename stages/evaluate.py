@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 from pipeline.errors import BertraceError
 from pipeline.evaluate import (evaluate_logits, metrics_for_dvc, plot_confusion, provenance_chain, render_report,
                                write_confusion_csv, write_report)
+from pipeline.scorecard import read_profiles, render_scorecard, run_row
 from pipeline.train import resolve_device
 from pipeline.inference import Classifier
 from pipeline.io import read_json, write_json
@@ -28,6 +30,9 @@ METRICS = Path("metrics/eval.json")
 CONFUSION_CSV = Path("plots/confusion.csv")
 CONFUSION_PNG = Path("reports/confusion.png")
 REPORT = Path("reports/evaluation.md")
+SCORECARD = Path("reports/scorecard.md")
+SCORECARD_JSON = Path("reports/scorecard.json")
+PROFILES = Path("reports/profiles")
 
 
 def _provenance_records() -> dict[str, dict]:
@@ -40,6 +45,11 @@ def _provenance_records() -> dict[str, dict]:
     return records
 
 
+def _metrics_file(stage: str) -> dict:
+    path = Path("metrics") / f"{stage}.json"
+    return read_json(path) if path.exists() else {}
+
+
 def mlflow_safe(metrics: dict) -> dict:
     """Metric names MLflow accepts: label names may hold any character, so others become '_'."""
     out = {}
@@ -50,6 +60,7 @@ def mlflow_safe(metrics: dict) -> dict:
 
 
 def main(progress: bool = True) -> dict:
+    t0 = time.perf_counter()
     params = load_params("evaluate")
     finetune_params = load_params("finetune")
     task = finetune_params.get("task")
@@ -132,8 +143,22 @@ def main(progress: bool = True) -> dict:
 
         metrics = metrics_for_dvc(results)
         write_json(METRICS, metrics)
+
+        # The scorecard: this run's row beside the recorded profiles, anchors and published numbers.
+        try:
+            row = run_row(str(params.get("run_name") or "this run"), records=_provenance_records(),
+                          finetune_metrics=_metrics_file("finetune"), eval_metrics=metrics,
+                          pretrain_metrics=_metrics_file("pretrain"), model_config=clf.checkpoint.get("model_config"),
+                          task=task_name, extra_minutes=(time.perf_counter() - t0) / 60.0)
+        except BertraceError as why:  # e.g. a checkpoint evaluated outside a full pipeline run
+            print(f"evaluate: no scorecard row for this run: {why}")
+            row = None
+        profiles = [r for r in read_profiles(PROFILES) if row is None or r["name"] != row["name"]]
+        write_json(SCORECARD_JSON, {"this_run": row, "profiles": profiles})
+        write_report(SCORECARD, render_scorecard([r for r in (row, *profiles) if r], anchors=params.get("anchors") or [],
+                                                 baselines=baselines, goal=params.get("goal"), task=task_name))
         run.log_metrics(mlflow_safe(metrics))
-        for path in (CONFUSION_CSV, CONFUSION_PNG, REPORT):
+        for path in (CONFUSION_CSV, CONFUSION_PNG, REPORT, SCORECARD, SCORECARD_JSON):
             run.add_output(path)
             run.log_artifact(path, "evaluation")
         if params.get("log_model", True) and run.mlflow_run_id is not None:

@@ -284,6 +284,22 @@ def test_full_loads_encoder_and_scratch_does_not(env):
     assert resolve_checkpoint(env["ckpt_path"].with_name("best.pt")) == env["ckpt_path"]  # falls back to last.pt
 
 
+def test_encoder_dropout_overrides_the_checkpoint_config(env):
+    ckpt_dropout = env["ckpt"]["model_config"]["dropout"]
+    kept = build_model(env["ckpt"], 2, "full", seed=0)
+    assert kept.config.dropout == ckpt_dropout
+    model = build_model(env["ckpt"], 2, "full", encoder_dropout=0.3, seed=0)
+    assert model.config.dropout == 0.3 and model.config.attention_dropout == 0.3
+    assert {m.p for m in model.bert.modules() if isinstance(m, torch.nn.Dropout)} == {0.3}
+    assert model.drop.p == 0.3  # the classifier's follows unless finetune.dropout is set
+    same = build_model(env["ckpt"], 2, "full", dropout=0.0, encoder_dropout=0.3, seed=0)
+    assert same.drop.p == 0.0
+    sd_a, sd_b = model.state_dict(), kept.state_dict()
+    assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)  # same weights: only dropout changes
+    with pytest.raises(BertraceError, match="encoder_dropout must be in"):
+        FinetuneConfig.from_params({"encoder_dropout": 1.5})
+
+
 def test_frozen_mode_trains_only_the_classifier(env):
     data = load_task_data(env["task"], env["tokenizer"], max_len=32)
     cfg = FinetuneConfig(mode="frozen", epochs=2, batch_size=32, lr=1e-2, seeds=[0], patience=0)

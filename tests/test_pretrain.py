@@ -225,6 +225,25 @@ def test_time_budget_stops_on_the_clock(examples, tmp_path):
     assert metrics["step"] == len(lrs) > 3
 
 
+def test_snapshots_keep_the_weights_at_the_given_minutes(examples, tmp_path):
+    cfg = tiny_cfg(max_steps=None, time_minutes=0.06, warmup=0.1, snapshot_minutes=[0.04, 0.02])  # 1.2 s, 2.4 s
+    metrics, logs = run(cfg, examples, tmp_path)
+    snaps = sorted((tmp_path / "snapshots").glob("*.pt"))
+    assert [p.name for p in snaps] == ["minute-000.02.pt", "minute-000.04.pt"]
+    early, late = (ckpt_lib.load_checkpoint(p) for p in snaps)
+    assert 1.2 <= early["train_seconds"] < late["train_seconds"] < metrics["train_seconds"]
+    assert 0 < early["step"] < late["step"] < metrics["step"]
+    final = ckpt_lib.load_checkpoint(tmp_path / "last.pt")
+    key = "bert.embeddings.word.weight"
+    assert not torch.equal(late["model"][key], final["model"][key])  # the run went on training
+    assert "optimizer" not in early and early["model_config"] == final["model_config"]
+    # a fresh run removes the previous run's snapshots
+    run(tiny_cfg(max_steps=2), examples, tmp_path, resume=False)
+    assert not list((tmp_path / "snapshots").glob("*.pt"))
+    with pytest.raises(BertraceError, match="snapshot_minutes"):
+        tiny_cfg(snapshot_minutes=["soon"])
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 

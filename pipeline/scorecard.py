@@ -1,0 +1,156 @@
+"""The scorecard: this project's runs next to the stock Hugging Face route and published numbers.
+
+One row per run: corpus, model, pre-training minutes and device, the fine-tuning task's
+validation accuracy (mean ± std over seeds), held-out test accuracy, the whole DAG's wall
+minutes and a hash of every stage's params (so two rows with the same hash ran the same recipe).
+``run_row`` builds the row of the run in ``data/`` from its metrics and provenance records;
+rows of other profiles (in-domain pre-training, the GPU profile, ...) are such rows recorded
+earlier into ``reports/profiles/<name>.json`` (``bertrace scorecard record NAME``) and shown
+beside it. ``render_scorecard`` writes the markdown.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from pipeline.errors import BertraceError
+from pipeline.io import sha256_json
+
+PIPELINE_STAGES = ("download", "clean", "tokenizer", "examples", "validate", "pretrain", "finetune")
+ROW_KEYS = ("name", "corpus", "model", "pretrain_minutes", "device", "tokens_seen", "task", "dev_mean", "dev_std",
+            "seeds", "test", "imdb_test", "dag_minutes", "params_hash", "git_commit", "git_dirty", "date", "note")
+
+
+def _minutes(record: dict[str, Any]) -> float | None:
+    try:
+        start = dt.datetime.fromisoformat(record["started"])
+        end = dt.datetime.fromisoformat(record["finished"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (end - start).total_seconds() / 60.0
+
+
+def _corpus(download_params: dict[str, Any]) -> str:
+    if download_params.get("source") == "local":
+        return f"local: {(download_params.get('local') or {}).get('path')}"
+    hub = download_params.get("hub") or {}
+    return f"hub: {hub.get('dataset')}/{hub.get('config')}"
+
+
+def _model(model_config: dict[str, Any] | None) -> str:
+    if not model_config:
+        return "—"
+    return f"{model_config.get('num_layers')}L/{model_config.get('hidden_size')}"
+
+
+def run_row(name: str, *, records: dict[str, dict[str, Any]], finetune_metrics: dict[str, Any],
+            eval_metrics: dict[str, Any], pretrain_metrics: dict[str, Any] | None = None,
+            model_config: dict[str, Any] | None = None, task: str | None = None,
+            extra_minutes: float = 0.0) -> dict[str, Any]:
+    """The scorecard row of one pipeline run.
+
+    ``records``: provenance records by stage (data/provenance/<stage>.json);
+    ``finetune_metrics`` / ``eval_metrics`` / ``pretrain_metrics``: the stages' metrics files;
+    ``extra_minutes``: time not in any record yet (the evaluate stage's own, while it runs).
+    """
+    missing = [s for s in ("download", "finetune") if s not in records]
+    if missing:
+        raise BertraceError(f"data/provenance: no record for {missing}; run the whole pipeline (dvc repro) "
+                            "before making the scorecard")
+    acc = finetune_metrics.get("validation_accuracy") or {}
+    if not isinstance(acc, dict) or "mean" not in acc:
+        raise BertraceError("metrics/finetune.json: no validation_accuracy mean; rerun dvc repro finetune")
+    minutes = [_minutes(records[s]) for s in PIPELINE_STAGES if s in records]
+    dag = sum(m for m in minutes if m is not None) + extra_minutes
+    git = records["finetune"].get("git") or {}
+    pretrain_metrics = pretrain_metrics or {}
+    mode = (records["finetune"].get("params") or {}).get("mode", "full")
+    return {
+        "name": name,
+        "corpus": _corpus(records["download"].get("params") or {}),
+        "model": _model(model_config) + ("" if mode == "full" else f" ({mode})"),
+        "pretrain_minutes": (round(pretrain_metrics["train_seconds"] / 60.0, 2)
+                             if mode != "scratch" and "train_seconds" in pretrain_metrics else 0.0),
+        "device": pretrain_metrics.get("device", "—"),
+        "tokens_seen": pretrain_metrics.get("tokens_seen"),
+        "task": task,
+        "dev_mean": round(100 * float(acc["mean"]), 2),
+        "dev_std": round(100 * float(acc.get("std", 0.0)), 2),
+        "seeds": int(finetune_metrics.get("n_seeds") or len(finetune_metrics.get("per_seed") or {}) or 1),
+        "test": round(100 * float(eval_metrics["test"]["accuracy"]), 2) if "test" in eval_metrics else None,
+        "imdb_test": None,
+        "dag_minutes": round(dag, 1),
+        "params_hash": sha256_json({s: records[s].get("params_hash") for s in PIPELINE_STAGES if s in records})[:12],
+        "git_commit": (git.get("commit") or "")[:10] or None,
+        "git_dirty": git.get("dirty"),
+        "date": str(records["finetune"].get("finished") or "")[:10] or None,
+        "note": "",
+    }
+
+
+def read_profiles(directory: str | Path) -> list[dict[str, Any]]:
+    """Rows recorded in ``directory/*.json``, sorted by name; a clear error for a broken file."""
+    rows = []
+    directory = Path(directory)
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        try:
+            row = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BertraceError(f"{path}: not valid JSON ({e}); fix it or record it again with "
+                                "`bertrace scorecard record NAME`") from None
+        if not isinstance(row, dict) or "dev_mean" not in row:
+            raise BertraceError(f"{path}: not a scorecard row (no dev_mean); record it with `bertrace scorecard record`")
+        rows.append({**{k: None for k in ROW_KEYS}, **row, "name": row.get("name") or path.stem})
+    return rows
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    if value is None or value == "":
+        return "—"
+    return format(value, spec) if spec else str(value)
+
+
+def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[str, Any]] = (),
+                     baselines: dict[str, float] | None = None, goal: dict[str, float] | None = None,
+                     task: str | None = None) -> str:
+    """The scorecard as markdown: this project's rows, then the anchors and published numbers."""
+    task = task or "the task"
+    lines = ["# Scorecard", "",
+             f"Validation accuracy on {task} (mean ± std over fine-tuning seeds), written by the `evaluate` stage "
+             "(`reports/scorecard.md`; rows of other profiles from `reports/profiles/*.json`).", ""]
+    if goal:
+        lines += [f"Goal (issue #7): ≥ {goal['dev_mean']:.1f} % mean of 3 seeds with the whole DAG in ≤ "
+                  f"{goal['dag_minutes']:.0f} minutes on 2 CPU cores.", ""]
+    lines += ["## This project", "",
+              "| run | corpus | model | pre-training | dev acc. (%) | test acc. (%) | IMDB test (%) | DAG wall | "
+              "params hash | commit |",
+              "|---|---|---|---|---:|---:|---:|---:|---|---|"]
+    for r in rows:
+        pre = "none" if not r.get("pretrain_minutes") else f"{r['pretrain_minutes']:.1f} min {r.get('device') or ''}".strip()
+        dev = f"**{r['dev_mean']:.2f}** ± {r['dev_std']:.2f} ({r['seeds']} seeds)"
+        commit = _fmt(r.get("git_commit")) + (" (dirty)" if r.get("git_dirty") else "")
+        lines.append(f"| {r['name']} | {_fmt(r.get('corpus'))} | {_fmt(r.get('model'))} | {pre} | {dev} | "
+                     f"{_fmt(r.get('test'), '.2f')} | {_fmt(r.get('imdb_test'), '.2f')} | "
+                     f"{_fmt(r.get('dag_minutes'), '.1f')} min | `{_fmt(r.get('params_hash'))}` | {commit} |")
+    notes = [f"- **{r['name']}**: {r['note']}" for r in rows if r.get("note")]
+    if notes:
+        lines += [""] + notes
+    if goal:
+        met = [r["name"] for r in rows if r["dev_mean"] >= goal["dev_mean"] and r.get("seeds", 0) >= 3
+               and (r.get("dag_minutes") or 1e9) <= goal["dag_minutes"]]
+        lines += ["", f"Goal met by: {', '.join(met) if met else 'none of these rows'}."]
+    anchors = list(anchors)
+    if anchors:
+        lines += ["", "## Anchors: the stock Hugging Face route, measured on the same machine kind (2 CPU cores)", "",
+                  "| route | model | pre-training | dev acc. (%) |", "|---|---|---|---:|"]
+        for a in anchors:
+            lines.append(f"| {a.get('name')} | {_fmt(a.get('model'))} | {_fmt(a.get('pretrain'))} | "
+                         f"{_fmt(a.get('dev'))} |")
+    if baselines:
+        lines += ["", "## Published (GLUE test server; other corpora, sizes and compute: a reference, not like-for-like)",
+                  "", "| model | acc. (%) |", "|---|---:|"]
+        lines += [f"| {name} | {float(v):.1f} |" for name, v in baselines.items()]
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,76 @@
+"""`make learning-curve`: fine-tuned accuracy against minutes of pre-training.
+
+Fine-tunes (``finetune`` params, seeds from ``learning_curve.seeds``) every pre-training
+snapshot in ``data/pretrain/snapshots/`` (set ``pretrain.snapshot_minutes``), the final
+checkpoint, and the same model from random weights (0 minutes). Writes
+``plots/learning_curve.csv`` (a DVC plot: ``dvc plots show``), ``reports/learning_curve.png``
+and ``metrics/learning_curve.json``, and logs an MLflow run. Not a stage of ``dvc repro``: it
+costs one fine-tuning per point, more than the default 60-minute budget allows.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pipeline.finetune import FinetuneConfig, check_tokenizer, finetune, load_pretrained
+from pipeline.io import write_json
+from pipeline.learning_curve import curve_points, plot_curve, run_curve, write_curve_csv
+from pipeline.task_data import load_task_data
+from pipeline.tokenizer import load_tokenizer
+from stages.common import StageRun, load_params, run_stage
+
+PRETRAIN_DIR = Path("data/pretrain")
+TOKENIZER = Path("data/tokenizer/tokenizer.json")
+CSV = Path("plots/learning_curve.csv")
+PNG = Path("reports/learning_curve.png")
+METRICS = Path("metrics/learning_curve.json")
+
+
+def main(progress: bool = True) -> dict:
+    params = load_params("learning_curve") or {}
+    ft_params = dict(load_params("finetune"))
+    ft_params["seeds"] = params.get("seeds") or ft_params.get("seeds")
+    mirror = ft_params.get("mirror") or os.environ.get("BERTRACE_HUB_MIRROR") or None
+    max_len, truncation = int(ft_params.get("max_len") or 128), str(ft_params.get("truncation") or "head")
+    tokenizer_path = Path(ft_params.get("tokenizer") or TOKENIZER)
+    points = curve_points(PRETRAIN_DIR)
+
+    with StageRun("learning_curve", {**params, "finetune": ft_params}) as run:
+        data = load_task_data(ft_params.get("task"), load_tokenizer(tokenizer_path), max_len=max_len,
+                              truncation=truncation, mirror=mirror, roles=("train", "validation"), progress=progress)
+        final = points[-1][1]
+        final_ckpt = load_pretrained(final)
+
+        def fine_tune(path):
+            ckpt = final_ckpt if path is None else load_pretrained(path)
+            check_tokenizer(ckpt, path or final, tokenizer_path)
+            if path is not None:
+                run.add_input(path)
+            mode = "scratch" if path is None else ft_params.get("mode", "full")
+            cfg = FinetuneConfig.from_params({**ft_params, "mode": mode})
+            print(f"learning curve: fine-tuning {path or 'from random weights (0 minutes)'}")
+            summary, _ = finetune(ckpt, data, cfg, progress=progress, source=str(path or final))
+            return summary
+
+        def on_point(row):
+            print(f"learning curve: {row['pretrain_minutes']:g} min -> {100 * row['dev_accuracy']:.2f} "
+                  f"± {100 * row['dev_std']:.2f} %")
+            run.log_metrics({"dev_accuracy": row["dev_accuracy"]}, step=int(round(row["pretrain_minutes"] * 60)))
+
+        rows = run_curve(points, fine_tune, on_point)
+        write_curve_csv(CSV, rows)
+        ref = [(name, float(v)) for name, v in (params.get("reference") or {}).items()]
+        plot_curve(PNG, rows, reference=ref, title=f"{ft_params['task'].get('hub', {}).get('config') or 'task'} "
+                   f"validation accuracy vs pre-training minutes ({len(ft_params['seeds'])} seed(s) per point)")
+        metrics = {"points": rows}
+        write_json(METRICS, metrics)
+        for path in (CSV, PNG, METRICS):
+            run.add_output(path)
+            run.log_artifact(path, "learning_curve")
+        run.write_provenance()
+        return metrics
+
+
+if __name__ == "__main__":
+    run_stage(main)

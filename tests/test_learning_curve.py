@@ -1,0 +1,65 @@
+"""Learning curve: snapshots + final checkpoint + scratch, each fine-tuned, as CSV/PNG/metrics."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+import yaml
+
+from pipeline import checkpoint as ckpt_lib
+from pipeline.errors import BertraceError
+from pipeline.learning_curve import curve_points
+from tests.test_finetune import env  # noqa: F401  (module fixture: tokenizer, checkpoint, task)
+
+
+def _with_minutes(src, dst, minutes: float, scale: float):
+    """A copy of ``src`` as if taken at ``minutes``, weights scaled so each point differs."""
+    state = ckpt_lib.load_checkpoint(src)
+    state["model"] = {k: v * scale if v.is_floating_point() else v for k, v in state["model"].items()}
+    state["train_seconds"] = minutes * 60
+    ckpt_lib.save_checkpoint(dst, {k: v for k, v in state.items() if k not in ("format", "version")})
+
+
+def test_curve_points_order_and_errors(env, tmp_path):  # noqa: F811
+    with pytest.raises(BertraceError, match="no best.pt or last.pt"):
+        curve_points(tmp_path)
+    _with_minutes(env["ckpt_path"], tmp_path / "best.pt", 40.0, 1.0)
+    _with_minutes(env["ckpt_path"], tmp_path / "snapshots" / "minute-030.pt", 30.0, 1.0)
+    _with_minutes(env["ckpt_path"], tmp_path / "snapshots" / "minute-015.pt", 15.0, 1.0)
+    pts = curve_points(tmp_path)
+    assert [m for m, _ in pts] == [0.0, 15.0, 30.0, 40.0]
+    assert pts[0][1] is None and pts[-1][1].name == "best.pt"
+    _with_minutes(env["ckpt_path"], tmp_path / "snapshots" / "minute-040.pt", 40.0, 1.0)
+    assert [m for m, _ in curve_points(tmp_path)] == [0.0, 15.0, 30.0, 40.0]  # final = last snapshot: once
+
+
+def test_learning_curve_command_end_to_end(env, tmp_path, monkeypatch):  # noqa: F811
+    import stages.learning_curve as stage
+
+    root = tmp_path / "repo"
+    (root / "data" / "tokenizer").mkdir(parents=True)
+    (root / "data" / "tokenizer" / "tokenizer.json").write_bytes(env["tokenizer_path"].read_bytes())
+    _with_minutes(env["ckpt_path"], root / "data" / "pretrain" / "best.pt", 2.0, 1.0)
+    _with_minutes(env["ckpt_path"], root / "data" / "pretrain" / "snapshots" / "minute-001.pt", 1.0, 0.5)
+    params = {"learning_curve": {"seeds": [0], "reference": {"goal": 84.0}}, "finetune": {
+        "tokenizer": "data/tokenizer/tokenizer.json", "mirror": "", "task": env["task"], "mode": "full",
+        "max_len": 32, "epochs": 2, "batch_size": 16, "lr": 3e-3, "patience": 0, "seeds": [1, 2, 3]}}
+    (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    torch.set_num_threads(1)
+    stage.main(progress=False)
+
+    rows = list(csv.DictReader(open(root / "plots" / "learning_curve.csv")))
+    assert [float(r["pretrain_minutes"]) for r in rows] == [0.0, 1.0, 2.0]
+    assert [r["checkpoint"] for r in rows] == ["scratch", "data/pretrain/snapshots/minute-001.pt",
+                                                "data/pretrain/best.pt"]
+    assert all(r["seeds"] == "1" for r in rows)  # learning_curve.seeds, not finetune.seeds
+    accs = [float(r["dev_accuracy"]) for r in rows]
+    assert all(0.5 < a <= 1.0 for a in accs), accs  # a keyword task: every point learns it
+    assert (root / "reports" / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = json.loads((root / "metrics" / "learning_curve.json").read_text())
+    assert [p["dev_accuracy"] for p in saved["points"]] == pytest.approx(accs)

@@ -1,0 +1,73 @@
+"""Profiles: overrides checked against params.yaml, turned into `dvc exp run -S` args, and the
+GPU profile's pre-training smoke-tested on the CPU."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+import yaml
+
+from pipeline.errors import BertraceError
+from pipeline.profiles import apply_overrides, dvc_set_args, flatten_overrides, load_profile
+from pipeline.train import PretrainConfig, pretrain
+from tests.conftest import REPO
+from test_pretrain_data import make_examples
+
+PARAMS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+PROFILES = sorted(p.stem for p in (REPO / "profiles").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_profile_names_only_existing_params(name):
+    flat = flatten_overrides(load_profile(name, REPO / "profiles"), PARAMS, source=name)
+    assert flat
+    merged = apply_overrides(PARAMS, flat)
+    for dotted, value in flat.items():
+        node = merged
+        for key in dotted.split("."):
+            node = node[key]
+        assert node == value
+    assert PARAMS == yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))  # not mutated
+
+
+def test_the_measured_default_differs_from_params_only_in_the_source():
+    flat = flatten_overrides(load_profile("enwiki", REPO / "profiles"), PARAMS)
+    assert set(flat) == {"download.source", "download.local.path"}  # issue #7: only the source differs
+    assert {k.split(".")[0] for k in flatten_overrides(load_profile("imdb-indomain", REPO / "profiles"), PARAMS)} \
+        == {"download"}
+
+
+def test_typos_and_missing_profiles_are_clear_errors(tmp_path):
+    (tmp_path / "bad.yaml").write_text("pretrain:\n  batchsize: 3\n")
+    with pytest.raises(BertraceError, match=r"pretrain\.batchsize is not a key of params.yaml"):
+        flatten_overrides(load_profile("bad", tmp_path), PARAMS, source="bad.yaml")
+    with pytest.raises(BertraceError, match="no such profile; known profiles: \\['bad'\\]"):
+        load_profile("nope", tmp_path)
+    # open sections accept new keys (model overrides)
+    assert flatten_overrides({"pretrain": {"model": {"num_layers": 3}}}, PARAMS) == {"pretrain.model.num_layers": 3}
+
+
+def test_dvc_set_args_keep_yaml_types():
+    args = dvc_set_args({"pretrain.snapshot_minutes": [15, 30], "download.local.path": "../a b/c", "pretrain.lr": 2e-4,
+                         "evaluate.registered_model_name": None})
+    assert args == ["-S", "pretrain.snapshot_minutes=[15, 30]", "-S", "download.local.path=../a b/c",
+                    "-S", "pretrain.lr=0.0002", "-S", "evaluate.registered_model_name=null"]
+    assert yaml.safe_load(args[1].split("=", 1)[1]) == [15, 30]
+    assert shlex.split(" ".join(shlex.quote(a) for a in args)) == args
+
+
+def test_gpu_profile_pretrains_on_cpu(tmp_path):
+    """Smoke test: the GPU profile's model and recipe, two updates on the CPU (fp32)."""
+    merged = apply_overrides(PARAMS, flatten_overrides(load_profile("gpu", REPO / "profiles"), PARAMS))
+    section = dict(merged["pretrain"])
+    assert section["model"]["preset"] == "base" and section["precision"] == "auto"
+    section.update(time_minutes=None, max_steps=2, batch_size=4, grad_accum=1, eval_every=0, eval_batches=1,
+                   checkpoint_every=None, checkpoint_minutes=None, snapshot_minutes=[], device="cpu", num_threads=1,
+                   model={**section["model"], "max_position": 64})
+    section.pop("resume")  # read by the stage, not by PretrainConfig
+    cfg = PretrainConfig.from_params(section)
+    examples = make_examples(tmp_path / "ex", masking="dynamic", train_rows=32, valid_rows=8)
+    metrics = pretrain(cfg, examples_dir=examples, out_dir=tmp_path / "out", provenance={}, progress=False)
+    assert metrics["step"] == 2 and metrics["precision"] == "fp32" and metrics["mfu"] is None
+    assert metrics["num_parameters"] > 80_000_000  # really the 12-layer, 768-wide model

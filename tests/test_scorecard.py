@@ -1,0 +1,83 @@
+"""Scorecard rows from a run's records and metrics, recorded profiles, and the markdown."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.errors import BertraceError
+from pipeline.scorecard import read_profiles, render_scorecard, run_row
+
+
+def _records(pretrain_params_hash="p" * 64):
+    stages = ["download", "clean", "tokenizer", "examples", "validate", "pretrain", "finetune"]
+    recs = {}
+    for i, s in enumerate(stages):  # each stage takes 2 minutes, 1 minute apart
+        recs[s] = {"stage": s, "params_hash": pretrain_params_hash if s == "pretrain" else s * 3,
+                   "started": f"2026-12-01T03:{3 * i:02d}:00+00:00", "finished": f"2026-12-01T03:{3 * i + 2:02d}:00+00:00",
+                   "git": {"commit": "0123456789abcdef", "dirty": s == "finetune"}, "params": {}}
+    recs["download"]["params"] = {"source": "local", "local": {"path": "../shared/data/enwiki-extract"}}
+    recs["finetune"]["params"] = {"mode": "full"}
+    return recs
+
+
+FT = {"validation_accuracy": {"mean": 0.8412, "std": 0.0031}, "n_seeds": 3}
+EV = {"validation": {"accuracy": 0.85}, "test": {"accuracy": 0.8301}}
+PT = {"train_seconds": 2280.0, "device": "cpu", "tokens_seen": 1000}
+
+
+def test_run_row_numbers():
+    row = run_row("default", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT,
+                  model_config={"num_layers": 2, "hidden_size": 128}, extra_minutes=0.5)
+    assert row["dev_mean"] == 84.12 and row["dev_std"] == 0.31 and row["seeds"] == 3
+    assert row["test"] == 83.01 and row["pretrain_minutes"] == 38.0 and row["model"] == "2L/128"
+    assert row["dag_minutes"] == 14.5  # 7 stages x 2 minutes + 0.5 (gaps between stages not counted)
+    assert row["corpus"] == "local: ../shared/data/enwiki-extract" and row["git_dirty"] is True
+    other = run_row("x", records=_records("q" * 64), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
+    assert other["params_hash"] != row["params_hash"]  # one stage's params differ -> another recipe
+    scratch = _records()
+    scratch["finetune"]["params"]["mode"] = "scratch"
+    assert run_row("s", records=scratch, finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)["pretrain_minutes"] == 0
+
+
+def test_run_row_needs_the_records_and_metrics():
+    recs = _records()
+    del recs["download"]
+    with pytest.raises(BertraceError, match=r"no record for \['download'\]"):
+        run_row("x", records=recs, finetune_metrics=FT, eval_metrics=EV)
+    with pytest.raises(BertraceError, match="metrics/finetune.json"):
+        run_row("x", records=_records(), finetune_metrics={}, eval_metrics=EV)
+
+
+def test_profiles_and_markdown(tmp_path):
+    row = run_row("this run", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
+    (tmp_path / "in-domain.json").write_text(json.dumps({**row, "name": "in-domain", "dev_mean": 85.5, "seeds": 1}))
+    profiles = read_profiles(tmp_path)
+    assert [p["name"] for p in profiles] == ["in-domain"] and profiles[0]["imdb_test"] is None
+    md = render_scorecard([row, *profiles], anchors=[{"name": "HF", "model": "2L/128", "pretrain": "30 min", "dev": "82.45"}],
+                          baselines={"BERT-Tiny": 83.2}, goal={"dev_mean": 84.0, "dag_minutes": 60}, task="SST-2")
+    assert "| this run |" in md and "**84.12** ± 0.31 (3 seeds)" in md and "| HF | 2L/128 | 30 min | 82.45 |" in md
+    assert "Goal met by: this run." in md  # in-domain has 1 seed: not a goal row
+    assert "| BERT-Tiny | 83.2 |" in md and "0123456789 (dirty)" in md
+    slow = {**row, "dag_minutes": 75.0}
+    assert "Goal met by: none of these rows." in render_scorecard([slow], goal={"dev_mean": 84.0, "dag_minutes": 60})
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(BertraceError, match="broken.json: not valid JSON"):
+        read_profiles(tmp_path)
+    assert read_profiles(tmp_path / "absent") == []
+
+
+def test_record_keeps_the_last_row_as_a_profile(tmp_path, monkeypatch):
+    from stages.scorecard import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["record", "x"]) == 2  # nothing evaluated yet
+    row = run_row("this run", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "scorecard.json").write_text(json.dumps({"this_run": row, "profiles": []}))
+    assert main(["record", "in-domain", "--note", "IMDB unsup", "--set", "imdb_test=86.5"]) == 0
+    saved = read_profiles(tmp_path / "reports" / "profiles")
+    assert len(saved) == 1 and saved[0]["name"] == "in-domain" and saved[0]["imdb_test"] == 86.5
+    assert saved[0]["note"] == "IMDB unsup" and saved[0]["dev_mean"] == row["dev_mean"]
+    assert main(["record", "y", "--set", "bogus=1"]) == 2
