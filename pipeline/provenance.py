@@ -5,6 +5,11 @@ commit (and whether the tree was dirty), the stage's params and their hash, the 
 every input it read and every output it wrote, library versions, and — embedded — the
 records of the upstream stages whose outputs it consumed. A checkpoint therefore carries
 the whole chain back to the raw corpus.
+
+A record also names the ``dvc.lock`` entries (md5 of every output) of the upstream stages as
+they were when the stage ran (``dvc_lock``): the keys to the DVC cache, so ``dvc checkout``
+can give back the exact inputs. :func:`chain_ids` picks the hashes that identify a run's
+place in the pipeline (tokenizer, examples, checkpoints …); stages tag MLflow runs with them.
 """
 
 from __future__ import annotations
@@ -17,14 +22,17 @@ import sys
 import uuid
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+import yaml
 
 from pipeline.io import canonical_json, sha256_bytes, sha256_file, sha256_json
 
 RECORD_VERSION = 1
 
 # Paths that change *because* the pipeline runs; they do not make the code tree dirty.
-_RUN_PRODUCTS = ("dvc.lock", "metrics/", "plots/", "reports/", "mlflow.db", "mlruns/")
+_RUN_PRODUCTS = ("dvc.lock", "metrics/", "plots/", "reports/", "mlflow.db", "mlruns/", "mlartifacts/",
+                 ".dvc/.gitignore", ".dvc/tmp/", ".dvc/cache/")
 
 LIBRARIES = (
     "torch", "tokenizers", "datasets", "pyarrow", "pandas", "numpy",
@@ -135,6 +143,7 @@ def build_record(
     inputs: dict[str, str],
     outputs: dict[str, str],
     upstream: dict[str, Any] | None = None,
+    dvc_lock: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
     run_id: str | None = None,
     mlflow_run_id: str | None = None,
@@ -150,6 +159,7 @@ def build_record(
         "inputs": dict(sorted(inputs.items())),
         "outputs": dict(sorted(outputs.items())),
         "upstream": upstream or {},
+        "dvc_lock": dvc_lock,
         "libraries": library_versions(),
         "platform": {"python": sys.version.split()[0], "machine": platform.machine(), "system": platform.system()},
         "pipeline_run_id": run_id,
@@ -164,3 +174,125 @@ def build_record(
 
 def record_digest(record: dict[str, Any]) -> str:
     return sha256_bytes(canonical_json(record).encode())
+
+
+# --------------------------------------------------------------------------------------------
+# Walking a record: the chain of stages and its ids
+
+
+def iter_records(record: dict[str, Any], name: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(stage, record)`` for a record and every record embedded in it, depth first.
+
+    Embedded records live under ``"upstream"`` (``{stage: record}`` or a list of records) and
+    ``"pretrain"`` (a fine-tuned checkpoint's pre-training provenance).
+    """
+    if not isinstance(record, dict):
+        return
+    yield (record.get("stage") or name or "?"), record
+    if isinstance(record.get("pretrain"), dict):
+        yield from iter_records(record["pretrain"], "pretrain")
+    upstream = record.get("upstream")
+    if isinstance(upstream, dict):
+        for stage, sub in upstream.items():
+            yield from iter_records(sub, stage)
+    elif isinstance(upstream, list):
+        for sub in upstream:
+            yield from iter_records(sub, None)
+
+
+# chain id -> where to find it, in order of preference: (stage, "inputs"|"outputs", file name).
+# A downstream stage's input comes first: it names the bytes that were actually consumed.
+CHAIN_IDS: dict[str, list[tuple[str, str, str]]] = {
+    "raw_sha256": [("clean", "inputs", "raw"), ("download", "outputs", "raw")],
+    "clean_train_sha256": [("tokenizer", "inputs", "train.txt"), ("examples", "inputs", "train.txt"),
+                           ("validate", "inputs", "train.txt"), ("clean", "outputs", "train.txt")],
+    "tokenizer_sha256": [("examples", "inputs", "tokenizer.json"), ("finetune", "inputs", "tokenizer.json"),
+                         ("tokenizer", "outputs", "tokenizer.json")],
+    "examples_sha256": [("pretrain", "inputs", "manifest.json"), ("validate", "inputs", "manifest.json"),
+                        ("examples", "outputs", "manifest.json")],
+    "pretrain_checkpoint_sha256": [("finetune", "inputs", ".pt"), ("pretrain", "outputs", "best.pt"),
+                                   ("pretrain", "outputs", "last.pt")],
+    "finetune_checkpoint_sha256": [("evaluate", "inputs", "model.pt"), ("finetune", "outputs", "model.pt")],
+}
+CHAIN_TAG_PREFIX = "bertrace.chain."
+
+
+def chain_ids(record: dict[str, Any]) -> dict[str, str]:
+    """The hashes that place a record in the pipeline: ``{"tokenizer_sha256": ..., ...}``.
+
+    Read from the record and its embedded upstream records, so every run downstream of a
+    tokenizer carries that tokenizer's hash (an MLflow filter on it finds them all).
+    """
+    records = list(iter_records(record))
+    ids: dict[str, str] = {}
+    for key, sources in CHAIN_IDS.items():
+        for stage, role, name in sources:
+            found = [digest for s, rec in records if s == stage
+                     for path, digest in sorted((rec.get(role) or {}).items())
+                     if isinstance(digest, str) and (Path(path).name == name or (name.startswith(".")
+                                                                                 and path.endswith(name)))]
+            if found:
+                ids[key] = found[0]
+                break
+    return ids
+
+
+# --------------------------------------------------------------------------------------------
+# DVC: the upstream stages' dvc.lock entries
+
+
+def _dvc_paths(entries: list[Any] | None) -> list[str]:
+    paths = []
+    for e in entries or []:
+        path = e if isinstance(e, str) else next(iter(e), None) if isinstance(e, dict) else None
+        if isinstance(path, str) and "${" not in path:
+            paths.append(path.rstrip("/"))
+    return paths
+
+
+def _uncached(entries: list[Any] | None) -> set[str]:
+    """Paths of dvc.yaml outs marked ``cache: false`` (kept in git, not in the DVC cache)."""
+    return {path.rstrip("/") for e in entries or [] if isinstance(e, dict)
+            for path, opts in e.items() if isinstance(opts, dict) and opts.get("cache") is False}
+
+
+def _overlaps(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
+def dvc_lock_upstream(stage: str, root: str | os.PathLike = ".") -> dict[str, Any] | None:
+    """The ``dvc.lock`` entries of the stages whose outputs ``stage`` depends on, as they are now.
+
+    ``{upstream stage: {"outs": {path: md5}, "deps": {path: md5}}}``, outs in the DVC cache only
+    (not ``cache: false`` metrics and plots, which git keeps), ``None`` for a stage that
+    dvc.yaml declares but dvc.lock does not list yet). ``dvc repro`` writes a stage's entry
+    right after it ran, so when a stage starts its upstream entries name the exact bytes it
+    reads. ``None`` outside a DVC project or for a stage dvc.yaml does not know.
+    """
+    root = Path(root)
+    try:
+        stages = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}).get("stages") or {}
+        locked = {}
+        if (root / "dvc.lock").is_file():
+            locked = (yaml.safe_load((root / "dvc.lock").read_text(encoding="utf-8")) or {}).get("stages") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    if not isinstance(stages.get(stage), dict):
+        return None
+    deps = _dvc_paths(stages[stage].get("deps"))
+    found: dict[str, Any] = {}
+    for name, spec in stages.items():
+        if name == stage or not isinstance(spec, dict):
+            continue
+        declared = (spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or [])
+        if not any(_overlaps(o, d) for o in _dvc_paths(declared) for d in deps):
+            continue
+        entry = locked.get(name)
+        if not isinstance(entry, dict):
+            found[name] = None
+            continue
+        uncached = _uncached(declared)
+        found[name] = {role: {e["path"]: e.get("md5") for e in entry.get(role) or []
+                              if isinstance(e, dict) and not (role == "outs" and e.get("path") in uncached)}
+                       for role in ("outs", "deps")}
+    return found

@@ -1,61 +1,238 @@
 """Lineage of a model: the chain of stages, code versions and data hashes behind a checkpoint.
 
-``lineage(target)`` reads the provenance embedded in a checkpoint (fine-tuned ``model.pt`` or a
-pre-training ``best.pt`` / ``last.pt``) or a provenance record (``data/provenance/<stage>.json``)
-and flattens the nested records into a chain, newest first::
+``lineage(target)`` reads the provenance behind ``target`` and flattens the nested records into
+a chain, newest first::
 
-    finetune → pretrain → examples → tokenizer → clean → download
+    evaluate → finetune → pretrain → examples → tokenizer → clean → download
 
-(whichever are present). ``verify(lineage, root)`` recomputes the sha256 of every recorded input
-and output that exists under ``root`` (directories with :func:`pipeline.provenance.hash_path`)
-and says, per path, ``ok`` (same bytes), ``changed`` (different bytes) or ``missing`` (not
-present under ``root``; e.g. a DVC output not checked out, or data on another machine).
+(whichever are present). ``target`` may be
+
+* a checkpoint (fine-tuned ``model.pt``, pre-training ``best.pt`` / ``last.pt``): the chain is
+  embedded in it, so this works on a machine that has nothing but the checkpoint;
+* a provenance record (``data/provenance/<stage>.json``);
+* an exported directory: a Hugging Face export (``bertrace_export.json``) or a downloaded
+  MLflow model (``MLmodel`` + ``artifacts/model.pt``);
+* an MLflow run id, ``runs:/<run id>/model``, ``models:/<name>/<version>``, ``models:/<name>@<alias>``
+  or ``models:/<model id>``: the record is the run's ``provenance/<stage>.json`` artifact.
+
+``verify(lineage, root)`` checks every link and says ``ok``, ``changed`` or ``missing`` (not
+present) for each:
+
+* ``input`` / ``output``: the sha256 of each recorded file under ``root`` (directories with
+  :func:`pipeline.provenance.hash_path`);
+* ``link``: a stage's recorded input equals the upstream stage's recorded output;
+* ``params``: the stage's section of ``root/params.yaml`` still hashes to the recorded params;
+* ``dvc``: the upstream outputs named by the recorded ``dvc.lock`` md5s are in the DVC cache
+  (so ``dvc checkout`` can restore them);
+* ``target``: the checkpoint inside an export / MLflow model is the one its metadata names.
+
 ``format_tree`` renders both as text.
 """
 
 from __future__ import annotations
 
+import configparser
+import contextlib
 import json
 import os
+import re
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+import yaml
 
 from pipeline.errors import BertraceError
-from pipeline.evaluate import STAGE_ORDER, _records
-from pipeline.provenance import hash_path
+from pipeline.io import sha256_file
+from pipeline.provenance import hash_path, iter_records, params_hash
 
 OK, CHANGED, MISSING = "ok", "changed", "missing"
+STAGE_ORDER = ("evaluate", "finetune", "pretrain", "validate", "examples", "tokenizer", "clean", "download")
+EXPORT_INFO = "bertrace_export.json"  # pipeline.export.EXPORT_INFO (not imported: export imports transformers)
+_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+_FORMS = ("give a checkpoint (data/finetune/model.pt, data/pretrain/best.pt), a provenance record "
+          "(data/provenance/<stage>.json), an exported directory, or an MLflow run id / runs:/<id>/model / "
+          "models:/<name>/<version>")
 
 
 # --------------------------------------------------------------------------------------------
 # Reading the target
 
 
-def _load_target(target: Path) -> tuple[str, dict[str, Any]]:
-    """``(kind, provenance record)`` of a checkpoint or provenance JSON file."""
-    if not target.exists():
-        raise BertraceError(f"{target}: not found; give a checkpoint (data/finetune/model.pt, "
-                            "data/pretrain/best.pt) or a provenance record (data/provenance/<stage>.json)")
-    if target.is_dir():
-        raise BertraceError(f"{target}: is a directory; give a checkpoint (.pt) or a provenance record (.json)")
-    if target.suffix == ".json":
-        try:
-            record = json.loads(target.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BertraceError(f"{target}: not valid JSON ({e}); rerun the stage that writes it "
-                                "or restore it with `dvc checkout`") from None
-        if not isinstance(record, dict) or not isinstance(record.get("stage"), str):
-            raise BertraceError(f"{target}: not a bertrace provenance record (no 'stage' field)")
-        return "provenance record", record
+def _read_record(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BertraceError(f"{path}: not valid JSON ({e}); rerun the stage that writes it "
+                            "or restore it with `dvc checkout`") from None
+    if not isinstance(record, dict):
+        raise BertraceError(f"{path}: not a bertrace provenance record (no 'stage' field)")
+    return record
+
+
+def _checkpoint(path: Path) -> tuple[str, dict[str, Any]]:
     from pipeline.inference import read_checkpoint  # imports torch: only for checkpoints
 
-    ckpt = read_checkpoint(target)
+    ckpt = read_checkpoint(path)
     record = ckpt.get("provenance")
     if not isinstance(record, dict) or not record:
-        raise BertraceError(f"{target}: checkpoint has no provenance record; it was not written by a "
+        raise BertraceError(f"{path}: checkpoint has no provenance record; it was not written by a "
                             "bertrace stage (rerun `dvc repro` to get a traceable one)")
-    kind = "fine-tuned checkpoint" if "num_labels" in ckpt else "pre-training checkpoint"
-    return kind, record
+    return ("fine-tuned checkpoint" if "num_labels" in ckpt else "pre-training checkpoint"), record
+
+
+def _mlmodel_checkpoint(mlmodel: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(relative path of the checkpoint inside an MLflow model, its recorded sha256)."""
+    artifacts = ((mlmodel.get("flavors") or {}).get("python_function") or {}).get("artifacts") or {}
+    path = (artifacts.get("checkpoint") or {}).get("path")
+    return path, (mlmodel.get("metadata") or {}).get("bertrace_checkpoint_sha256")
+
+
+def _load_path(target: Path) -> dict[str, Any]:
+    """``{kind, record, target_sha256, checks}`` of a file or exported directory."""
+    if target.is_dir():
+        if (target / EXPORT_INFO).is_file():
+            return _load_export(target / EXPORT_INFO, target)
+        if (target / "MLmodel").is_file():
+            mlmodel = yaml.safe_load((target / "MLmodel").read_text(encoding="utf-8")) or {}
+            rel, recorded = _mlmodel_checkpoint(mlmodel)
+            if not rel or not (target / rel).is_file():
+                raise BertraceError(f"{target}: MLflow model without a bertrace checkpoint (artifacts/model.pt); "
+                                    "give a model logged by the evaluate stage")
+            kind, record = _checkpoint(target / rel)
+            checks = [{"what": "checkpoint in the MLflow model", "path": (target / rel).resolve().as_posix(),
+                       "recorded": recorded}] if recorded else []
+            return {"kind": f"MLflow model directory (run {mlmodel.get('run_id')})", "record": record,
+                    "target_sha256": sha256_file(target / rel), "checks": checks}
+        raise BertraceError(f"{target}: a directory without {EXPORT_INFO} or MLmodel; {_FORMS}")
+    if target.suffix == ".json":
+        record = _read_record(target)
+        if target.name == EXPORT_INFO:
+            return _load_export(target, target.parent)
+        if not isinstance(record.get("stage"), str):
+            raise BertraceError(f"{target}: not a bertrace provenance record (no 'stage' field)")
+        return {"kind": "provenance record", "record": record, "target_sha256": sha256_file(target), "checks": []}
+    kind, record = _checkpoint(target)
+    return {"kind": kind, "record": record, "target_sha256": sha256_file(target), "checks": []}
+
+
+def _load_export(info_path: Path, directory: Path) -> dict[str, Any]:
+    info = _read_record(info_path)
+    record = info.get("provenance")
+    if not isinstance(record, dict) or not record:
+        raise BertraceError(f"{info_path}: the export carries no provenance; export again from a checkpoint "
+                            "written by the pipeline (`bertrace export --hf DIR --checkpoint data/finetune/model.pt`)")
+    checks = []
+    if info.get("source_checkpoint") and info.get("source_sha256"):
+        checks.append({"what": "exported from", "path": str(info["source_checkpoint"]), "recorded": info["source_sha256"]})
+    return {"kind": f"Hugging Face export of {info.get('source_checkpoint')}", "record": record,
+            "target_sha256": info.get("source_sha256"), "checks": checks}
+
+
+@contextlib.contextmanager
+def _quiet_mlflow() -> Iterator[None]:
+    """No artifact download progress bars while we fetch small files."""
+    key, old = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
+def _load_mlflow(target: str, root: Path) -> dict[str, Any]:
+    """The provenance record of an MLflow run (by id, ``runs:/`` or ``models:/`` URI)."""
+    import mlflow.artifacts
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from pipeline.tracking import tracking_uri
+
+    uri = tracking_uri(root)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        raise BertraceError(f"{uri[len('sqlite:///'):]}: no MLflow store there; run from the repository root, "
+                            "pass --root, or set MLFLOW_TRACKING_URI to the store the run was logged to")
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    model_base = None  # artifact URI of an MLflow model, for its checkpoint sha256
+    try:
+        if target.startswith("runs:/"):
+            run_id, _, sub = target[len("runs:/"):].partition("/")
+            if sub.strip("/"):
+                model_base = _run_model_location(client, run_id, sub.strip("/"))
+        elif target.startswith("models:/"):
+            ref = target[len("models:/"):].strip("/")
+            if "@" in ref or "/" in ref:
+                name, sep, which = ref.partition("@") if "@" in ref else ref.rpartition("/")
+                mv = client.get_model_version_by_alias(name, which) if sep == "@" else client.get_model_version(name, which)
+                run_id = mv.run_id
+                source = str(mv.source or "")
+                model_id = getattr(mv, "model_id", None) or (source[len("models:/"):] if source.startswith("models:/")
+                                                             else None)  # MLflow 3: a LoggedModel
+                model_base = client.get_logged_model(model_id).artifact_location if model_id else source
+            else:
+                logged = client.get_logged_model(ref)
+                run_id, model_base = logged.source_run_id, logged.artifact_location
+        else:
+            run_id = target
+        run = client.get_run(run_id)
+        tags = run.data.tags
+        if "bertrace.stage" not in tags:
+            raise BertraceError(f"MLflow run {run_id}: not a bertrace stage run (no bertrace.stage tag)")
+        if "bertrace.provenance_artifact" not in tags and tags.get("mlflow.parentRunId"):
+            run = client.get_run(tags["mlflow.parentRunId"])  # a per-seed child: its stage run has the record
+            tags = run.data.tags
+        artifact = tags.get("bertrace.provenance_artifact") or f"{tags['bertrace.stage']}.json"
+        with tempfile.TemporaryDirectory(prefix="bertrace-trace-") as tmp, _quiet_mlflow():
+            try:
+                local = Path(client.download_artifacts(run.info.run_id, artifact, tmp))
+            except (MlflowException, OSError):
+                raise BertraceError(f"MLflow run {run.info.run_id} ({tags['bertrace.stage']}): no provenance "
+                                    f"artifact {artifact}; the stage failed before writing it, rerun it") from None
+            record = _read_record(local)
+            checks, target_sha = [], None
+            if model_base:
+                mlmodel_path = Path(mlflow.artifacts.download_artifacts(
+                    artifact_uri=f"{model_base}/MLmodel", dst_path=tmp, tracking_uri=uri))
+                mlmodel = yaml.safe_load(mlmodel_path.read_text(encoding="utf-8")) or {}
+                rel, target_sha = _mlmodel_checkpoint(mlmodel)
+                if rel and target_sha:
+                    checks.append({"what": "checkpoint in the MLflow model", "path": f"{model_base}/{rel}",
+                                   "recorded": target_sha, "mlflow_uri": uri})
+    except MlflowException as e:
+        raise BertraceError(f"{target}: not found in the MLflow store {uri} ({e.message.splitlines()[0]}); "
+                            "check the id or set MLFLOW_TRACKING_URI") from None
+    kind = f"MLflow run {run.info.run_id} ({tags['bertrace.stage']})"
+    if model_base:
+        kind = f"MLflow model of run {run.info.run_id} ({tags['bertrace.stage']})"
+    return {"kind": kind, "record": record, "target_sha256": target_sha, "checks": checks}
+
+
+def _run_model_location(client, run_id: str, name: str) -> str:
+    """Artifact location of the model ``name`` logged by run ``run_id`` (``runs:/<id>/<name>``)."""
+    run = client.get_run(run_id)
+    with contextlib.suppress(AttributeError):  # MLflow 3: models are LoggedModels of the run
+        found = client.search_logged_models([run.info.experiment_id],
+                                            filter_string=f"source_run_id = '{run_id}' AND name = '{name}'")
+        if len(found):
+            return found[0].artifact_location
+    return f"{run.info.artifact_uri}/{name}"  # MLflow 2: a folder of the run's artifacts
+
+
+def _source(rec: dict[str, Any]) -> str | None:
+    """Where the download stage's corpus came from: hub id + revision, or local path."""
+    src = rec.get("source") if isinstance(rec.get("source"), dict) else None
+    params = rec.get("params") if isinstance(rec.get("params"), dict) else {}
+    if src and src.get("type") == "hub" or not src and params.get("source", "hub") == "hub" and params.get("hub"):
+        hub = src or params.get("hub") or {}
+        rev = (src or {}).get("resolved_revision") or hub.get("revision") or "main"
+        text = f"hub {hub.get('dataset')} {hub.get('config') or ''} @ {rev}".replace("  ", " ")
+        return text + (f" (through the mirror {rec['mirror']})" if rec.get("mirror") else "")
+    if params.get("source") == "local":
+        return f"local {(params.get('local') or {}).get('path')}"
+    return None
 
 
 def _node(name: str, rec: dict[str, Any]) -> dict[str, Any]:
@@ -66,57 +243,150 @@ def _node(name: str, rec: dict[str, Any]) -> dict[str, Any]:
         "git_dirty": git.get("dirty"),
         "dirty_paths": list(git.get("dirty_paths") or []),
         "params_hash": rec.get("params_hash"),
+        "params": rec.get("params") if isinstance(rec.get("params"), dict) else None,
         "started": rec.get("started"),
         "finished": rec.get("finished"),
         "pipeline_run_id": rec.get("pipeline_run_id"),
         "mlflow_run_id": rec.get("mlflow_run_id"),
+        "source": _source(rec) if name == "download" else None,
         "inputs": {str(k): v for k, v in (rec.get("inputs") or {}).items() if isinstance(v, str)},
         "outputs": {str(k): v for k, v in (rec.get("outputs") or {}).items() if isinstance(v, str)},
+        "dvc_outs": {},  # path -> md5 in dvc.lock, as a downstream stage saw it
     }
 
 
-def lineage(target: str | os.PathLike) -> dict[str, Any]:
-    """The stages behind ``target`` (a checkpoint or a provenance JSON), newest first.
+def lineage(target: str | os.PathLike, root: str | os.PathLike = ".") -> dict[str, Any]:
+    """The stages behind ``target``, newest first.
 
-    Returns ``{target, kind, target_sha256, chain: [node, ...], conflicts: [...]}``; each node is
-    ``{stage, git_commit, git_dirty, dirty_paths, params_hash, started, finished, pipeline_run_id,
-    mlflow_run_id, inputs {path: sha256}, outputs {path: sha256}}``. A stage embedded more than
-    once (clean via tokenizer and via examples) is listed once, from its most downstream
-    occurrence; if the copies disagree (different params or hashes) it is named in ``conflicts``.
-    Plain JSON: ``json.loads(json.dumps(x)) == x``.
+    Returns ``{target, kind, target_sha256, chain: [node, ...], conflicts: [...], checks: [...]}``;
+    each node is ``{stage, git_commit, git_dirty, dirty_paths, params_hash, params, started,
+    finished, pipeline_run_id, mlflow_run_id, source, inputs {path: sha256}, outputs {path: sha256},
+    dvc_outs {path: md5}}``. A stage embedded more than once (clean via tokenizer and via examples)
+    is listed once, from its most downstream occurrence; if the copies disagree (different
+    params or hashes) it is named in ``conflicts``. ``root`` locates the MLflow store for run
+    ids and URIs (``MLFLOW_TRACKING_URI`` wins). Plain JSON: ``json.loads(json.dumps(x)) == x``.
     """
-    target = Path(target)
-    kind, record = _load_target(target)
+    text = os.fspath(target)
+    path = Path(text)
+    if path.exists():
+        loaded = _load_path(path)
+    elif text.startswith(("runs:/", "models:/")) or _RUN_ID.match(text):
+        loaded = _load_mlflow(text, Path(root))
+    else:
+        raise BertraceError(f"{target}: not found; {_FORMS}")
+    record = loaded["record"]
     nodes: dict[str, dict[str, Any]] = {}
     conflicts: list[str] = []
-    for name, rec in _records(record, record.get("stage")):
+    dvc_outs: dict[str, dict[str, str]] = {}
+    for name, rec in iter_records(record, record.get("stage")):
         node = _node(name, rec)
         if name not in nodes:
             nodes[name] = node
         elif (nodes[name]["params_hash"], nodes[name]["inputs"], nodes[name]["outputs"]) != (
                 node["params_hash"], node["inputs"], node["outputs"]) and name not in conflicts:
             conflicts.append(name)
+        for up, entry in (rec.get("dvc_lock") or {}).items():
+            if isinstance(entry, dict) and up not in dvc_outs:  # provenance records: embedded already
+                dvc_outs[up] = {p: m for p, m in (entry.get("outs") or {}).items()
+                                if isinstance(m, str) and not p.startswith("data/provenance/")}
+    for up, outs in dvc_outs.items():
+        if up in nodes:
+            nodes[up]["dvc_outs"] = outs
     order = {s: i for i, s in enumerate(STAGE_ORDER)}
     chain = sorted(nodes.values(), key=lambda n: order.get(n["stage"], len(order)))
-    return {"target": target.as_posix(), "kind": kind, "target_sha256": hash_path(target),
-            "chain": chain, "conflicts": conflicts}
+    return {"target": path.as_posix() if path.exists() else text, "kind": loaded["kind"],
+            "target_sha256": loaded["target_sha256"], "chain": chain, "conflicts": conflicts,
+            "checks": loaded["checks"]}
 
 
 # --------------------------------------------------------------------------------------------
 # Verification
 
 
-def verify(lin: dict[str, Any], root: str | os.PathLike = Path(".")) -> list[dict[str, Any]]:
-    """Recompute the hash of every recorded input and output path under ``root``.
+def dvc_cache_dir(root: str | os.PathLike) -> Path:
+    """The DVC cache of the project at ``root``: ``cache.dir`` of .dvc/config(.local), else .dvc/cache."""
+    dvc = Path(root) / ".dvc"
+    cache = dvc / "cache"
+    for name in ("config", "config.local"):
+        parser = configparser.ConfigParser()
+        with contextlib.suppress(configparser.Error, OSError):
+            parser.read(dvc / name)
+            if parser.has_option("cache", "dir"):
+                cache = (dvc / parser.get("cache", "dir")).resolve()
+    return cache
 
-    One entry per (stage, path, role): ``{stage, role (input|output), path, recorded, actual,
-    status}`` with ``status`` ``ok`` / ``changed`` / ``missing`` (``actual`` is ``None`` when
-    missing). Each path is hashed once.
+
+def _in_dvc_cache(cache: Path, md5: str) -> bool:
+    """Whether the object ``md5`` (a file, or a ``.dir`` listing and every file in it) is cached."""
+    def obj(h: str) -> Path | None:
+        for base in (cache / "files" / "md5", cache):  # DVC 3, then DVC 2 layout
+            p = base / h[:2] / h[2:]
+            if p.is_file():
+                return p
+        return None
+
+    p = obj(md5)
+    if p is None:
+        return False
+    if md5.endswith(".dir"):
+        try:
+            entries = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return False
+        return all(isinstance(e, dict) and obj(str(e.get("md5"))) is not None for e in entries)
+    return True
+
+
+def _stage_params(root: Path) -> dict[str, Any] | None:
+    with contextlib.suppress(OSError, yaml.YAMLError):
+        params = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
+        return params if isinstance(params, dict) else None
+    return None
+
+
+def _hash_artifact(check: dict[str, Any], root: Path) -> str | None:
+    """sha256 of a file named by a check: a local path (relative to ``root``) or an MLflow artifact URI."""
+    path = check["path"]
+    if "mlflow_uri" not in check:
+        p = Path(path) if Path(path).is_absolute() else root / path
+        return sha256_file(p) if p.is_file() else None
+    import mlflow.artifacts
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory(prefix="bertrace-trace-") as tmp, _quiet_mlflow():
+        try:
+            local = mlflow.artifacts.download_artifacts(artifact_uri=path, dst_path=tmp, tracking_uri=check["mlflow_uri"])
+        except (MlflowException, OSError):
+            return None
+        return sha256_file(local)
+
+
+def verify(lin: dict[str, Any], root: str | os.PathLike = Path(".")) -> list[dict[str, Any]]:
+    """Check every link of a lineage against what is present under ``root``.
+
+    One entry per check: ``{stage, role, path, recorded, actual, status}``; ``role`` is
+    ``input`` / ``output`` (file sha256), ``link`` (input vs the upstream stage's recorded
+    output; ``upstream`` names it), ``params`` (params.yaml section hash; ``detail`` lists
+    changed keys), ``dvc`` (dvc.lock md5 in the DVC cache) or ``target``. ``status`` is ``ok``,
+    ``changed`` or ``missing`` (``actual`` is ``None``: not present). Each file is hashed once.
     """
     root = Path(root)
     cache: dict[str, str | None] = {}
-    results = []
-    for node in lin.get("chain", []):
+    results: list[dict[str, Any]] = []
+
+    def add(stage, role, path, recorded, actual, **more):
+        status = MISSING if actual is None else OK if actual == recorded else CHANGED
+        results.append({"stage": stage, "role": role, "path": path, "recorded": recorded, "actual": actual,
+                        "status": status, **more})
+
+    for check in lin.get("checks") or []:
+        add(lin["chain"][0]["stage"] if lin.get("chain") else "-", "target", check["path"], check["recorded"],
+            _hash_artifact(check, root), what=check.get("what"))
+
+    chain = lin.get("chain", [])
+    params_file = _stage_params(root)
+    dvc_cache = dvc_cache_dir(root)
+    for i, node in enumerate(chain):
         for role, paths in (("input", node.get("inputs") or {}), ("output", node.get("outputs") or {})):
             for path, recorded in paths.items():
                 if path not in cache:
@@ -125,10 +395,21 @@ def verify(lin: dict[str, Any], root: str | os.PathLike = Path(".")) -> list[dic
                         cache[path] = hash_path(p) if p.exists() else None
                     except (FileNotFoundError, PermissionError):
                         cache[path] = None
-                actual = cache[path]
-                status = MISSING if actual is None else OK if actual == recorded else CHANGED
-                results.append({"stage": node["stage"], "role": role, "path": path,
-                                "recorded": recorded, "actual": actual, "status": status})
+                add(node["stage"], role, path, recorded, cache[path])
+        for path, recorded in (node.get("inputs") or {}).items():  # cross-links to upstream outputs
+            for up in chain[i + 1:]:
+                if path in (up.get("outputs") or {}):
+                    add(node["stage"], "link", path, recorded, up["outputs"][path], upstream=up["stage"])
+                    break
+        section = (params_file or {}).get(node["stage"])
+        recorded_params = node.get("params")
+        if isinstance(section, dict) and isinstance(recorded_params, dict) and set(section) == set(recorded_params):
+            detail = [f"{k}: {recorded_params[k]!r} -> {section[k]!r}" for k in sorted(section)
+                      if params_hash(section[k]) != params_hash(recorded_params[k])]
+            add(node["stage"], "params", f"params.yaml:{node['stage']}", node.get("params_hash"),
+                params_hash(section), detail=detail)
+        for path, md5 in (node.get("dvc_outs") or {}).items():
+            add(node["stage"], "dvc", path, md5, md5 if _in_dvc_cache(dvc_cache, md5) else None)
     return results
 
 
@@ -147,32 +428,78 @@ def _short(h: str | None, n: int = 12) -> str:
     return h[:n] if h else "-"
 
 
+_WORDS = {OK: "ok", CHANGED: "CHANGED", MISSING: "not present"}
+_DVC_WORDS = {OK: "in DVC cache", MISSING: "not in DVC cache"}
+
+
+def _mark(v: dict[str, Any] | None) -> str:
+    if v is None:
+        return ""
+    if v["role"] == "dvc":
+        return "  " + _DVC_WORDS[v["status"]]
+    if v["status"] == CHANGED:
+        return f"  CHANGED (now {_short(v['actual'])})"
+    return "  " + _WORDS[v["status"]]
+
+
 def format_tree(lin: dict[str, Any], verification: list[dict[str, Any]] | None = None) -> str:
     """A readable tree, newest stage first, with short hashes and (when verified) status marks."""
-    status = {(v["stage"], v["role"], v["path"]): v for v in (verification or [])}
+    by_key = {(v["stage"], v["role"], v["path"]): v for v in (verification or [])}
     lines = [f"{lin['target']}  ({lin['kind']}, sha256 {_short(lin.get('target_sha256'))})"]
+    for check in lin.get("checks") or []:
+        v = by_key.get((lin["chain"][0]["stage"] if lin.get("chain") else "-", "target", check["path"]))
+        lines.append(f"   {check.get('what')}: {check['path']}  {_short(check['recorded'])}{_mark(v)}")
     chain = lin.get("chain", [])
     for depth, node in enumerate(chain):
         pad = "   " * depth
         commit = _short(node.get("git_commit")) if node.get("git_commit") else "no git"
         dirty = " (dirty)" if node.get("git_dirty") else ""
-        lines.append(f"{pad}└─ {node['stage']}  commit {commit}{dirty}  params {_short(node.get('params_hash'))}"
-                     f"  finished {node.get('finished') or '-'}")
+        params = f"params {_short(node.get('params_hash'))}"
+        pv = by_key.get((node["stage"], "params", f"params.yaml:{node['stage']}"))
+        if pv is not None and pv["status"] == CHANGED:
+            params += f" (params.yaml now {_short(pv['actual'])})"
+        lines.append(f"{pad}└─ {node['stage']}  commit {commit}{dirty}  {params}  finished {node.get('finished') or '-'}")
         body = pad + ("     " if depth == len(chain) - 1 else "   │ ")
+        if node.get("git_dirty") and node.get("dirty_paths"):
+            lines.append(f"{body} uncommitted: {', '.join(node['dirty_paths'])}")
+        if node.get("source"):
+            lines.append(f"{body} source {node['source']}")
         rows = [("in ", "input", p, h) for p, h in sorted(node.get("inputs", {}).items())]
         rows += [("out", "output", p, h) for p, h in sorted(node.get("outputs", {}).items())]
+        rows += [("dvc", "dvc", p, h) for p, h in sorted((node.get("dvc_outs") or {}).items())]
         width = max((len(p) for _, _, p, _ in rows), default=0)
         for label, role, path, digest in rows:
-            line = f"{body} {label} {path:<{width}}  {_short(digest)}"
-            v = status.get((node["stage"], role, path))
-            if v is not None:
-                line += f"  {v['status']}"
-                if v["status"] == CHANGED:
-                    line += f" (now {_short(v['actual'])})"
-            lines.append(line.rstrip())
+            digest = _short(digest) if role != "dvc" else "md5 " + _short(digest)
+            lines.append(f"{body} {label} {path:<{width}}  {digest}{_mark(by_key.get((node['stage'], role, path)))}".rstrip())
     if lin.get("conflicts"):
         lines.append("conflicting copies of upstream records: " + ", ".join(lin["conflicts"]))
     if verification is not None:
+        bad = [v for v in verification if v["status"] == CHANGED]
+        for v in bad:
+            what = {"link": f"input of {v['stage']} vs output of {v.get('upstream')}",
+                    "params": f"params of {v['stage']}", "target": v.get("what") or "target"}.get(
+                        v["role"], f"{v['role']} of {v['stage']}")
+            lines.append(f"CHANGED {v['path']}  ({what})")
+            lines.append(f"   recorded {v['recorded']}")
+            lines.append(f"   {'upstream' if v['role'] == 'link' else 'now     '} {v['actual']}")
+            for d in v.get("detail") or []:
+                lines.append(f"   {d}")
         c = summary(verification)
-        lines.append(f"verify: {c[OK]} ok, {c[CHANGED]} changed, {c[MISSING]} missing")
+        lines.append(f"verify: {c[OK]} ok, {c[CHANGED]} changed, {c[MISSING]} not present")
+    lines += reproduce_hint(lin)
     return "\n".join(lines)
+
+
+def reproduce_hint(lin: dict[str, Any]) -> list[str]:
+    """How to get this run's code and inputs back (README "Reproduce a checkpoint")."""
+    chain = lin.get("chain") or []
+    if not chain or not chain[0].get("git_commit"):
+        return []
+    head = chain[0]
+    lines = [f"reproduce: git checkout {_short(head['git_commit'])} && dvc repro   (code and params of {head['stage']})"
+             + ("; the tree was dirty: uncommitted changes are in no commit" if head.get("git_dirty") else "")]
+    md5 = next((m for n in chain for m in (n.get("dvc_outs") or {}).values()), None)
+    if md5:
+        lines.append(f"   inputs: git checkout $(git log --reverse --format=%h -S {md5} -- dvc.lock | head -1)"
+                     " && dvc checkout")
+    return lines

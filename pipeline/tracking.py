@@ -21,20 +21,25 @@ def default_tracking_uri(root: str | os.PathLike = ".") -> str:
     return "sqlite:///" + str(Path(root, "mlflow.db").resolve())
 
 
+def tracking_uri(root: str | os.PathLike = ".") -> str:
+    """``MLFLOW_TRACKING_URI`` when set, else ``<root>/mlflow.db``."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
+
+
 def setup_mlflow(root: str | os.PathLike = "."):
     """Point MLflow at the configured store and return the experiment id."""
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     import mlflow
 
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
-    mlflow.set_tracking_uri(uri)
+    explicit = bool(os.environ.get("MLFLOW_TRACKING_URI"))  # read first: set_tracking_uri sets the variable
+    mlflow.set_tracking_uri(tracking_uri(root))
     name = os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT)
     experiment = mlflow.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
     artifact_location = None
-    if "MLFLOW_TRACKING_URI" not in os.environ:
+    if not explicit:
         artifact_location = Path(root, "mlartifacts").resolve().as_uri()
     try:
         return mlflow.create_experiment(name, artifact_location=artifact_location)

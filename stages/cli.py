@@ -4,7 +4,8 @@
     bertrace validate --corpus F [F ...]          ... or on clean corpus files
     bertrace predict TEXT... | --file F [--model P]   classify texts (JSON lines out)
     bertrace export --hf DIR [--checkpoint P] [--tokenizer T]   Hugging Face directory
-    bertrace trace TARGET [--json] [--verify] [--root DIR]     lineage of a checkpoint, hashes rechecked
+    bertrace trace TARGET [--json] [--verify] [--root DIR]     lineage of a checkpoint, export or MLflow
+                                                  run/model back to the raw corpus; --verify rechecks it
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("validate", help="validate a shard directory or corpus files", add_help=False)
     sub.add_parser("predict", help="classify texts with a fine-tuned model (JSON lines)", add_help=False)
     sub.add_parser("export", help="export a checkpoint as a Hugging Face directory", add_help=False)
-    sub.add_parser("trace", help="lineage of a checkpoint or provenance record (--verify rechecks hashes)",
+    sub.add_parser("trace", help="lineage of a checkpoint, export or MLflow run/model (--verify rechecks it)",
                    add_help=False)
     args = parser.parse_args(argv[:1])
     rest = argv[1:]

@@ -21,6 +21,8 @@ from pipeline import tracking
 PARAMS_FILE = "params.yaml"
 PROVENANCE_DIR = Path("data/provenance")
 METRICS_DIR = Path("metrics")
+PROVENANCE_ARTIFACT_DIR = "provenance"  # MLflow artifact folder of the provenance record
+CHILD_TAGS = ("bertrace.git_", "bertrace.params_hash", "bertrace.pipeline_run_id", prov.CHAIN_TAG_PREFIX)
 
 
 def load_params(section: str, params_file: str | os.PathLike = PARAMS_FILE) -> dict[str, Any]:
@@ -55,8 +57,10 @@ class StageRun:
 
     Opens an MLflow run tagged with the stage, git commit, dirty flag, params hash and the
     pipeline-run id shared by all stages of one ``dvc repro``; collects input/output hashes
-    for the provenance record; on exit logs wall time and peak memory and closes the run
-    (FAILED when an exception escapes).
+    for the provenance record (and the upstream stages' ``dvc.lock`` entries as they are when
+    the stage starts); keeps the ``bertrace.chain.*`` tags (tokenizer, examples, checkpoint
+    hashes, see :func:`pipeline.provenance.chain_ids`) current on the run and its child runs;
+    on exit logs wall time and peak memory and closes the run (FAILED when an exception escapes).
     """
 
     def __init__(self, stage: str, params: dict[str, Any], *, log_mlflow: bool = True, run_name: str | None = None,
@@ -72,8 +76,11 @@ class StageRun:
         self.extra: dict[str, Any] = {}
         self.run_id = prov.pipeline_run_id()
         self.git = prov.git_state()
+        self.dvc_lock = prov.dvc_lock_upstream(stage)  # before DVC rewrites this stage's own entry
         self.mlflow_run_id: str | None = None
         self._mlflow = None
+        self._chain_tags: dict[str, str] = {}
+        self._dag_records: dict[str, Any] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
     def __enter__(self) -> "StageRun":
@@ -89,6 +96,8 @@ class StageRun:
                 "bertrace.params_hash": prov.params_hash(self.params),
                 "bertrace.git_dirty": str(self.git["dirty"]),
             }
+            if self.git["dirty"]:
+                tags["bertrace.git_dirty_paths"] = ", ".join(self.git["dirty_paths"])[:500]
             if self.git["commit"]:
                 tags["mlflow.source.git.commit"] = self.git["commit"]
                 tags["bertrace.git_commit"] = self.git["commit"]
@@ -103,6 +112,8 @@ class StageRun:
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._mlflow is not None:
             try:
+                if exc_type is None:
+                    self._tag_child_runs()
                 self._mlflow.log_metrics(
                     {"stage_seconds": time.perf_counter() - self._t0, "peak_rss_mb": peak_rss_mb()}
                 )
@@ -123,18 +134,21 @@ class StageRun:
         digest = sha256 or prov.hash_path(path)
         self.inputs[Path(path).as_posix()] = digest
         self.set_tags({f"bertrace.input.{Path(path).name}": digest})
+        self._update_chain_tags()
         return digest
 
     def add_output(self, path: str | os.PathLike, sha256: str | None = None) -> str:
         digest = sha256 or prov.hash_path(path)
         self.outputs[Path(path).as_posix()] = digest
         self.set_tags({f"bertrace.output.{Path(path).name}": digest})
+        self._update_chain_tags()
         return digest
 
     def add_upstream(self, stage: str) -> dict[str, Any] | None:
         record = upstream_record(stage)
         if record is not None:
             self.upstream[stage] = record
+            self._update_chain_tags()
         return record
 
     def set_tags(self, tags: dict[str, Any]) -> None:
@@ -157,6 +171,7 @@ class StageRun:
             inputs=self.inputs,
             outputs=self.outputs,
             upstream=self.upstream,
+            dvc_lock=self.dvc_lock,
             extra=self.extra or None,
             run_id=self.run_id,
             mlflow_run_id=self.mlflow_run_id,
@@ -164,10 +179,59 @@ class StageRun:
         )
 
     def write_provenance(self, path: str | os.PathLike | None = None) -> Path:
+        """Write the record (``data/provenance/<stage>.json``) and log it to MLflow as the
+        artifact ``provenance/<stage>.json`` (what ``bertrace trace <run id>`` reads)."""
         path = Path(path) if path else PROVENANCE_DIR / f"{self.stage}.json"
-        write_json(path, self.provenance())
-        self.log_artifact(path)
+        record = self.provenance()
+        write_json(path, record)
+        self.log_artifact(path, PROVENANCE_ARTIFACT_DIR)
+        self.set_tags({"bertrace.provenance_artifact": f"{PROVENANCE_ARTIFACT_DIR}/{path.name}"})
+        self._update_chain_tags(record)
         return path
+
+    # -- chain ids on MLflow runs ---------------------------------------------------------
+    def chain_tags(self, record: dict[str, Any] | None = None) -> dict[str, str]:
+        """``bertrace.chain.<id>`` tags for this run: the hashes of the tokenizer, examples,
+        checkpoints … it descends from (or produced); the records of its DVC upstream stages
+        fill in what the stage's own record does not embed."""
+        if record is None:
+            record = {"stage": self.stage, "inputs": self.inputs, "outputs": self.outputs,
+                      "upstream": self.upstream, **self.extra}
+        if self._dag_records is None:  # the records of the stages dvc.yaml puts upstream (e.g. for validate)
+            self._dag_records = {}
+            for name in self.dvc_lock or {}:
+                try:
+                    if (rec := upstream_record(name)) is not None:
+                        self._dag_records[name] = rec
+                except BertraceError:  # an unreadable record: the stage reports it if it reads it
+                    pass
+        missing = {n: r for n, r in self._dag_records.items() if n not in (record.get("upstream") or {})}
+        if missing:
+            record = {**record, "upstream": {**(record.get("upstream") or {}), **missing}}
+        return {prov.CHAIN_TAG_PREFIX + k: v for k, v in prov.chain_ids(record).items()}
+
+    def _update_chain_tags(self, record: dict[str, Any] | None = None) -> None:
+        if self._mlflow is None:
+            return
+        tags = self.chain_tags(record)
+        new = {k: v for k, v in tags.items() if self._chain_tags.get(k) != v}
+        if new:
+            self.set_tags(new)
+            self._chain_tags.update(new)
+
+    def _tag_child_runs(self) -> None:
+        """Give nested runs (e.g. one per fine-tuning seed) the parent's chain and git tags."""
+        if not self._chain_tags or self.mlflow_run_id is None:
+            return
+        client = self._mlflow.tracking.MlflowClient()
+        run = client.get_run(self.mlflow_run_id)
+        children = client.search_runs([run.info.experiment_id],
+                                      filter_string=f"tags.mlflow.parentRunId = '{self.mlflow_run_id}'")
+        inherited = {k: v for k, v in run.data.tags.items() if k.startswith(CHILD_TAGS)}
+        for child in children:
+            for key, value in {**inherited, **self._chain_tags}.items():
+                if child.data.tags.get(key) != value:
+                    client.set_tag(child.info.run_id, key, value)
 
     def write_metrics(self, metrics: dict[str, Any], path: str | os.PathLike | None = None) -> Path:
         """Write the stage's DVC metrics file and log the same numbers to MLflow."""

@@ -1,15 +1,20 @@
 """``bertrace trace TARGET [--json] [--verify] [--root DIR]``: the lineage of a model.
 
-TARGET is a checkpoint (data/finetune/model.pt, data/pretrain/best.pt) or a provenance record
-(data/provenance/<stage>.json). Prints the chain of stages behind it, newest first, with git
-commit (``(dirty)`` when the tree had uncommitted changes), params hash and the sha256 of every
-input and output. ``--verify`` recomputes those hashes for the files under ``--root`` (default:
-the current directory) and marks each ``ok``, ``changed`` or ``missing``.
+TARGET is a checkpoint (data/finetune/model.pt, data/pretrain/best.pt), a provenance record
+(data/provenance/<stage>.json), an exported directory (`bertrace export --hf DIR`, or a
+downloaded MLflow model), or an MLflow run id, runs:/<run id>/model, models:/<name>/<version>,
+models:/<name>@<alias> or models:/<model id> (store: MLFLOW_TRACKING_URI, else ROOT/mlflow.db).
+Prints the chain of stages behind it, newest first, with git commit (``(dirty)`` and the
+uncommitted paths when the tree had changes), params hash, finish time, the sha256 of every
+input and output and the dvc.lock md5s of the upstream outputs. ``--verify`` rechecks every
+link under ``--root`` (default: the current directory): file hashes, each input against the
+upstream stage's recorded output, each stage's params.yaml section, DVC cache presence of the
+recorded md5s, and the checkpoint inside an export or MLflow model.
 
-Exit status: 0 when nothing recorded has changed; 1 when ``--verify`` finds a file whose bytes
-differ from the record (``changed``). ``missing`` (not present under ROOT, e.g. not checked out
-with ``dvc checkout`` or data kept on another machine) is reported but does not fail. 2 for a
-missing or unreadable TARGET (``error: ...``, via ``run_stage``).
+Exit status: 0 when nothing recorded has changed; 1 when ``--verify`` finds a mismatch
+(``CHANGED``, printed with both hashes). Files not present under ROOT (data/ gone, not checked
+out with ``dvc checkout``, another machine) are reported as ``not present`` and do not fail.
+2 for a missing or unreadable TARGET (``error: ...``, via ``run_stage``).
 """
 
 from __future__ import annotations
@@ -25,13 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bertrace trace", description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("target", help="checkpoint (.pt) or provenance record (.json)")
+    parser.add_argument("target", help="checkpoint, provenance record, exported directory, MLflow run id or URI")
     parser.add_argument("--json", action="store_true", help="print the lineage (and verification) as JSON")
     parser.add_argument("--verify", action="store_true", help="recompute the recorded hashes under --root")
     parser.add_argument("--root", default=".", help="directory the recorded paths are relative to (default: .)")
     args = parser.parse_args(argv)
 
-    lin = trace.lineage(args.target)
+    lin = trace.lineage(args.target, args.root)
     verification = trace.verify(lin, args.root) if args.verify else None
     if args.json:
         out = dict(lin)
@@ -43,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         print(trace.format_tree(lin, verification))
     code = 1 if verification and any(v["status"] == trace.CHANGED for v in verification) else 0
     if code:
-        print("error: recorded files have changed since the run (see 'changed' above)", file=sys.stderr)
+        print("error: the recorded chain does not match what is here (see CHANGED above)", file=sys.stderr)
         sys.exit(code)
     return code
 

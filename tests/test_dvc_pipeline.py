@@ -1,12 +1,17 @@
-"""End-to-end: real `dvc repro` of the data stages in a temporary copy of the repo.
+"""End-to-end: real `dvc repro` of the whole DAG (tiny params) in a temporary copy of the repo.
 
 Asserts what users rely on: outputs exist and chain their provenance, MLflow holds one run
-per stage sharing a pipeline-run id, a second repro runs nothing, and changing a param
-reruns exactly the stages downstream of it.
+per stage sharing a pipeline-run id and the same chain ids, `bertrace trace --verify` checks the
+pipeline's checkpoint from disk and from MLflow, a second repro runs nothing, a clean clone with
+the DVC cache rebuilds nothing and reruns with the same params and seeds reproduce the bytes,
+losses and metrics, and changing a param reruns exactly the stages downstream of it (upstream
+outputs untouched; a run on an uncommitted params.yaml is marked dirty).
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import re
 import shutil
@@ -20,7 +25,8 @@ import yaml
 from tests.conftest import REPO, shared_file
 
 pytestmark = pytest.mark.slow
-
+MODEL_NAME = "bertrace-sst2"
+CHAIN_STAGES = ["evaluate", "finetune", "pretrain", "examples", "tokenizer", "clean", "download"]
 
 
 def _run(cmd, cwd, env=None, check=True):
@@ -34,6 +40,22 @@ def _ran(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([^']+)'", output))
 
 
+def _lock(root: Path) -> dict[str, dict[str, str]]:
+    """``{stage: {out path: md5}}`` from dvc.lock."""
+    stages = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
+    return {name: {o["path"]: o["md5"] for o in entry.get("outs", [])} for name, entry in stages.items()}
+
+
+def _trace(root: Path, env: dict, *args: str, check: bool = True):
+    return _run([sys.executable, "-m", "stages.cli", "trace", *args], root, env, check=check)
+
+
+def _mlflow_client(root: Path):
+    import mlflow
+
+    return mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{root}/mlflow.db")
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     root = tmp_path_factory.mktemp("repo")
@@ -43,6 +65,7 @@ def repo(tmp_path_factory):
             shutil.copytree(src, root / item, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, root / item)
+    _copy_other_deps(root)
     (root / ".dvc").mkdir()
     shutil.copy2(REPO / ".dvc" / "config", root / ".dvc" / "config")
     # A small slice of the real WikiText-2 test split as the local source.
@@ -58,6 +81,7 @@ def repo(tmp_path_factory):
     params["validate"]["nsp_tolerance"] = 0.1
     params["pretrain"] = _tiny_pretrain(params["pretrain"])
     params["finetune"] = _tiny_finetune(params["finetune"])
+    params["evaluate"]["registered_model_name"] = MODEL_NAME
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
@@ -72,6 +96,22 @@ def repo(tmp_path_factory):
     _run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"], root)
     first = _run(["dvc", "repro"], root, env)
     return root, env, first.stdout + first.stderr
+
+
+def _copy_other_deps(root: Path) -> None:
+    """Copy the dvc.yaml dependencies that no stage writes (e.g. reports/profiles) and the copy lacks."""
+    from pipeline.provenance import _dvc_paths
+
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    outs = {o for spec in stages.values()
+            for o in _dvc_paths((spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or []))}
+    for spec in stages.values():
+        for dep in _dvc_paths(spec.get("deps")):
+            src, dst = REPO / dep, root / dep
+            if dep in outs or dst.exists() or not src.exists() or dep.startswith("data/"):
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
 
 
 def _tiny_pretrain(p: dict) -> dict:
@@ -142,10 +182,144 @@ def test_mlflow_has_one_run_per_stage_with_a_shared_pipeline_run_id(repo):
     assert by_stage["examples"].data.metrics["train.rows"] > 0
 
 
+def test_records_name_the_upstream_dvc_lock_entries(repo):
+    """Each record holds the dvc.lock md5s of the outputs it read, as DVC had just written them."""
+    root, _, _ = repo
+    lock = _lock(root)
+    record = lambda stage: json.loads((root / f"data/provenance/{stage}.json").read_text())  # noqa: E731
+    assert record("clean")["dvc_lock"]["download"]["outs"]["data/raw"] == lock["download"]["data/raw"]
+    assert record("examples")["dvc_lock"]["tokenizer"]["outs"]["data/tokenizer"] == lock["tokenizer"]["data/tokenizer"]
+    pretrain = record("pretrain")["dvc_lock"]
+    assert set(pretrain) == {"examples", "validate"}
+    assert pretrain["examples"]["outs"]["data/examples"] == lock["examples"]["data/examples"]
+    finetune = record("finetune")["dvc_lock"]
+    assert finetune["pretrain"]["outs"]["data/pretrain"] == lock["pretrain"]["data/pretrain"]
+    assert record("download")["dvc_lock"] == {}
+
+
+def test_every_run_carries_the_chain_ids(repo):
+    """Filter MLflow runs by tokenizer / examples / checkpoint hash: every downstream run matches."""
+    root, _, _ = repo
+    client = _mlflow_client(root)
+    exp = client.get_experiment_by_name("bertrace").experiment_id
+    tok = json.loads((root / "data/provenance/tokenizer.json").read_text())["outputs"]["data/tokenizer/tokenizer.json"]
+    best = json.loads((root / "data/provenance/pretrain.json").read_text())["outputs"]["data/pretrain/best.pt"]
+    examples = json.loads((root / "data/provenance/examples.json").read_text())["outputs"]["data/examples/manifest.json"]
+
+    def stages(filter_string):
+        runs = client.search_runs([exp], filter_string=filter_string, max_results=100)
+        return sorted(r.data.tags["bertrace.stage"] + ("/seed" if "mlflow.parentRunId" in r.data.tags else "")
+                      for r in runs)
+
+    downstream = ["evaluate", "examples", "finetune", "finetune/seed", "pretrain", "tokenizer", "validate"]
+    assert stages(f"tags.`bertrace.chain.tokenizer_sha256` = '{tok}'") == downstream
+    assert stages(f"tags.`bertrace.chain.examples_sha256` = '{examples}'") == [
+        "evaluate", "examples", "finetune", "finetune/seed", "pretrain", "validate"]
+    assert stages(f"tags.`bertrace.chain.pretrain_checkpoint_sha256` = '{best}'") == [
+        "evaluate", "finetune", "finetune/seed", "pretrain"]
+    assert stages("tags.`bertrace.git_dirty` = 'True'") == []  # committed tree: clean
+
+
+def test_trace_verifies_the_pipeline_checkpoint_from_disk_mlflow_and_export(repo, tmp_path):
+    root, env, _ = repo
+    head = _run(["git", "rev-parse", "HEAD"], root).stdout.strip()
+    out = _trace(root, env, "data/finetune/model.pt", "--verify").stdout
+    assert "verify: " in out and "0 changed, 0 not present" in out, out
+    for stage in CHAIN_STAGES[1:]:
+        assert f"└─ {stage}  commit {head[:12]}  params" in out, (stage, out)
+    assert "in DVC cache" in out and "(dirty)" not in out
+    lin = json.loads(_trace(root, env, "data/finetune/model.pt", "--json").stdout)
+    assert [n["stage"] for n in lin["chain"]] == CHAIN_STAGES[1:]
+    assert lin["chain"][-1]["source"] == "local data/sources/wiki.raw"
+
+    # MLflow: the evaluate run, its pyfunc model and the registered version
+    client = _mlflow_client(root)
+    exp = client.get_experiment_by_name("bertrace").experiment_id
+    (evaluate,) = client.search_runs([exp], filter_string="tags.`bertrace.stage` = 'evaluate'")
+    run_id = evaluate.info.run_id
+    out = _trace(root, env, run_id, "--verify").stdout
+    assert f"(MLflow run {run_id} (evaluate)" in out and "0 changed, 0 not present" in out
+    for uri in (f"runs:/{run_id}/model", f"models:/{MODEL_NAME}/1"):
+        out = _trace(root, env, uri, "--verify").stdout
+        assert re.search(r"checkpoint in the MLflow model: \S+  [0-9a-f]{12}  ok", out), out
+        assert "0 changed, 0 not present" in out
+
+    # a Hugging Face export made outside the repo
+    _run([sys.executable, "-m", "stages.cli", "export", "--hf", str(tmp_path / "hf"), "--checkpoint",
+          "data/finetune/model.pt"], root, env)
+    out = _trace(root, env, str(tmp_path / "hf"), "--verify").stdout
+    assert "exported from: data/finetune/model.pt" in out and "0 changed" in out
+
+    # the checkpoint alone, on a machine without data/: the chain is complete, files not present
+    shutil.copy(root / "data/finetune/model.pt", tmp_path / "model.pt")
+    proc = _trace(root, env, str(tmp_path / "model.pt"), "--verify", "--root", str(tmp_path))
+    assert [n["stage"] for n in json.loads(_trace(root, env, str(tmp_path / "model.pt"), "--json").stdout)["chain"]] \
+        == CHAIN_STAGES[1:]
+    assert "0 changed" in proc.stdout and "not present" in proc.stdout
+
+
 def test_second_repro_runs_nothing(repo):
     root, env, _ = repo
     out = _run(["dvc", "repro"], root, env)
     assert _ran(out.stdout + out.stderr) == set()
+
+
+@pytest.fixture(scope="module")
+def clone(repo, tmp_path_factory):
+    """The pipeline run committed, then `git clone`d elsewhere, sharing the DVC cache."""
+    root, env, _ = repo
+    _run(["git", "add", "-A"], root)
+    _run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "pipeline run"], root)
+    dest = tmp_path_factory.mktemp("clone") / "repo"
+    _run(["git", "clone", "-q", str(root), str(dest)], root)
+    env = {**env, "PYTHONPATH": str(dest)}
+    _run(["dvc", "cache", "dir", "--local", str(root / ".dvc" / "cache")], dest, env)
+    return dest, env
+
+
+def test_clean_clone_with_the_dvc_cache_rebuilds_nothing_and_verifies(repo, clone):
+    root, _, _ = repo
+    dest, env = clone
+    _run(["dvc", "checkout"], dest, env)
+    out = _run(["dvc", "repro"], dest, env)
+    assert _ran(out.stdout + out.stderr) == set(), out.stdout
+    assert (dest / "data/finetune/model.pt").read_bytes() == (root / "data/finetune/model.pt").read_bytes()
+    out = _trace(dest, env, "data/finetune/model.pt", "--verify").stdout
+    assert "0 changed, 0 not present" in out, out
+
+    # a tampered vocabulary is reported with both hashes; `dvc checkout` gives the exact bytes back
+    vocab = dest / "data/tokenizer/vocab.txt"
+    recorded = __import__("hashlib").sha256(vocab.read_bytes()).hexdigest()
+    text = vocab.read_text()
+    vocab.unlink()  # never write through a link into the DVC cache
+    vocab.write_text(text.replace("[MASK]", "[MASQ]"))
+    proc = _trace(dest, env, "data/finetune/model.pt", "--verify", check=False)
+    assert proc.returncode == 1
+    assert f"recorded {recorded}" in proc.stdout and "CHANGED data/tokenizer/vocab.txt" in proc.stdout
+    _run(["dvc", "checkout", "--force", "data/tokenizer"], dest, env)
+    assert _trace(dest, env, "data/finetune/model.pt", "--verify").returncode == 0
+
+
+def test_same_params_and_seeds_reproduce_bytes_losses_and_metrics(clone):
+    """Rerun tokenizer, examples, pre-training and fine-tuning from scratch in the clone (another
+    process, other hash seeds): identical tokenizer and shards, losses and fine-tuned metrics."""
+    dest, env = clone
+    before = _lock(dest)
+    curve = lambda: [(r["step"], r["loss"], r["mlm_loss"], r["nsp_loss"])  # noqa: E731
+                     for r in csv.DictReader((dest / "plots/pretrain_loss.csv").open())]
+    losses, metrics = curve(), json.loads((dest / "metrics/finetune.json").read_text())
+    shutil.rmtree(dest / "data/pretrain")  # persist: true, so start over instead of resuming
+    out = _run(["dvc", "repro", "--force", "--single-item", "tokenizer", "examples", "pretrain", "finetune"], dest, env)
+    assert _ran(out.stdout + out.stderr) == {"tokenizer", "examples", "pretrain", "finetune"}
+    after = _lock(dest)
+    assert after["tokenizer"]["data/tokenizer"] == before["tokenizer"]["data/tokenizer"]  # DVC md5: same bytes
+    assert after["examples"]["data/examples"] == before["examples"]["data/examples"]
+    assert len(losses) >= 6 and curve() == losses
+    again = json.loads((dest / "metrics/finetune.json").read_text())
+    for key in ("validation_accuracy", "validation_loss", "best_validation_accuracy"):
+        assert again[key] == metrics[key], key
+    assert {s: {k: v for k, v in m.items() if "seconds" not in k} for s, m in again["per_seed"].items()} == \
+        {s: {k: v for k, v in m.items() if "seconds" not in k} for s, m in metrics["per_seed"].items()}
 
 
 def _set_param(root: Path, section: str, key: str, value) -> None:
@@ -160,15 +334,49 @@ def _stages_from(root: Path, first: str) -> set[str]:
     return set(order[order.index(first):])
 
 
+def _unchanged_upstream(before: dict, after: dict, first: str, root: Path) -> None:
+    order = list(yaml.safe_load((root / "dvc.yaml").read_text())["stages"])
+    for stage in order[:order.index(first)]:
+        assert after[stage] == before[stage], stage
+
+
 def test_examples_param_reruns_examples_and_downstream_only(repo):
+    """... on a dirty tree (params.yaml not committed): records, trace and MLflow say so."""
     root, env, _ = repo
+    before = _lock(root)
     _set_param(root, "examples", "dupe_factor", 3)
     out = _run(["dvc", "repro"], root, env)
     assert _ran(out.stdout + out.stderr) == _stages_from(root, "examples")
+    _unchanged_upstream(before, _lock(root), "examples", root)
+    assert _lock(root)["examples"]["data/examples"] != before["examples"]["data/examples"]
+
+    examples = json.loads((root / "data/provenance/examples.json").read_text())
+    assert examples["git"]["dirty"] is True and examples["git"]["dirty_paths"] == ["params.yaml"]
+    assert examples["upstream"]["tokenizer"]["git"]["dirty"] is False  # not rerun
+    out = _trace(root, env, "data/finetune/model.pt").stdout
+    assert re.search(r"└─ examples  commit [0-9a-f]{12} \(dirty\)", out)
+    assert re.search(r"└─ tokenizer  commit [0-9a-f]{12}  params", out)
+    assert "uncommitted: params.yaml" in out and "the tree was dirty" in out
+    client = _mlflow_client(root)
+    exp = client.get_experiment_by_name("bertrace").experiment_id
+    dirty = client.search_runs([exp], filter_string="tags.`bertrace.git_dirty` = 'True'", max_results=100)
+    assert {r.data.tags["bertrace.stage"] for r in dirty} == _stages_from(root, "examples")
+    assert all(r.data.tags["bertrace.git_dirty_paths"] == "params.yaml" for r in dirty)
+
+
+def test_finetune_param_reruns_finetune_and_evaluate_only(repo):
+    root, env, _ = repo
+    before = _lock(root)
+    _set_param(root, "finetune", "lr", 1e-4)
+    out = _run(["dvc", "repro"], root, env)
+    assert _ran(out.stdout + out.stderr) == {"finetune", "evaluate"}
+    _unchanged_upstream(before, _lock(root), "finetune", root)
 
 
 def test_tokenizer_param_reruns_tokenizer_and_everything_after(repo):
     root, env, _ = repo
+    before = _lock(root)
     _set_param(root, "tokenizer", "vocab_size", 1500)
     out = _run(["dvc", "repro"], root, env)
     assert _ran(out.stdout + out.stderr) == _stages_from(root, "tokenizer")
+    _unchanged_upstream(before, _lock(root), "tokenizer", root)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline import provenance as prov
 from pipeline.io import atomic_open, sha256_file, sha256_json, write_json
@@ -109,3 +110,95 @@ def test_atomic_write_gives_the_usual_file_mode(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert (tmp_path / "m.json").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_git_state_ignores_dvc_internal_files(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / ".dvc" / "config").write_text("[core]\n")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-qm", "c")
+    (tmp_path / ".dvc" / "tmp").mkdir(parents=True)
+    (tmp_path / ".dvc" / ".gitignore").write_text("/cache\n")  # `dvc repro` writes it on first use
+    (tmp_path / ".dvc" / "tmp" / "lock").write_text("")
+    assert prov.git_state(tmp_path)["dirty"] is False
+
+
+def test_chain_ids_prefer_what_the_downstream_stage_consumed():
+    tok = {"stage": "tokenizer", "inputs": {"data/clean/train.txt": "c1"},
+           "outputs": {"data/tokenizer/tokenizer.json": "t1", "data/tokenizer/vocab.txt": "v1"}}
+    ex = {"stage": "examples", "inputs": {"data/tokenizer/tokenizer.json": "t1"},
+          "outputs": {"data/examples/manifest.json": "e1"}, "upstream": {"tokenizer": tok}}
+    pre = {"stage": "pretrain", "inputs": {"data/examples/manifest.json": "e1"},
+           "outputs": {"data/pretrain/best.pt": "b1", "data/pretrain/last.pt": "l1"}, "upstream": {"examples": ex}}
+    ft = {"stage": "finetune", "inputs": {"data/pretrain/last.pt": "l1", "data/tokenizer/tokenizer.json": "t1"},
+          "outputs": {"data/finetune/model.pt": "m1"}, "upstream": {"pretrain": pre}}
+    assert prov.chain_ids(ft) == {"clean_train_sha256": "c1", "tokenizer_sha256": "t1", "examples_sha256": "e1",
+                                  "pretrain_checkpoint_sha256": "l1",  # finetune read last.pt, not best.pt
+                                  "finetune_checkpoint_sha256": "m1"}
+    assert prov.chain_ids(pre)["pretrain_checkpoint_sha256"] == "b1"
+    assert prov.chain_ids(tok) == {"clean_train_sha256": "c1", "tokenizer_sha256": "t1"}
+
+
+def test_dvc_lock_upstream_names_the_stages_a_stage_reads(tmp_path):
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "tok": {"cmd": "x", "deps": ["data/clean/train.txt"], "outs": ["data/tokenizer"]},
+        "ex": {"cmd": "y", "deps": ["stages/ex.py", "data/tokenizer/tokenizer.json"], "outs": ["data/examples"]},
+        "val": {"cmd": "z", "deps": ["data/examples"], "metrics": [{"metrics/val.json": {"cache": False}}]},
+        "tok2": {"cmd": "w", "deps": ["data/examples"], "outs": ["data/t2", {"plots/t2.csv": {"cache": False}}]},
+        "ft": {"cmd": "f", "deps": ["data/t2"], "outs": ["data/ft"]},
+        "pre": {"cmd": "p", "deps": ["data/examples", "metrics/val.json"], "outs": [{"data/pretrain": {"persist": True}}]},
+    }}))
+    (tmp_path / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": {
+        "tok": {"cmd": "x", "deps": [{"path": "data/clean/train.txt", "md5": "c"}],
+                "outs": [{"path": "data/tokenizer", "md5": "t.dir"}]},
+        "ex": {"cmd": "y", "outs": [{"path": "data/examples", "md5": "e.dir"}]},
+        "tok2": {"cmd": "w", "outs": [{"path": "data/t2", "md5": "t2.dir"}, {"path": "plots/t2.csv", "md5": "p"}]},
+    }}))
+    assert prov.dvc_lock_upstream("ft", tmp_path) == {"tok2": {"outs": {"data/t2": "t2.dir"}, "deps": {}}}  # git keeps the plot
+    assert prov.dvc_lock_upstream("ex", tmp_path) == {
+        "tok": {"outs": {"data/tokenizer": "t.dir"}, "deps": {"data/clean/train.txt": "c"}}}
+    assert prov.dvc_lock_upstream("pre", tmp_path) == {"ex": {"outs": {"data/examples": "e.dir"}, "deps": {}},
+                                                       "val": None}  # declared, not run yet
+    assert prov.dvc_lock_upstream("tok", tmp_path) == {}
+    assert prov.dvc_lock_upstream("nope", tmp_path) is None
+    assert prov.dvc_lock_upstream("ex", tmp_path / "elsewhere") is None
+
+
+def test_stage_run_on_a_dirty_tree_says_so_in_mlflow_and_trace(tmp_path, monkeypatch):
+    """Chain and git tags on the run and its child runs; the record and trace show the dirty tree."""
+    import mlflow
+
+    from pipeline import trace
+    from stages.common import StageRun
+
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "data" / "tokenizer").mkdir(parents=True)
+    (tmp_path / "data" / "tokenizer" / "tokenizer.json").write_text("{}")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-qm", "c")
+    (tmp_path / "code.py").write_text("x = 2\n")  # uncommitted code change
+    monkeypatch.chdir(tmp_path)
+    with StageRun("tokenizer", {"vocab_size": 10}) as run:
+        tok = run.add_output("data/tokenizer/tokenizer.json")
+        parent = mlflow.active_run()
+        with mlflow.start_run(run_name="child", nested=True, experiment_id=parent.info.experiment_id) as child:
+            child_id = child.info.run_id
+        path = run.write_provenance()
+    client = mlflow.MlflowClient()
+    tags = client.get_run(run.mlflow_run_id).data.tags
+    assert tags["bertrace.git_dirty"] == "True" and tags["bertrace.git_dirty_paths"] == "code.py"
+    assert tags["bertrace.chain.tokenizer_sha256"] == tok
+    child_tags = client.get_run(child_id).data.tags
+    assert child_tags["bertrace.chain.tokenizer_sha256"] == tok and child_tags["bertrace.git_dirty"] == "True"
+    assert child_tags["bertrace.git_commit"] == tags["bertrace.git_commit"]
+    # the full record is an artifact of the run, equal to the file
+    local = client.download_artifacts(run.mlflow_run_id, "provenance/tokenizer.json", str(tmp_path / "dl"))
+    assert json.loads(Path(local).read_text()) == json.loads(path.read_text())
+    record = json.loads(path.read_text())
+    assert record["git"]["dirty"] is True and record["git"]["dirty_paths"] == ["code.py"]
+    text = trace.format_tree(trace.lineage(path))
+    assert f"tokenizer  commit {tags['bertrace.git_commit'][:12]} (dirty)" in text
+    assert "uncommitted: code.py" in text and "the tree was dirty" in text

@@ -1,12 +1,18 @@
-"""`bertrace trace`: lineage of a checkpoint / provenance record, verification, CLI."""
+"""`bertrace trace`: lineage of a checkpoint, provenance record, export or MLflow run/model;
+verification of every link (files, cross-links, params, DVC cache); the CLI."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import shutil
 from pathlib import Path
 
+import mlflow
 import pytest
 import torch
+import yaml
 
 from pipeline import trace
 from pipeline.errors import BertraceError
@@ -26,6 +32,15 @@ def _record(stage, params, inputs, outputs, upstream=None, dirty=False, **extra)
            "started": "2026-01-01T00:00:00+00:00", "finished": f"2026-01-01T00:00:0{len(stage) % 10}+00:00"}
     rec.update(extra)
     return rec
+
+
+def _cache_put(root: Path, data: bytes, suffix: str = "") -> str:
+    """Store ``data`` in root's DVC cache (DVC 3 layout); returns its md5 (+ suffix)."""
+    md5 = hashlib.md5(data).hexdigest() + suffix
+    p = root / ".dvc/cache/files/md5" / md5[:2] / md5[2:]
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+    return md5
 
 
 def _write(root: Path, rel: str, text: str) -> str:
@@ -51,10 +66,15 @@ def chain(tmp_path):
     tok = _record("tokenizer", {"vocab": 100}, {"data/clean/train.txt": h("data/clean/train.txt")},
                   {"data/tokenizer/tokenizer.json": h("data/tokenizer/tokenizer.json"),
                    "data/tokenizer/vocab.txt": h("data/tokenizer/vocab.txt")}, {"clean": clean})
+    # the tokenizer output as DVC cached it; the examples stage recorded dvc.lock's md5 for it
+    listing = [{"md5": _cache_put(root, (root / "data/tokenizer" / n).read_bytes()), "relpath": n}
+               for n in ("tokenizer.json", "vocab.txt")]
+    tok_md5 = _cache_put(root, json.dumps(listing).encode(), ".dir")
     ex = _record("examples", {"seq": 32}, {"data/clean/train.txt": h("data/clean/train.txt"),
                                           "data/tokenizer/tokenizer.json": h("data/tokenizer/tokenizer.json")},
                  {"data/examples/manifest.json": h("data/examples/manifest.json")},
-                 {"clean": clean, "tokenizer": tok})
+                 {"clean": clean, "tokenizer": tok},
+                 dvc_lock={"tokenizer": {"outs": {"data/tokenizer": tok_md5}, "deps": {}}})
     pre = _record("pretrain", {"lr": 1e-3}, {"data/examples/manifest.json": h("data/examples/manifest.json")}, {},
                   {"examples": ex}, dirty=True, tokenizer_sha256=h("data/tokenizer/tokenizer.json"),
                   examples_manifest_sha256=h("data/examples/manifest.json"), device="cpu")
@@ -66,6 +86,7 @@ def chain(tmp_path):
     best.parent.mkdir(parents=True)
     torch.save({"format": "bertrace-pretrain-checkpoint", "version": 1, "model": {"w": torch.zeros(2)},
                 "model_config": {"hidden": 2}, "provenance": pre}, best)
+    (prov / "pretrain.json").write_text(json.dumps({**pre, "outputs": {"data/pretrain/best.pt": sha256_file(best)}}))
     ft = _record("finetune", {"epochs": 1}, {"data/pretrain/best.pt": sha256_file(best),
                                              "data/tokenizer/tokenizer.json": h("data/tokenizer/tokenizer.json")}, {},
                  pretrain=pre, pretrain_checkpoint_sha256=sha256_file(best))
@@ -102,6 +123,17 @@ def test_lineage_order_and_content(chain):
     assert [n["stage"] for n in lin_tok["chain"]] == ["tokenizer", "clean", "download"]
 
 
+def test_download_source_names_the_hub_id_and_revision():
+    hub = {"dataset": "Salesforce/wikitext", "config": "wikitext-2-raw-v1", "revision": "main"}
+    assert trace._source({"params": {"source": "hub", "hub": hub}, "mirror": "m.yaml"}) == \
+        "hub Salesforce/wikitext wikitext-2-raw-v1 @ main (through the mirror m.yaml)"
+    resolved = {"type": "hub", **hub, "resolved_revision": "b08601e"}  # a record that keeps the manifest's source
+    assert trace._source({"params": {"source": "hub", "hub": hub}, "source": resolved}) == \
+        "hub Salesforce/wikitext wikitext-2-raw-v1 @ b08601e"
+    assert trace._source({"params": {"source": "local", "local": {"path": "data/sources"}}, "mirror": "m"}) == \
+        "local data/sources"
+
+
 def test_json_round_trip(chain, capsys, monkeypatch):
     monkeypatch.chdir(chain)
     assert trace_cli.main(["data/finetune/model.pt", "--json"]) == 0
@@ -110,14 +142,23 @@ def test_json_round_trip(chain, capsys, monkeypatch):
     assert trace.format_tree(out) == trace.format_tree(trace.lineage("data/finetune/model.pt"))
 
 
+STAGES = ["finetune", "pretrain", "examples", "tokenizer", "clean", "download"]
+
+
 def test_verify_ok(chain, capsys):
     assert trace_cli.main([str(chain / "data/finetune/model.pt"), "--verify", "--root", str(chain)]) == 0
     text = capsys.readouterr().out
-    assert "verify: 12 ok, 0 changed, 0 missing" in text
+    # 12 file hashes + 6 cross-links (each input vs the upstream's recorded output) + 1 DVC cache object
+    assert "verify: 19 ok, 0 changed, 0 not present" in text
+    assert "dvc data/tokenizer" in text and "in DVC cache" in text
     lin = trace.lineage(chain / "data/finetune/model.pt")
     results = trace.verify(lin, chain)
     assert results and all(r["status"] == "ok" for r in results)
     assert {r["path"] for r in results} >= {"data/raw", "data/tokenizer/vocab.txt", "data/pretrain/best.pt"}
+    links = {(r["stage"], r["upstream"], r["path"]) for r in results if r["role"] == "link"}
+    assert ("examples", "tokenizer", "data/tokenizer/tokenizer.json") in links
+    assert ("clean", "download", "data/raw") in links
+    assert [r["path"] for r in results if r["role"] == "dvc"] == ["data/tokenizer"]
 
 
 def test_tampered_file_is_changed_and_fails(chain, capsys):
@@ -131,8 +172,12 @@ def test_tampered_file_is_changed_and_fails(chain, capsys):
     with pytest.raises(SystemExit) as e:
         trace_cli.main([str(chain / "data/finetune/model.pt"), "--verify", "--root", str(chain)])
     assert e.value.code == 1
-    text = capsys.readouterr().out
-    assert f"changed (now {hash_path(vocab)[:12]})" in text and before[:12] in text
+    captured = capsys.readouterr()
+    text = captured.out
+    assert f"CHANGED (now {hash_path(vocab)[:12]})" in text
+    assert f"recorded {before}" in text and f"now      {hash_path(vocab)}" in text  # both full hashes
+    assert "CHANGED data/tokenizer/vocab.txt  (output of tokenizer)" in text
+    assert "does not match" in captured.err
     # --json carries the same verdict
     with pytest.raises(SystemExit):
         trace_cli.main([str(chain / "data/finetune/model.pt"), "--verify", "--json", "--root", str(chain)])
@@ -140,9 +185,65 @@ def test_tampered_file_is_changed_and_fails(chain, capsys):
     assert out["summary"]["changed"] == 1
 
 
-def test_deleted_data_is_missing_not_failure(chain, capsys):
-    import shutil
+def test_broken_cross_link_names_both_hashes(chain, capsys):
+    """An examples record that read a different tokenizer than the tokenizer stage wrote."""
+    model = chain / "data/finetune/model.pt"
+    ckpt = torch.load(model, weights_only=True)
+    tok = hash_path(chain / "data/tokenizer/tokenizer.json")
+    ckpt["provenance"]["pretrain"]["upstream"]["examples"]["inputs"]["data/tokenizer/tokenizer.json"] = "0" * 64
+    torch.save(ckpt, chain / "forged.pt")
+    results = trace.verify(trace.lineage(chain / "forged.pt"), chain)
+    link = [r for r in results if r["role"] == "link" and r["status"] == "changed"]
+    assert link == [{"stage": "examples", "role": "link", "path": "data/tokenizer/tokenizer.json",
+                     "recorded": "0" * 64, "actual": tok, "status": "changed", "upstream": "tokenizer"}]
+    with pytest.raises(SystemExit) as e:
+        trace_cli.main([str(chain / "forged.pt"), "--verify", "--root", str(chain)])
+    assert e.value.code == 1
+    text = capsys.readouterr().out
+    assert "(input of examples vs output of tokenizer)" in text
+    assert f"recorded {'0' * 64}" in text and f"upstream {tok}" in text
 
+
+def test_changed_params_yaml_is_reported_with_the_keys(chain, capsys):
+    lin = trace.lineage(chain / "data/finetune/model.pt")
+    params = {n["stage"]: n["params"] for n in lin["chain"]}
+    (chain / "params.yaml").write_text(yaml.safe_dump(params))
+    results = trace.verify(lin, chain)
+    assert sorted(r["stage"] for r in results if r["role"] == "params" and r["status"] == "ok") == sorted(STAGES)
+    params["examples"]["seq"] = 64
+    (chain / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(SystemExit) as e:
+        trace_cli.main([str(chain / "data/finetune/model.pt"), "--verify", "--root", str(chain)])
+    assert e.value.code == 1
+    text = capsys.readouterr().out
+    assert f"params {params_hash({'seq': 32})[:12]} (params.yaml now {params_hash({'seq': 64})[:12]})" in text
+    assert "CHANGED params.yaml:examples  (params of examples)" in text and "seq: 32 -> 64" in text
+
+
+def test_dvc_cache_object_gone_is_reported_not_failed(chain, capsys):
+    shutil.rmtree(chain / ".dvc/cache/files/md5")
+    assert trace_cli.main([str(chain / "data/finetune/model.pt"), "--verify", "--root", str(chain)]) == 0
+    text = capsys.readouterr().out
+    assert "not in DVC cache" in text and "verify: 18 ok, 0 changed, 1 not present" in text
+    assert "git log --reverse --format=%h -S " in text  # how to find the dvc.lock that restores it
+
+
+def test_checkpoint_alone_traces_the_whole_chain(chain, tmp_path_factory, capsys):
+    """Another machine: only the checkpoint, no data/, no records, no DVC cache."""
+    alone = tmp_path_factory.mktemp("elsewhere")
+    shutil.copy(chain / "data/finetune/model.pt", alone / "model.pt")
+    assert trace_cli.main([str(alone / "model.pt"), "--verify", "--root", str(alone)]) == 0
+    text = capsys.readouterr().out
+    lin = trace.lineage(alone / "model.pt")
+    assert [n["stage"] for n in lin["chain"]] == STAGES
+    results = trace.verify(lin, alone)
+    assert {r["status"] for r in results if r["role"] in ("input", "output", "dvc")} == {"missing"}
+    assert all(r["status"] == "ok" for r in results if r["role"] == "link")  # the records still agree
+    assert "verify: 6 ok, 0 changed, 13 not present" in text
+    assert "data/tokenizer/vocab.txt" in text and "not present" in text
+
+
+def test_deleted_data_is_not_present_not_failure(chain, capsys):
     shutil.rmtree(chain / "data/raw")
     lin = trace.lineage(chain / "data/finetune/model.pt")
     missing = [r for r in trace.verify(lin, chain) if r["status"] == "missing"]
@@ -150,8 +251,89 @@ def test_deleted_data_is_missing_not_failure(chain, capsys):
     assert all(r["path"] == "data/raw" and r["actual"] is None for r in missing)
     assert trace_cli.main([str(chain / "data/finetune/model.pt"), "--verify", "--root", str(chain)]) == 0
     text = capsys.readouterr().out
-    assert "verify: 10 ok, 0 changed, 2 missing" in text  # one path, recorded by two stages
-    assert "data/raw  " in text and "missing" in text
+    assert "verify: 17 ok, 0 changed, 2 not present" in text  # one path, recorded by two stages
+    assert re.search(r"out data/raw +[0-9a-f]{12}  not present", text)
+
+
+def test_exported_directory(chain, capsys):
+    """A Hugging Face export (bertrace_export.json) and a downloaded MLflow model (MLmodel)."""
+    model = chain / "data/finetune/model.pt"
+    ckpt = torch.load(model, weights_only=True)
+    hf = chain / "exported"
+    hf.mkdir()
+    (hf / "bertrace_export.json").write_text(json.dumps({
+        "kind": "classifier", "source_checkpoint": "data/finetune/model.pt", "source_sha256": sha256_file(model),
+        "provenance": ckpt["provenance"]}))
+    lin = trace.lineage(hf)
+    assert lin["kind"] == "Hugging Face export of data/finetune/model.pt"
+    assert [n["stage"] for n in lin["chain"]] == STAGES
+    assert trace_cli.main([str(hf), "--verify", "--root", str(chain)]) == 0
+    assert f"exported from: data/finetune/model.pt  {sha256_file(model)[:12]}  ok" in capsys.readouterr().out
+
+    mlm = chain / "mlflow-model"
+    (mlm / "artifacts").mkdir(parents=True)
+    shutil.copy(model, mlm / "artifacts/model.pt")
+    (mlm / "MLmodel").write_text(yaml.safe_dump({
+        "run_id": "r1", "flavors": {"python_function": {"artifacts": {"checkpoint": {"path": "artifacts/model.pt"}}}},
+        "metadata": {"bertrace_checkpoint_sha256": sha256_file(model)}}))
+    lin = trace.lineage(mlm)
+    assert lin["kind"] == "MLflow model directory (run r1)" and lin["target_sha256"] == sha256_file(model)
+    assert [r["status"] for r in trace.verify(lin, chain) if r["role"] == "target"] == ["ok"]
+
+    model.write_bytes(model.read_bytes() + b"tampered")  # the export no longer matches its source
+    with pytest.raises(SystemExit) as e:
+        trace_cli.main([str(hf), "--verify", "--root", str(chain)])
+    assert e.value.code == 1
+    assert "(exported from)" in capsys.readouterr().out
+
+
+def test_mlflow_run_id_and_model_uris(chain, monkeypatch, capsys):
+    """A stage run logged to MLflow is traced from its run id, runs:/ and models:/ URIs."""
+    from stages.common import StageRun
+
+    monkeypatch.chdir(chain)
+    with StageRun("finetune", {"epochs": 1}) as run:
+        best = run.add_input("data/pretrain/best.pt")
+        run.add_input("data/tokenizer/tokenizer.json")
+        run.add_upstream("pretrain")
+        run.add_output("data/finetune/model.pt")
+        run.write_provenance()
+        model_dir = chain / "mlflow-model"
+        (model_dir / "artifacts").mkdir(parents=True)
+        shutil.copy("data/finetune/model.pt", model_dir / "artifacts/model.pt")
+        (model_dir / "MLmodel").write_text(yaml.safe_dump({
+            "flavors": {"python_function": {"artifacts": {"checkpoint": {"path": "artifacts/model.pt"}}}},
+            "metadata": {"bertrace_checkpoint_sha256": sha256_file("data/finetune/model.pt")}}))
+        mlflow.log_artifacts(str(model_dir), "model")
+        run_id = run.mlflow_run_id
+    client = mlflow.MlflowClient()
+    tags = client.get_run(run_id).data.tags
+    assert tags["bertrace.provenance_artifact"] == "provenance/finetune.json"
+    assert tags["bertrace.chain.pretrain_checkpoint_sha256"] == best
+    assert tags["bertrace.chain.tokenizer_sha256"] == hash_path(chain / "data/tokenizer/tokenizer.json")
+    assert tags["bertrace.chain.examples_sha256"] == hash_path(chain / "data/examples/manifest.json")
+    assert tags["bertrace.chain.finetune_checkpoint_sha256"] == sha256_file(chain / "data/finetune/model.pt")
+
+    lin = trace.lineage(run_id)
+    assert lin["kind"] == f"MLflow run {run_id} (finetune)"
+    assert [n["stage"] for n in lin["chain"]] == STAGES
+    assert lin["chain"][0]["mlflow_run_id"] == run_id
+
+    client.create_registered_model("bt")
+    client.create_model_version("bt", source=f"{client.get_run(run_id).info.artifact_uri}/model", run_id=run_id)
+    client.set_registered_model_alias("bt", "champion", "1")
+    for uri in (f"runs:/{run_id}/model", "models:/bt/1", "models:/bt@champion"):
+        lin = trace.lineage(uri)
+        assert lin["kind"] == f"MLflow model of run {run_id} (finetune)", uri
+        assert lin["target_sha256"] == sha256_file(chain / "data/finetune/model.pt")
+        assert [r["status"] for r in trace.verify(lin, chain) if r["role"] == "target"] == ["ok"]
+    assert trace_cli.main([f"runs:/{run_id}/model", "--verify"]) == 0
+    assert "checkpoint in the MLflow model" in capsys.readouterr().out
+
+    with pytest.raises(BertraceError, match="not found in the MLflow store"):
+        trace.lineage("0" * 32)
+    with pytest.raises(BertraceError, match="not found in the MLflow store"):
+        trace.lineage("models:/bt/7")
 
 
 def test_corrupt_or_missing_target_is_a_clear_error(chain, capsys):
@@ -159,8 +341,10 @@ def test_corrupt_or_missing_target_is_a_clear_error(chain, capsys):
     model.write_bytes(model.read_bytes()[:50])
     with pytest.raises(BertraceError, match="model.pt: not a readable checkpoint"):
         trace.lineage(model)
-    with pytest.raises(BertraceError, match="not found"):
+    with pytest.raises(BertraceError, match="nope.pt: not found; give a checkpoint"):
         trace.lineage(chain / "nope.pt")
+    with pytest.raises(BertraceError, match="a directory without bertrace_export.json or MLmodel"):
+        trace.lineage(chain / "data")
     bad_json = chain / "data/provenance/clean.json"
     bad_json.write_text("{not json")
     with pytest.raises(BertraceError, match="clean.json: not valid JSON"):
