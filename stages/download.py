@@ -18,6 +18,7 @@ def main() -> None:
             run.add_input(f["path"], f["sha256"])
         if mirror:
             run.extra["mirror"] = str(mirror)
+        run.extra["source"] = manifest.get("source")  # hub id + resolved revision, or the local files
         run.add_output(OUT)
         run.set_tags({"bertrace.corpus_format": manifest.get("format")})
         run.write_metrics({"rows": manifest.get("total_rows"), "seconds": round(run.seconds, 2)})
