@@ -45,7 +45,8 @@ def main(argv=None) -> dict:
         corpus.replicate(args.source, scale, work / "src")
         corpus.download(work / "src", work / "raw")  # not timed: the download stage only copies rows
         runs = {
-            "clean": measure.run([py, runner, "clean", str(work / "raw"), str(work / "clean")]),
+            "clean": measure.run([py, runner, "clean", str(work / "raw"), str(work / "clean"),
+                                  "--workers", str(args.workers)]),
             "tokenizer": measure.run([py, runner, "tokenizer", str(work / "clean"), str(work / "tokenizer")]),
             "examples": measure.run([py, runner, "examples", str(work / "clean"), str(work / "tokenizer/tokenizer.json"),
                                      str(work / "examples"), "--workers", str(args.workers),

@@ -1,9 +1,13 @@
 """Run a command and measure it: wall time, peak RSS of the whole process tree, peak RSS of its
 largest process, and CPU seconds. Shared by the data-stage benches.
 
-The tree's RSS is sampled every 20 ms with psutil (a dvc dependency, so always installed):
-summed over the command and all its descendants (worker processes included), and the largest
-single process. CPU seconds are the children's user + system time.
+The tree's memory is sampled every 20 ms with psutil (a dvc dependency, so always installed):
+RSS summed over the command and all its descendants (worker processes included), the largest
+single process's RSS, and PSS summed over the tree. Summed RSS counts the pages of a shared
+library once per process that maps it (our 3 processes each count pyarrow's ~60 MB); PSS
+(proportional set size, Linux ``/proc/PID/smaps_rollup``) splits each shared page between the
+processes that map it, so its sum is the tree's real share of physical memory. For a single
+process the two are about equal. CPU seconds are the children's user + system time.
 """
 
 from __future__ import annotations
@@ -23,22 +27,23 @@ class Run:
     wall_s: float
     peak_tree_mb: float  # sum over the process tree, sampled
     peak_proc_mb: float  # largest single process, sampled
+    peak_pss_mb: float  # PSS summed over the process tree, sampled (0 where the OS has no PSS)
     cpu_s: float
     stdout: str
     stderr: str
     returncode: int
 
 
-def _tree_rss(proc: psutil.Process) -> tuple[int, int]:
-    """(sum, largest) RSS over a process and its descendants."""
-    total = largest = 0
+def _tree_memory(proc: psutil.Process) -> tuple[int, int, int]:
+    """(RSS sum, largest RSS, PSS sum) over a process and its descendants."""
+    total = largest = pss = 0
     for p in [proc, *proc.children(recursive=True)]:
         try:
-            rss = p.memory_info().rss
+            info = p.memory_full_info()  # rss from /proc/PID/statm, pss from smaps_rollup
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        total, largest = total + rss, max(largest, rss)
-    return total, largest
+        total, largest, pss = total + info.rss, max(largest, info.rss), pss + getattr(info, "pss", 0)
+    return total, largest, pss
 
 
 def run(cmd: list[str], *, cwd=None, env=None, check: bool = True, interval: float = 0.02) -> Run:
@@ -46,16 +51,16 @@ def run(cmd: list[str], *, cwd=None, env=None, check: bool = True, interval: flo
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = peak_one = 0
+    peak = peak_one = peak_pss = 0
     stop = threading.Event()
 
     def sample():
-        nonlocal peak, peak_one
+        nonlocal peak, peak_one, peak_pss
         try:
             ps = psutil.Process(proc.pid)
             while not stop.is_set():
-                total, largest = _tree_rss(ps)
-                peak, peak_one = max(peak, total), max(peak_one, largest)
+                total, largest, pss = _tree_memory(ps)
+                peak, peak_one, peak_pss = max(peak, total), max(peak_one, largest), max(peak_pss, pss)
                 stop.wait(interval)
         except psutil.NoSuchProcess:
             pass
@@ -70,7 +75,8 @@ def run(cmd: list[str], *, cwd=None, env=None, check: bool = True, interval: flo
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if check and proc.returncode != 0:
         raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{err[-3000:]}")
-    return Run(wall_s=wall, peak_tree_mb=peak / 2**20, peak_proc_mb=peak_one / 2**20, cpu_s=cpu,
+    return Run(wall_s=wall, peak_tree_mb=peak / 2**20, peak_proc_mb=peak_one / 2**20,
+               peak_pss_mb=peak_pss / 2**20, cpu_s=cpu,
                stdout=out, stderr=err, returncode=proc.returncode)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
+import bench_clean  # noqa: E402
 import bench_dvc_noop  # noqa: E402
 import bench_examples  # noqa: E402
 import bench_scaling  # noqa: E402
@@ -25,15 +26,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--google-bert", required=True)
     p.add_argument("--peer-python", default=sys.executable)
-    p.add_argument("--source", default="enwiki10", help="examples bench corpus")
+    p.add_argument("--sources", nargs="+", default=["enwiki10", "enwiki50"],
+                   help="examples bench corpora (enwikiN = N MB; the peer takes ~8 s per MB)")
+    p.add_argument("--clean-source", default="enwiki50", help="clean bench corpus (1 process vs all cores)")
     p.add_argument("--scaling-source", default="wikitext")
     p.add_argument("--out", type=Path, default=BENCH / "out")
     args = p.parse_args()
     print(f"{datetime.date.today()} on {measure.machine()}\n")
-    results = {
-        "examples": bench_examples.main(["--google-bert", args.google_bert, "--peer-python", args.peer_python,
-                                         "--source", args.source, "--json", str(args.out / "examples.json")]),
-    }
+    results: dict = {"examples": {}}
+    for source in args.sources:
+        results["examples"][source] = bench_examples.main([
+            "--google-bert", args.google_bert, "--peer-python", args.peer_python, "--source", source,
+            "--json", str(args.out / f"examples-{source}.json")])
+        print()
+    results["clean"] = bench_clean.main(["--source", args.clean_source, "--json", str(args.out / "clean.json")])
     print()
     results["scaling"] = bench_scaling.main(["--source", args.scaling_source, "--json", str(args.out / "scaling.json")])
     print()

@@ -1,7 +1,7 @@
 """One data stage as its own process, for the benches to time: the library call the DVC stage
 makes, without MLflow or provenance. Prints one JSON line with the stage's counts.
 
-    python bench/stage_runner.py clean RAW_DIR OUT_DIR
+    python bench/stage_runner.py clean RAW_DIR OUT_DIR [--workers N] [--engine local|dask]
     python bench/stage_runner.py tokenizer CLEAN_DIR OUT_DIR
     python bench/stage_runner.py examples CLEAN_DIR TOKENIZER_JSON OUT_DIR [--workers N] [--engine local|dask]
 """
@@ -29,8 +29,8 @@ def main() -> None:
         from pipeline.clean import clean_corpus
 
         raw, out = map(Path, args.paths)
-        result = clean_corpus(raw, out, min_chars=200, valid_fraction=0.1, seed=0,
-                              progress=False)
+        result = clean_corpus(raw, out, min_chars=200, valid_fraction=0.1, seed=0, workers=args.workers,
+                              engine=args.engine, scheduler=args.scheduler or None, progress=False)
     elif args.stage == "tokenizer":
         from pipeline.tokenizer import train_wordpiece
 

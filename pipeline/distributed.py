@@ -3,9 +3,10 @@
 A task is ``fn(shared, *args)``; ``shared`` (the tokenizer and config, say) is the same for
 every task and sent to each worker once. Tasks are submitted lazily, at most
 ``2 * workers`` at a time, so the caller streams its input and holds a bounded number of
-results in memory, whatever the corpus size. Results come back in completion order; every
-task's output depends only on its arguments, which is what makes the bytes identical for
-any number of workers and either engine.
+results in memory, whatever the corpus size. Results come back in completion order, or in
+submission order with ``ordered=True`` (a slow task then holds the window: like
+``Pool.imap``); every task's output depends only on its arguments, which is what makes the
+bytes identical for any number of workers and either engine.
 
 * ``local`` (default): ``workers`` processes of this machine (0 = all cores; 1 = in this
   process), a ``spawn`` process pool.
@@ -59,35 +60,42 @@ class Engine:
 
 
 def run_tasks(fn: Callable, shared: Any, tasks: Iterable[tuple], engine: Engine, *,
-              initializer: Callable | None = None, what: str = "task") -> Iterator[tuple[tuple, Any]]:
-    """Yield ``(args, fn(shared, *args))`` for every ``args`` in ``tasks``, as they finish.
+              initializer: Callable | None = None, what: str = "task",
+              ordered: bool = False) -> Iterator[tuple[tuple, Any]]:
+    """Yield ``(args, fn(shared, *args))`` for every ``args`` in ``tasks``, as they finish
+    (``ordered``: in the order of ``tasks``).
 
     ``initializer`` runs once in each local pool process (e.g. to set environment variables).
     ``what`` names the work in error messages.
     """
     if engine.kind == "dask":
-        yield from _run_dask(fn, shared, tasks, engine, what)
+        yield from _run_dask(fn, shared, tasks, engine, what, ordered)
     elif engine.local_workers == 1:
         for args in tasks:
             yield args, fn(shared, *args)
     else:
-        yield from _run_pool(fn, shared, tasks, engine.local_workers, initializer, what)
+        yield from _run_pool(fn, shared, tasks, engine.local_workers, initializer, what, ordered)
 
 
-def _run_pool(fn, shared, tasks, workers: int, initializer, what: str):
+def _run_pool(fn, shared, tasks, workers: int, initializer, what: str, ordered: bool):
     ctx = mp.get_context("spawn")
+
+    def finished(pending: dict):
+        """The futures to hand back next: the oldest (ordered; dicts keep insertion order) or any done."""
+        if ordered:
+            return [next(iter(pending))]
+        return cf.wait(pending, return_when=cf.FIRST_COMPLETED)[0]
+
     with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer) as pool:
         pending: dict[cf.Future, tuple] = {}
         try:
             for args in tasks:
                 while len(pending) >= 2 * workers:  # bounded: never read far ahead
-                    done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-                    for fut in done:
+                    for fut in finished(pending):
                         yield pending.pop(fut), fut.result()
                 pending[pool.submit(fn, shared, *args)] = args
             while pending:
-                done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-                for fut in done:
+                for fut in finished(pending):
                     yield pending.pop(fut), fut.result()
         except cf.process.BrokenProcessPool:
             raise BertraceError(
@@ -116,7 +124,7 @@ def _dask_client(engine: Engine, what: str):
     return Client(cluster), cluster
 
 
-def _run_dask(fn, shared, tasks, engine: Engine, what: str):
+def _run_dask(fn, shared, tasks, engine: Engine, what: str, ordered: bool):
     from distributed import wait
 
     client, cluster = _dask_client(engine, what)
@@ -124,6 +132,13 @@ def _run_dask(fn, shared, tasks, engine: Engine, what: str):
         slots = 2 * max(1, sum(client.nthreads().values()))
         shared_f = client.scatter(shared, broadcast=True, hash=False)
         pending: dict = {}
+
+        def next_done():
+            if ordered:  # the oldest task, like the local pool
+                first = next(iter(pending))
+                wait([first])
+                return [first]
+            return wait(list(pending), return_when="FIRST_COMPLETED")[0]
 
         def finished(futures):
             for fut in futures:
@@ -139,14 +154,12 @@ def _run_dask(fn, shared, tasks, engine: Engine, what: str):
 
         for args in tasks:
             while len(pending) >= slots:
-                done, _ = wait(list(pending), return_when="FIRST_COMPLETED")
-                yield from finished(done)
+                yield from finished(next_done())
             # Large arguments (a partition's text) go straight to a worker, not through the scheduler.
             data = client.scatter(list(args), hash=False)
             pending[client.submit(fn, shared_f, *data, pure=False)] = args
         while pending:
-            done, _ = wait(list(pending), return_when="FIRST_COMPLETED")
-            yield from finished(done)
+            yield from finished(next_done())
     finally:
         client.close()
         if cluster is not None:

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from pipeline.clean import clean_corpus
+from pipeline.distributed import Engine
 from stages.common import StageRun, load_params, run_stage
 
 RAW = Path("data/raw")
@@ -15,7 +16,8 @@ def main() -> None:
         run.add_input(RAW)
         run.add_upstream("download")
         stats = clean_corpus(
-            RAW, OUT, min_chars=params["min_chars"], valid_fraction=params["valid_fraction"], seed=params["seed"]
+            RAW, OUT, min_chars=params["min_chars"], valid_fraction=params["valid_fraction"], seed=params["seed"],
+            engine=Engine.from_params(params, "clean"),  # workers / engine / dask_scheduler: speed only
         )
         for name in ("train.txt", "valid.txt"):
             run.add_output(OUT / name)

@@ -281,3 +281,67 @@ def test_real_wikiextractor_file(tmp_path):
     text = all_lines(tmp_path / "clean")
     assert any(t.startswith("Anarchism. Anarchism is a political philosophy") for t in text)
     assert not any("<doc" in t or "</doc>" in t for t in text)
+
+
+# -- parallel cleaning: same bytes for any number of workers and any chunking --------------------------
+def test_chunks_cut_only_between_articles(tmp_path):
+    """chunk_chars=1 cuts at every point the chunker thinks safe; the articles must not change."""
+    for name, content, expected in (("wiki.test.raw", WIKITEXT, WIKITEXT_ARTICLES),
+                                    ("wiki_00", WIKIEXTRACTOR, WIKIEXTRACTOR_ARTICLES)):
+        (tmp_path / name).mkdir()
+        raw = raw_from_file(tmp_path / name, name, content)
+        stats = clean_corpus(raw, tmp_path / name / "clean", min_chars=0, valid_fraction=0.0, seed=0, workers=1,
+                             chunk_chars=1, progress=False)
+        assert sorted(all_lines(tmp_path / name / "clean")) == sorted(expected)
+        assert stats["documents"] == len(expected)
+
+
+def _real_slice(tmp_path: Path, source: str) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    if source == "wikitext":
+        (src / "wiki.test.raw").write_bytes(shared_file("wikitext-2-raw", "wiki.test.raw").read_bytes())
+    else:
+        for name in ("wiki_00", "wiki_01"):
+            (src / name).write_bytes(shared_file("enwiki-extract", "AA", name).read_bytes())
+        # a duplicate article across chunks and files: dedup must keep the first one whatever the workers
+        docs = (src / "wiki_00").read_bytes().split(b"</doc>\n")
+        (src / "wiki_02").write_bytes(b"</doc>\n".join(docs[:3]) + b"</doc>\n")
+    download_corpus({"source": "local", "local": {"path": str(src)}}, tmp_path / "raw", progress=False)
+    return tmp_path / "raw"
+
+
+@pytest.mark.parametrize("source", ["wikitext", "enwiki"])
+def test_workers_and_chunking_write_identical_bytes(tmp_path, source):
+    raw = _real_slice(tmp_path, source)
+    runs = {}
+    for workers, chunk_chars in ((1, 1 << 40), (1, 20_000), (2, 20_000)):  # (1, 1 << 40): one chunk, no cut
+        out = tmp_path / f"clean-{workers}-{chunk_chars}"
+        stats = clean_corpus(raw, out, min_chars=200, valid_fraction=0.1, seed=0, workers=workers,
+                             chunk_chars=chunk_chars, progress=False)
+        runs[workers, chunk_chars] = (stats, sha256_file(out / "train.txt"), sha256_file(out / "valid.txt"))
+    (first, *others) = runs.values()
+    assert all(r == first for r in others), runs
+    stats = first[0]
+    assert stats["train_documents"] > 10 and stats["valid_documents"] > 0
+    assert (stats["dropped_duplicate"] > 0) == (source == "enwiki")
+
+
+def test_dask_engine_writes_the_same_bytes(tmp_path):
+    pytest.importorskip("distributed", reason="pip install 'bertrace[dask]'")
+    raw = _real_slice(tmp_path, "enwiki")
+    local = clean_corpus(raw, tmp_path / "local", min_chars=200, valid_fraction=0.1, seed=0, workers=1,
+                         progress=False)
+    dask = clean_corpus(raw, tmp_path / "dask", min_chars=200, valid_fraction=0.1, seed=0, workers=2,
+                        engine="dask", chunk_chars=50_000, progress=False)  # no address: a 2-worker LocalCluster
+    assert dask == local
+    for name in ("train.txt", "valid.txt"):
+        assert sha256_file(tmp_path / "dask" / name) == sha256_file(tmp_path / "local" / name)
+
+
+def test_bad_workers_or_engine_error(tmp_path):
+    raw = raw_from_file(tmp_path, "wiki.test.raw", WIKITEXT)
+    with pytest.raises(BertraceError, match=r"clean\.workers = -1: must be an integer >= 0"):
+        clean_corpus(raw, tmp_path / "clean", min_chars=0, valid_fraction=0.1, seed=0, workers=-1, progress=False)
+    with pytest.raises(BertraceError, match=r"clean\.engine = 'spark'"):
+        clean_corpus(raw, tmp_path / "clean", min_chars=0, valid_fraction=0.1, seed=0, engine="spark", progress=False)

@@ -193,3 +193,45 @@ def test_train_errors(tmp_path):
         train_wordpiece(tmp_path / "train.txt", tmp_path / "out", vocab_size=5, lowercase=True, min_frequency=2,
                         progress=False)
     assert not (tmp_path / "out").exists()
+
+
+# -- bounded memory on long documents (BENCHMARKS.md "Scaling") --------------------------------------
+def test_line_batches_are_bounded_by_characters(tmp_path, monkeypatch):
+    import pipeline.tokenizer as T
+
+    monkeypatch.setattr(T, "_BATCH_CHARS", 1000)
+    path = tmp_path / "train.txt"
+    lines = ["x" * 300] * 10 + ["y" * 5000, "z"]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    batches = list(T._line_batches(path))
+    assert [line for b in batches for line in b] == lines  # every line, in order, once
+    assert [len(b) for b in batches] == [4, 4, 3, 1]  # a batch ends at the line that reaches 1000 chars
+
+
+def test_pieces_cut_only_at_spaces_and_bound_length():
+    from pipeline.tokenizer import _pieces
+
+    line = " ".join(["word"] * 50 + ["x" * 40] + ["a,b.c"] * 30)
+    batch = [line, "short one", "y" * 100 + " tail", ""]
+    (out,) = list(_pieces(iter([batch]), max_chars=30))
+    assert " ".join(out[:-4]) == line and out[-4:] == ["short one", "y" * 100, "tail", ""]
+    assert all(len(p) <= 30 or " " not in p for p in out)
+    assert max(map(len, out[:-4])) == 40 and len(out) >= 20
+
+
+def test_cutting_documents_for_the_trainer_changes_no_token(tmp_path):
+    """The trainer gets documents cut at spaces (bounded memory); the tokenizer must be the one the
+    whole documents give: same vocabulary, same ids, same bytes."""
+    from pipeline.tokenizer import _line_batches, _pieces, _train, continuation_pieces
+
+    rng = random.Random(1)
+    extra = ["naïve", "Ωμέγα", "ΣΟΦΟΣ", "東京都", "e\u0301t\u00e9", "x-ray", "(a)", "U.S.", "don't"]
+    docs = [" ".join(rng.choice(WORDS + extra) for _ in range(rng.randint(300, 900))) for _ in range(40)]
+    path = tmp_path / "train.txt"
+    path.write_text("\n".join(docs) + "\n", encoding="utf-8")
+    alphabet = corpus_alphabet(path, lowercase=True, limit=1000)
+    pinned = continuation_pieces(path, lowercase=True, alphabet=alphabet)
+    whole = _train(_line_batches(path), None, True, 300, 2, alphabet, pinned, False)
+    for max_chars in (7, 64):
+        cut = _train(_pieces(_line_batches(path), max_chars), None, True, 300, 2, alphabet, pinned, False)
+        assert cut.to_str() == whole.to_str()
