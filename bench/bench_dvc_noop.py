@@ -13,7 +13,6 @@ then times ``dvc repro examples`` again, several times, nothing changed. The mod
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -64,10 +63,7 @@ def main(argv=None) -> dict:
     result = {"target": args.target, "first_run_s": first.wall_s, "noop_s": walls, "noop_median_s": statistics.median(walls)}
     print(f"dvc repro {args.target}: first run {first.wall_s:.1f} s; nothing changed: "
           + ", ".join(f"{w:.2f}" for w in walls) + f" s (median {result['noop_median_s']:.2f} s, goal < 5 s)")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return measure.save_result(args.json, result)
 
 
 if __name__ == "__main__":

@@ -106,10 +106,7 @@ def main(argv=None) -> dict:
     print(f"ratio    examples/s ours/peer = {result['ratio']['examples_per_s']:.1f}x (goal >= 20x), "
           f"peak RSS ours/peer = {result['ratio']['peak_rss']:.2f}, peak PSS ours/peer = "
           f"{result['ratio']['peak_pss']:.2f} (goal <= 0.25)")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return measure.save_result(args.json, result)
 
 
 if __name__ == "__main__":

@@ -75,10 +75,7 @@ def main(argv=None) -> dict:
         print(f"{s:10s} {top // base}x corpus: time x{t:.1f} (goal <= {18 * top // base / 16:.0f}), "
               f"peak RSS x{m:.2f} (goal < 1.5)")
     result = {"source": args.source, "scales": table, "summary": summary}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return measure.save_result(args.json, result)
 
 
 if __name__ == "__main__":

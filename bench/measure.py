@@ -90,3 +90,13 @@ def machine() -> str:
         pass
     mem = psutil.virtual_memory().total / 2**30
     return f"{model or 'unknown CPU'}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, {os.uname().sysname} {os.uname().release}"
+
+
+def save_result(path, result: dict) -> dict:
+    """Write a bench result as JSON to ``path`` (a pathlib.Path, or None: don't), return it."""
+    if path:
+        import json
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+    return result

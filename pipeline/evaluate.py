@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_open, atomic_path
+from pipeline.provenance import iter_records
 
 # Order in which the provenance chain of a fine-tuned checkpoint is printed (downstream first).
 STAGE_ORDER = ("evaluate", "finetune", "pretrain", "validate", "examples", "tokenizer", "clean", "download")
@@ -164,26 +165,6 @@ def plot_confusion(path: str | Path, cm: Sequence[Sequence[int]], label_names: S
 # Provenance chain
 
 
-def _records(record: dict[str, Any], name: str | None) -> Iterable[tuple[str, dict[str, Any]]]:
-    """Depth-first walk over a provenance record and the records embedded in it.
-
-    Embedded records live under ``"pretrain"`` (a fine-tuned checkpoint's pre-training
-    provenance) and ``"upstream"`` (``{stage: record}``, or a list of records with ``"stage"``).
-    """
-    if not isinstance(record, dict):
-        return
-    yield (record.get("stage") or name or "?"), record
-    if isinstance(record.get("pretrain"), dict):
-        yield from _records(record["pretrain"], "pretrain")
-    upstream = record.get("upstream")
-    if isinstance(upstream, dict):
-        for stage, sub in upstream.items():
-            yield from _records(sub, stage)
-    elif isinstance(upstream, list):
-        for sub in upstream:
-            yield from _records(sub, None)
-
-
 def _is_sha256(value: Any) -> bool:
     return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
@@ -232,7 +213,7 @@ def provenance_chain(record: dict[str, Any] | None, stage: str = "finetune",
     than once is listed from its first (most downstream) occurrence.
     """
     seen: dict[str, dict[str, Any]] = {}
-    for name, rec in _records(record or {}, stage):
+    for name, rec in iter_records(record or {}, stage):
         seen.setdefault(name, _entry(name, rec, "checkpoint"))
     pending = dict(records or {})
     while seen and pending:
@@ -245,7 +226,7 @@ def provenance_chain(record: dict[str, Any] | None, stage: str = "finetune",
             match = sorted(outputs & set(known))
             if match:
                 linked = name
-                for sub_name, sub in _records(rec, name):
+                for sub_name, sub in iter_records(rec, name):
                     seen.setdefault(sub_name, _entry(sub_name, sub, f"linked by {known[match[0]]}"))
                 break
         if linked is None:

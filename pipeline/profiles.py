@@ -77,16 +77,27 @@ def apply_overrides(params: dict[str, Any], flat: dict[str, Any]) -> dict[str, A
     return merged
 
 
-def dvc_set_args(flat: dict[str, Any]) -> list[str]:
-    """``["-S", "a.b=value", ...]`` with values as YAML flow text (lists stay lists)."""
+def _has_key(params: dict[str, Any], dotted: str) -> bool:
+    node: Any = params
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return True
+
+
+def dvc_set_args(flat: dict[str, Any], params: dict[str, Any] | None = None) -> list[str]:
+    """``["-S", "a.b=value", ...]`` with values as YAML flow text (lists stay lists). Keys that
+    ``params`` lacks (new keys in an open section) get Hydra's ``+`` prefix, which DVC needs to add them."""
     args = []
     for dotted, value in flat.items():
         text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
         if text.endswith("\n...") or text.endswith("..."):
             text = text.rsplit("\n", 1)[0].strip()
-        args += ["-S", f"{dotted}={text}"]
+        plus = "+" if params is not None and not _has_key(params, dotted) else ""
+        args += ["-S", f"{plus}{dotted}={text}"]
     return args
 
 
-def shell_args(flat: dict[str, Any]) -> str:
-    return " ".join(shlex.quote(a) for a in dvc_set_args(flat))
+def shell_args(flat: dict[str, Any], params: dict[str, Any] | None = None) -> str:
+    return " ".join(shlex.quote(a) for a in dvc_set_args(flat, params))

@@ -36,7 +36,10 @@ def main(progress: bool = True) -> dict:
     tokenizer_path = Path(ft_params.get("tokenizer") or TOKENIZER)
     points = curve_points(PRETRAIN_DIR)
 
-    with StageRun("learning_curve", {**params, "finetune": ft_params}) as run:
+    # reference names are free text, not valid MLflow param names: one list value
+    run_params = {**params, "reference": [[k, v] for k, v in (params.get("reference") or {}).items()],
+                  "finetune": ft_params}
+    with StageRun("learning_curve", run_params) as run:
         data = load_task_data(ft_params.get("task"), load_tokenizer(tokenizer_path), max_len=max_len,
                               truncation=truncation, mirror=mirror, roles=("train", "validation"), progress=progress)
         final = points[-1][1]

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
             sections = sorted({k.split(".")[0] for k in flat})
             print(yaml.safe_dump({s: merged[s] for s in sections}, sort_keys=False), end="")
         else:
-            print(shell_args(flat))
+            print(shell_args(flat, params))
     except BertraceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

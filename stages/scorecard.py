@@ -37,7 +37,9 @@ def record(name: str, note: str | None = None, sets: list[str] = ()) -> Path:
         if not sep or key not in ROW_KEYS:
             raise BertraceError(f"--set {item!r}: use key=value with a key from {list(ROW_KEYS)}")
         row[key] = yaml.safe_load(value)
-    return write_json(PROFILES / f"{name}.json", row)
+    path = PROFILES / f"{name}.json"
+    write_json(path, row)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,6 +55,11 @@ def test_dvc_set_args_keep_yaml_types():
                     "-S", "pretrain.lr=0.0002", "-S", "evaluate.registered_model_name=null"]
     assert yaml.safe_load(args[1].split("=", 1)[1]) == [15, 30]
     assert shlex.split(" ".join(shlex.quote(a) for a in args)) == args
+    # a key params.yaml lacks (an open section) needs Hydra's '+' for `dvc exp run -S`
+    flat = flatten_overrides(load_profile("imdb", REPO / "profiles"), PARAMS)
+    args = dvc_set_args(flat, PARAMS)
+    assert "+finetune.task.local.train=../shared/data/imdb/train.parquet" in args
+    assert "finetune.max_len=128" in args and "+finetune.max_len=128" not in args
 
 
 def test_gpu_profile_pretrains_on_cpu(tmp_path):

@@ -68,7 +68,7 @@ def test_profiles_and_markdown(tmp_path):
     assert read_profiles(tmp_path / "absent") == []
 
 
-def test_record_keeps_the_last_row_as_a_profile(tmp_path, monkeypatch):
+def test_record_keeps_the_last_row_as_a_profile(tmp_path, monkeypatch, capsys):
     from stages.scorecard import main
 
     monkeypatch.chdir(tmp_path)
@@ -77,6 +77,7 @@ def test_record_keeps_the_last_row_as_a_profile(tmp_path, monkeypatch):
     (tmp_path / "reports").mkdir()
     (tmp_path / "reports" / "scorecard.json").write_text(json.dumps({"this_run": row, "profiles": []}))
     assert main(["record", "in-domain", "--note", "IMDB unsup", "--set", "imdb_test=86.5"]) == 0
+    assert "recorded reports/profiles/in-domain.json" in capsys.readouterr().out
     saved = read_profiles(tmp_path / "reports" / "profiles")
     assert len(saved) == 1 and saved[0]["name"] == "in-domain" and saved[0]["imdb_test"] == 86.5
     assert saved[0]["note"] == "IMDB unsup" and saved[0]["dev_mean"] == row["dev_mean"]
