@@ -34,8 +34,9 @@ def test_every_profile_names_only_existing_params(name):
 def test_the_measured_default_differs_from_params_only_in_the_source():
     flat = flatten_overrides(load_profile("enwiki", REPO / "profiles"), PARAMS)
     assert set(flat) == {"download.source", "download.local.path"}  # issue #7: only the source differs
-    assert {k.split(".")[0] for k in flatten_overrides(load_profile("imdb-indomain", REPO / "profiles"), PARAMS)} \
-        == {"download"}
+    indomain = flatten_overrides(load_profile("imdb-indomain", REPO / "profiles"), PARAMS)
+    assert {k.split(".")[0] for k in indomain} == {"download", "validate"}  # the corpus, and its NSP check's tolerance
+    assert set(indomain) - {k for k in indomain if k.startswith("download.")} == {"validate.nsp_tolerance"}
 
 
 def test_typos_and_missing_profiles_are_clear_errors(tmp_path):
