@@ -18,7 +18,7 @@ from pathlib import Path
 from pipeline.errors import BertraceError
 from pipeline.evaluate import (evaluate_logits, metrics_for_dvc, plot_confusion, provenance_chain, render_report,
                                write_confusion_csv, write_report)
-from pipeline.scorecard import read_profiles, render_scorecard, run_row
+from pipeline.scorecard import PROFILES_DIR, SCORECARD_JSON, read_profiles, render_scorecard, run_row
 from pipeline.train import resolve_device
 from pipeline.inference import Classifier
 from pipeline.io import read_json, write_json
@@ -31,8 +31,6 @@ CONFUSION_CSV = Path("plots/confusion.csv")
 CONFUSION_PNG = Path("reports/confusion.png")
 REPORT = Path("reports/evaluation.md")
 SCORECARD = Path("reports/scorecard.md")
-SCORECARD_JSON = Path("reports/scorecard.json")
-PROFILES = Path("reports/profiles")
 
 
 def _provenance_records() -> dict[str, dict]:
@@ -153,7 +151,7 @@ def main(progress: bool = True) -> dict:
         except BertraceError as why:  # e.g. a checkpoint evaluated outside a full pipeline run
             print(f"evaluate: no scorecard row for this run: {why}")
             row = None
-        profiles = [r for r in read_profiles(PROFILES) if row is None or r["name"] != row["name"]]
+        profiles = [r for r in read_profiles(PROFILES_DIR) if row is None or r["name"] != row["name"]]
         write_json(SCORECARD_JSON, {"this_run": row, "profiles": profiles})
         write_report(SCORECARD, render_scorecard([r for r in (row, *profiles) if r], anchors=params.get("anchors") or [],
                                                  baselines=baselines, goal=params.get("goal"), task=task_name))

@@ -46,7 +46,7 @@ def main(progress: bool = True) -> dict:
         final_ckpt = load_pretrained(final)
 
         def fine_tune(path):
-            ckpt = final_ckpt if path is None else load_pretrained(path)
+            ckpt = final_ckpt if path in (None, final) else load_pretrained(path)  # final: loaded once
             check_tokenizer(ckpt, path or final, tokenizer_path)
             if path is not None:
                 run.add_input(path)

@@ -16,10 +16,8 @@ import yaml
 
 from pipeline.errors import BertraceError
 from pipeline.io import read_json, write_json
-from pipeline.scorecard import ROW_KEYS
+from pipeline.scorecard import PROFILES_DIR, SCORECARD_JSON, ROW_KEYS
 
-SCORECARD_JSON = Path("reports/scorecard.json")
-PROFILES = Path("reports/profiles")
 
 
 def record(name: str, note: str | None = None, sets: list[str] = ()) -> Path:
@@ -37,7 +35,7 @@ def record(name: str, note: str | None = None, sets: list[str] = ()) -> Path:
         if not sep or key not in ROW_KEYS:
             raise BertraceError(f"--set {item!r}: use key=value with a key from {list(ROW_KEYS)}")
         row[key] = yaml.safe_load(value)
-    path = PROFILES / f"{name}.json"
+    path = PROFILES_DIR / f"{name}.json"
     write_json(path, row)
     return path
 
