@@ -39,6 +39,7 @@ from pipeline.model import (  # noqa: E402
     pretraining_loss,
     to_hf_state_dict,
 )
+from pipeline.train import peak_flops  # noqa: E402
 
 MASK_ID = 4
 
@@ -60,8 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 = autocast")
     p.add_argument("--compile", action="store_true", help="torch.compile both models")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    p.add_argument("--peak-tflops", type=float, default=989.0,
-                   help="accelerator peak for MFU (default: H100/H200 SXM dense bf16)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="accelerator peak for MFU (default: pipeline.train.PEAK_FLOPS for this GPU and --dtype)")
     p.add_argument("--no-memory", action="store_true", help="skip the CPU peak-RSS probes")
     p.add_argument("--only", choices=["ours", "hf"], default=None, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0)
@@ -227,26 +228,29 @@ def main(argv=None) -> None:
         mem_label = "torch.cuda.max_memory_allocated during a step"
     else:
         mem, mem_label = {k: None for k in peak_mem}, "not measured (--no-memory)"
+    known = peak_flops(torch.device(args.device), args.dtype)
+    peak_tflops = args.peak_tflops or (known / 1e12 if known else None)
     # FLOPs actually computed: ours runs the last layer's FFN and the MLM head on the masked
     # rows, HF on every position.
     fpt = {"ours": flops_per_token(config, T, mlm_fraction=args.masked / T),
            "hf": flops_per_token(config, T, mlm_fraction=1.0)}
     print(f"\n{'model':<6} {'tokens/s':>10} {'best tok/s':>11} {'ms/step':>9} {'last loss':>10} "
-          f"{'GFLOP/s':>9} {'peak MB':>9}" + (f" {'MFU':>6}" if cuda else ""))
+          f"{'GFLOP/s':>9} {'peak MB':>9}" + (f" {'MFU':>6}" if cuda and peak_tflops else ""))
     for name in ("ours", "hf"):
         gflops = tps[name] * fpt[name] / 1e9
         mem_s = f"{mem[name]:9.0f}" if mem[name] is not None else f"{'-':>9}"
         line = (f"{name:<6} {tps[name]:10.0f} {best[name]:11.0f} {1000 * statistics.median(times[name]):9.1f} "
                 f"{losses[name]:10.4f} {gflops:9.1f} {mem_s}")
-        if cuda:
-            line += f" {gflops / (args.peak_tflops * 1e3):6.1%}"
+        if cuda and peak_tflops:
+            line += f" {gflops / (peak_tflops * 1e3):6.1%}"
         print(line)
     print(f"\nratio ours/hf tokens/s: {pair_ratio:.2f}x (median over {args.steps} alternated pairs of steps; "
           f"from median steps {tps['ours'] / tps['hf']:.2f}x, from best steps {best['ours'] / best['hf']:.2f}x)")
     print(f"peak memory: {mem_label}; load average now {os.getloadavg()[0]:.2f}")
     print(f"GFLOP/s counts the matmul FLOPs each model performs (flops_per_token; HF's MLM head "
           f"runs on all {T} positions, ours on {args.masked})"
-          + (f"; MFU against {args.peak_tflops} TFLOP/s" if cuda else ""))
+          + (f"; MFU against {peak_tflops:g} TFLOP/s" if cuda and peak_tflops else
+             "; MFU: unknown GPU, pass --peak-tflops" if cuda else ""))
 
 
 if __name__ == "__main__":

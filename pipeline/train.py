@@ -249,12 +249,17 @@ PEAK_FLOPS = {"H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
               "L4": {"bf16": 121e12, "fp16": 121e12, "fp32": 30e12}}
 
 
-def _mfu(flops_per_s: float, device: torch.device, precision: str, world: int) -> float | None:
-    """Model FLOPs utilisation (PaLM, Chowdhery et al. 2022, app. B) on a known GPU, else None."""
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    """Dense peak FLOP/s of ``device`` at ``precision`` (fp32 | bf16 | fp16) from PEAK_FLOPS; None if unknown."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    peak = next((p.get(precision) for key, p in PEAK_FLOPS.items() if key in name), None)
+    return next((p.get(precision) for key, p in PEAK_FLOPS.items() if key in name), None)
+
+
+def _mfu(flops_per_s: float, device: torch.device, precision: str, world: int) -> float | None:
+    """Model FLOPs utilisation (PaLM, Chowdhery et al. 2022, app. B) on a known GPU, else None."""
+    peak = peak_flops(device, precision)
     return round(flops_per_s / (peak * world), 4) if peak else None
 
 
