@@ -18,10 +18,9 @@ import numpy as np
 
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_open, atomic_path
-from pipeline.provenance import iter_records
+from pipeline.provenance import STAGE_ORDER, iter_records
 
 # Order in which the provenance chain of a fine-tuned checkpoint is printed (downstream first).
-STAGE_ORDER = ("evaluate", "finetune", "pretrain", "validate", "examples", "tokenizer", "clean", "download")
 
 
 # --------------------------------------------------------------------------------------------

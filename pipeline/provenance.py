@@ -180,6 +180,10 @@ def record_digest(record: dict[str, Any]) -> str:
 # Walking a record: the chain of stages and its ids
 
 
+# The DAG's stages, newest first (the order lineages are printed in).
+STAGE_ORDER = ("evaluate", "finetune", "pretrain", "validate", "examples", "tokenizer", "clean", "download")
+
+
 def iter_records(record: dict[str, Any], name: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(stage, record)`` for a record and every record embedded in it, depth first.
 

@@ -18,10 +18,11 @@ from typing import Any, Iterable, Sequence
 
 from pipeline.errors import BertraceError
 from pipeline.io import sha256_json
+from pipeline.provenance import STAGE_ORDER
 
 SCORECARD_JSON = Path("reports/scorecard.json")  # the evaluate stage's rows; `scorecard record` reads it
 PROFILES_DIR = Path("reports/profiles")  # recorded rows of other profiles
-PIPELINE_STAGES = ("download", "clean", "tokenizer", "examples", "validate", "pretrain", "finetune")
+PIPELINE_STAGES = tuple(reversed(STAGE_ORDER[1:]))  # download … finetune: the stages before evaluate
 ROW_KEYS = ("name", "corpus", "model", "pretrain_minutes", "device", "tokens_seen", "task", "dev_mean", "dev_std",
             "seeds", "test", "imdb_test", "dag_minutes", "params_hash", "git_commit", "git_dirty", "date", "note")
 

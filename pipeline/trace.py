@@ -44,10 +44,9 @@ import yaml
 
 from pipeline.errors import BertraceError
 from pipeline.io import sha256_file
-from pipeline.provenance import hash_path, iter_records, params_hash
+from pipeline.provenance import STAGE_ORDER, hash_path, iter_records, params_hash
 
 OK, CHANGED, MISSING = "ok", "changed", "missing"
-STAGE_ORDER = ("evaluate", "finetune", "pretrain", "validate", "examples", "tokenizer", "clean", "download")
 EXPORT_INFO = "bertrace_export.json"  # pipeline.export.EXPORT_INFO (not imported: export imports transformers)
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 _FORMS = ("give a checkpoint (data/finetune/model.pt, data/pretrain/best.pt), a provenance record "
