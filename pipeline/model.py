@@ -348,9 +348,10 @@ class BertForPreTraining(nn.Module):
 
 
 def pretraining_loss(
-    output: PreTrainingOutput, mlm_labels: torch.Tensor, nsp_labels: torch.Tensor
+    output: PreTrainingOutput, mlm_labels: torch.Tensor, nsp_labels: torch.Tensor, nsp_weight: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(total, mlm, nsp)`` cross entropies, total = mlm + nsp (run_pretraining.py).
+    """``(total, mlm, nsp)`` cross entropies, total = mlm + nsp_weight * nsp (run_pretraining.py
+    adds them: ``nsp_weight=1``; 0 is MLM only, as RoBERTa, with the NSP loss still reported).
 
     ``mlm_labels`` is [N] for gathered logits, or [B, T] with -100 at unmasked positions for
     full logits. Google's weighted mean over real predictions equals this plain mean.
@@ -359,7 +360,7 @@ def pretraining_loss(
     mlm = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), mlm_labels.reshape(-1).long(),
                           ignore_index=-100)
     nsp = F.cross_entropy(output.nsp_logits.float(), nsp_labels.reshape(-1).long())
-    return mlm + nsp, mlm, nsp
+    return mlm + nsp_weight * nsp, mlm, nsp
 
 
 def pretraining_correct(

@@ -78,6 +78,7 @@ class PretrainConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-6
     clip_grad_norm: float = 1.0  # 0 disables clipping
+    nsp_weight: float = 1.0  # loss = MLM + nsp_weight * NSP; BERT 1.0, 0.0 = MLM only (RoBERTa)
     # budget: exactly one of these
     max_steps: int | None = None  # optimizer updates
     epochs: float | None = None  # passes over the training shards (may be fractional)
@@ -103,8 +104,8 @@ class PretrainConfig:
 
         # YAML 1.1 reads "5e-4" as a string: coerce numbers, with a clear error when impossible.
         for name, kind in (("lr", float), ("warmup", float), ("weight_decay", float), ("eps", float),
-                           ("clip_grad_norm", float), ("epochs", float), ("time_minutes", float),
-                           ("checkpoint_minutes", float), ("batch_size", int), ("grad_accum", int),
+                           ("clip_grad_norm", float), ("nsp_weight", float), ("epochs", float),
+                           ("time_minutes", float), ("checkpoint_minutes", float), ("batch_size", int), ("grad_accum", int),
                            ("max_steps", int), ("eval_every", int), ("eval_batches", int), ("log_every", int),
                            ("checkpoint_every", int), ("shuffle_buffer", int), ("seed", int), ("num_threads", int)):
             value = getattr(self, name)
@@ -144,6 +145,8 @@ class PretrainConfig:
             bad("batch_size", f"must be a multiple of grad_accum ({self.grad_accum})")
         if self.lr <= 0:
             bad("lr", "must be > 0")
+        if self.nsp_weight < 0:
+            bad("nsp_weight", "must be >= 0 (1.0: BERT's MLM + NSP; 0.0: MLM only)")
         if self.warmup < 0:
             bad("warmup", "must be >= 0 (a fraction < 1 of the budget, or a number of steps)")
         if self.time_minutes and self.warmup >= 1:
@@ -301,8 +304,9 @@ def _gather_rng(world: int, rank: int) -> list[dict] | None:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, data: PretrainingData, device: torch.device, autocast_dtype,
-             max_batches: int | None = None, world: int = 1) -> dict[str, float]:
-    """Validation MLM/NSP loss and accuracy (means over masked tokens / examples, all ranks)."""
+             max_batches: int | None = None, world: int = 1, nsp_weight: float = 1.0) -> dict[str, float]:
+    """Validation MLM/NSP loss and accuracy (means over masked tokens / examples, all ranks);
+    ``val_loss`` is the training objective, MLM + ``nsp_weight`` * NSP."""
     was_training = model.training
     model.eval()
     # mlm loss sum, mlm correct, mlm count, nsp loss sum, nsp correct, nsp count
@@ -327,7 +331,7 @@ def evaluate(model: torch.nn.Module, data: PretrainingData, device: torch.device
         raise BertraceError("validation split produced no masked tokens; check data/examples/valid shards")
     mlm_loss, nsp_loss = s[0] / s[2], s[3] / s[5]
     return {
-        "val_loss": mlm_loss + nsp_loss,
+        "val_loss": mlm_loss + nsp_weight * nsp_loss,
         "val_mlm_loss": mlm_loss,
         "val_mlm_acc": s[1] / s[2],
         "val_nsp_loss": nsp_loss,
@@ -592,7 +596,8 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
 
     def run_eval() -> dict[str, float]:
         nonlocal best, last_val
-        metrics = evaluate(raw_model, valid_data, device, autocast_dtype, cfg.eval_batches, world)
+        metrics = evaluate(raw_model, valid_data, device, autocast_dtype, cfg.eval_batches, world,
+                           nsp_weight=cfg.nsp_weight)
         last_val = metrics
         history.append({"step": step, "tokens": tokens_seen, "seconds": round(elapsed, 3), **metrics})
         if main:
@@ -639,7 +644,7 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
                         out = model(batch.input_ids, batch.token_type_ids, batch.attention_mask,
                                     batch.masked_positions)
                         loss, mlm_loss, nsp_loss = pretraining_loss(out, batch.masked_lm_labels,
-                                                                    batch.next_sentence_labels)
+                                                                    batch.next_sentence_labels, cfg.nsp_weight)
                     scaler.scale(loss / cfg.grad_accum).backward()
                 win[:3] += torch.stack([loss.detach(), mlm_loss.detach(), nsp_loss.detach()]).double() / cfg.grad_accum
             scaler.unscale_(optimizer)

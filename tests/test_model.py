@@ -121,6 +121,31 @@ def test_pretraining_loss_and_gradients_match_hugging_face():
     torch.testing.assert_close(ours.mlm.decoder.bias.grad, hf.cls.predictions.bias.grad, atol=1e-6, rtol=1e-4)
 
 
+def test_nsp_weight_scales_the_nsp_term_and_zero_leaves_the_nsp_head_untrained():
+    """pretrain.nsp_weight: 1 is BERT's sum; 0 is MLM only (no gradient reaches the NSP head
+    or the pooler, which only NSP trains); the reported parts stay the same."""
+    torch.manual_seed(0)
+    m = BertForPreTraining(tiny())
+    ids, token_type, mask, positions = batch()
+    mlm_labels, nsp_labels = torch.randint(5, V, (len(positions),)), torch.tensor([0, 1, 1, 0])
+    out = m(ids, token_type, mask, positions)
+    one = pretraining_loss(out, mlm_labels, nsp_labels)
+    half = pretraining_loss(out, mlm_labels, nsp_labels, nsp_weight=0.5)
+    torch.testing.assert_close(half[0], one[1] + 0.5 * one[2])
+    assert half[1].item() == one[1].item() and half[2].item() == one[2].item() and one[2].item() > 0.1
+    zero = pretraining_loss(out, mlm_labels, nsp_labels, nsp_weight=0.0)
+    torch.testing.assert_close(zero[0], one[1])
+    zero[0].backward()
+    for untrained in (m.nsp.weight, m.bert.pooler.weight):
+        assert untrained.grad is None or untrained.grad.abs().sum() == 0
+    assert m.bert.embeddings.word.weight.grad.abs().sum() > 0
+    from pipeline.train import PretrainConfig
+
+    assert PretrainConfig(nsp_weight="0", max_steps=1).nsp_weight == 0.0
+    with pytest.raises(BertraceError, match="pretrain.nsp_weight = -1.0: must be >= 0"):
+        PretrainConfig(nsp_weight=-1, max_steps=1)
+
+
 def test_sequence_classification_matches_hugging_face():
     transformers = pytest.importorskip("transformers")
     config = tiny(gelu="exact")

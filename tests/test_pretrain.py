@@ -350,3 +350,47 @@ def test_a_failed_save_leaves_the_previous_checkpoint_intact(examples, tmp_path,
     metrics, logs = run(cfg, examples, tmp_path)
     assert train_logs(logs)[0][0] == 3 and metrics["step"] == 6
     assert not any(f.exists() for f in stale) and (tmp_path / "notes.tmp").exists()
+
+
+def test_mlm_only_trains_no_nsp_and_reports_its_loss(examples, tmp_path):
+    """pretrain.nsp_weight 0 (MLM only): the objective is the MLM loss, the NSP head and the
+    pooler (which only NSP trains) keep their initial weights, NSP loss/accuracy are still measured."""
+    def weights(nsp_weight, steps, out):
+        cfg = tiny_cfg(nsp_weight=nsp_weight, weight_decay=0.0, max_steps=steps, eval_every=steps, log_every=4)
+        metrics, logs = run(cfg, examples, tmp_path / out)
+        return metrics, logs, ckpt_lib.load_checkpoint(tmp_path / out / "last.pt")["model"]
+
+    metrics, logs, mlm_only = weights(0.0, 12, "mlm")
+    for _, m in train_logs(logs):
+        assert m["loss"] == pytest.approx(m["mlm_loss"]) and m["nsp_loss"] > 0.3
+    assert metrics["val_loss"] == pytest.approx(metrics["val_mlm_loss"]) and 0 <= metrics["val_nsp_acc"] <= 1
+    _, _, first = weights(0.0, 1, "first")  # the same initialisation (same seed), one update
+    _, _, both = weights(1.0, 12, "both")
+    for name in ("nsp.weight", "bert.pooler.weight"):
+        assert torch.equal(mlm_only[name], first[name])
+        assert not torch.equal(both[name], first[name])
+    assert not torch.equal(mlm_only["bert.embeddings.word.weight"], first["bert.embeddings.word.weight"])
+
+
+def test_probe_script_trains_each_variant_for_its_minutes(examples, tmp_path):
+    """bench/probe_pretrain.py: params.yaml's pretrain section + overrides per variant, a wall-clock
+    budget each, one row of validation metrics per variant (README "What was tried")."""
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("probe", Path(__file__).parents[1] / "bench" / "probe_pretrain.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert probe.parse_variant("lr=2e-3, nsp_weight=0") == {"lr": 0.002, "nsp_weight": 0}
+    with pytest.raises(SystemExit, match="key=value"):
+        probe.parse_variant("lr")
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"pretrain": {**tiny_cfg().to_dict(), "max_steps": None, "resume": "auto"}}))
+    rows = probe.main(["--examples", str(examples), "--params", str(params), "--minutes", "0.01",
+                       "--eval-batches", "2", "--variant", "", "--variant", "nsp_weight=0,batch_size=32",
+                       "--json", str(tmp_path / "rows.json")])
+    assert [r["variant"] for r in rows] == ["params.yaml", "nsp_weight=0,batch_size=32"]
+    assert json.loads((tmp_path / "rows.json").read_text()) == rows
+    for r in rows:
+        assert r["steps"] >= 1 and r["tokens"] > 0 and 0 < r["val_mlm_loss"] < 10 and r["wall_s"] < 30
