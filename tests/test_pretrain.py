@@ -374,7 +374,7 @@ def test_mlm_only_trains_no_nsp_and_reports_its_loss(examples, tmp_path):
 
 def test_probe_script_trains_each_variant_for_its_minutes(examples, tmp_path):
     """bench/probe_pretrain.py: params.yaml's pretrain section + overrides per variant, a wall-clock
-    budget each, one row of validation metrics per variant (README "What was tried")."""
+    budget each, one row of validation metrics per variant (README "What limits it")."""
     import importlib.util
 
     import yaml
