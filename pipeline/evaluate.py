@@ -20,8 +20,6 @@ from pipeline.errors import BertraceError
 from pipeline.io import atomic_open, atomic_path
 from pipeline.provenance import STAGE_ORDER, iter_records
 
-# Order in which the provenance chain of a fine-tuned checkpoint is printed (downstream first).
-
 
 # --------------------------------------------------------------------------------------------
 # Metrics

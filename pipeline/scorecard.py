@@ -135,9 +135,10 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
         pre = "none" if not r.get("pretrain_minutes") else f"{r['pretrain_minutes']:.1f} min {r.get('device') or ''}".strip()
         dev = f"**{r['dev_mean']:.2f}** ± {r['dev_std']:.2f} ({r['seeds']} seed{'s' if r['seeds'] != 1 else ''})"
         commit = _fmt(r.get("git_commit")) + (" (dirty)" if r.get("git_dirty") else "")
+        dag = _fmt(r.get("dag_minutes"), ".1f") + (" min" if r.get("dag_minutes") is not None else "")
         lines.append(f"| {r['name']} | {_fmt(r.get('corpus'))} | {_fmt(r.get('model'))} | {pre} | {dev} | "
                      f"{_fmt(r.get('test'), '.2f')} | {_fmt(r.get('imdb_test'), '.2f')} | "
-                     f"{_fmt(r.get('dag_minutes'), '.1f')}{' min' if r.get('dag_minutes') is not None else ''} | `{_fmt(r.get('params_hash'))}` | {commit} |")
+                     f"{dag} | `{_fmt(r.get('params_hash'))}` | {commit} |")
     notes = [f"- **{r['name']}**: {r['note']}" for r in rows if r.get("note")]
     if notes:
         lines += [""] + notes

@@ -105,9 +105,10 @@ class PretrainConfig:
         # YAML 1.1 reads "5e-4" as a string: coerce numbers, with a clear error when impossible.
         for name, kind in (("lr", float), ("warmup", float), ("weight_decay", float), ("eps", float),
                            ("clip_grad_norm", float), ("nsp_weight", float), ("epochs", float),
-                           ("time_minutes", float), ("checkpoint_minutes", float), ("batch_size", int), ("grad_accum", int),
-                           ("max_steps", int), ("eval_every", int), ("eval_batches", int), ("log_every", int),
-                           ("checkpoint_every", int), ("shuffle_buffer", int), ("seed", int), ("num_threads", int)):
+                           ("time_minutes", float), ("checkpoint_minutes", float), ("batch_size", int),
+                           ("grad_accum", int), ("max_steps", int), ("eval_every", int), ("eval_batches", int),
+                           ("log_every", int), ("checkpoint_every", int), ("shuffle_buffer", int), ("seed", int),
+                           ("num_threads", int)):
             value = getattr(self, name)
             if value is None or isinstance(value, bool):
                 continue

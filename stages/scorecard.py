@@ -19,7 +19,6 @@ from pipeline.io import read_json, write_json
 from pipeline.scorecard import PROFILES_DIR, SCORECARD_JSON, ROW_KEYS
 
 
-
 def record(name: str, note: str | None = None, sets: list[str] = ()) -> Path:
     if not SCORECARD_JSON.exists():
         raise BertraceError(f"{SCORECARD_JSON}: not found; run the pipeline (dvc repro) first")
