@@ -6,7 +6,7 @@ minutes and a hash of every stage's params (so two rows with the same hash ran t
 ``run_row`` builds the row of the run in ``data/`` from its metrics and provenance records;
 rows of other profiles (in-domain pre-training, the GPU profile, ...) are such rows recorded
 earlier into ``reports/profiles/<name>.json`` (``bertrace scorecard record NAME``) and shown
-beside it. ``render_scorecard`` writes the markdown.
+beside it. ``render_scorecard`` makes the markdown; ``write_scorecard`` writes both files.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from pipeline.errors import BertraceError
-from pipeline.io import sha256_json
+from pipeline.io import atomic_open, sha256_json, write_json
 from pipeline.provenance import STAGE_ORDER
 
 SCORECARD_JSON = Path("reports/scorecard.json")  # the evaluate stage's rows; `scorecard record` reads it
+SCORECARD_MD = Path("reports/scorecard.md")  # the same rows as markdown, beside anchors and published numbers
 PROFILES_DIR = Path("reports/profiles")  # recorded rows of other profiles
 PIPELINE_STAGES = tuple(reversed(STAGE_ORDER[1:]))  # download … finetune: the stages before evaluate
 ROW_KEYS = ("name", "corpus", "model", "pretrain_minutes", "device", "tokens_seen", "task", "dev_mean", "dev_std",
@@ -158,3 +159,19 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
                   "", "| model | acc. (%) |", "|---|---:|"]
         lines += [f"| {name} | {float(v):.1f} |" for name, v in baselines.items()]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def write_scorecard(row: dict[str, Any] | None, *, params: dict[str, Any], task: str | None = None,
+                    profiles_dir: str | Path = PROFILES_DIR, json_path: str | Path = SCORECARD_JSON,
+                    md_path: str | Path = SCORECARD_MD) -> list[dict[str, Any]]:
+    """Write ``json_path`` ({"this_run": row, "profiles": [...]}) and ``md_path`` from ``row`` (the run
+    in ``data/``, or None) and the rows recorded in ``profiles_dir`` (a recorded row named like
+    ``row`` is that run's older copy and is left out). ``params`` is the evaluate section (goal,
+    anchors, baselines). Returns the rows shown."""
+    profiles = [r for r in read_profiles(profiles_dir) if row is None or r["name"] != row["name"]]
+    rows = [r for r in (row, *profiles) if r]
+    write_json(json_path, {"this_run": row, "profiles": profiles})
+    with atomic_open(md_path) as f:
+        f.write(render_scorecard(rows, anchors=params.get("anchors") or [], baselines=params.get("baselines") or {},
+                                 goal=params.get("goal"), task=task))
+    return rows

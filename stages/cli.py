@@ -6,6 +6,8 @@
     bertrace export --hf DIR [--checkpoint P] [--tokenizer T]   Hugging Face directory
     bertrace trace TARGET [--json] [--verify] [--root DIR]     lineage of a checkpoint, export or MLflow
                                                   run/model back to the raw corpus; --verify rechecks it
+    bertrace scorecard record NAME [--note T] [--set k=v]   keep the last run's scorecard row as a profile row
+    bertrace scorecard render                     rewrite reports/scorecard.md from the recorded rows
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("predict", help="classify texts with a fine-tuned model (JSON lines)", add_help=False)
     sub.add_parser("export", help="export a checkpoint as a Hugging Face directory", add_help=False)
     sub.add_parser("trace", help="lineage of a checkpoint, export or MLflow run/model (--verify rechecks it)",
+                   add_help=False)
+    sub.add_parser("scorecard", help="record the last run's scorecard row as a profile, or render the scorecard",
                    add_help=False)
     args = parser.parse_args(argv[:1])
     rest = argv[1:]
@@ -42,6 +46,10 @@ def main(argv: list[str] | None = None) -> None:
         from stages import trace
 
         run_stage(lambda: trace.main(rest))
+    elif args.command == "scorecard":
+        from stages import scorecard
+
+        sys.exit(scorecard.main(rest))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 from pipeline.errors import BertraceError
 from pipeline.evaluate import (evaluate_logits, metrics_for_dvc, plot_confusion, provenance_chain, render_report,
                                write_confusion_csv, write_report)
-from pipeline.scorecard import PROFILES_DIR, SCORECARD_JSON, read_profiles, render_scorecard, run_row
+from pipeline.scorecard import SCORECARD_JSON, SCORECARD_MD, run_row, write_scorecard
 from pipeline.train import resolve_device
 from pipeline.inference import Classifier
 from pipeline.io import read_json, write_json
@@ -30,7 +30,6 @@ METRICS = Path("metrics/eval.json")
 CONFUSION_CSV = Path("plots/confusion.csv")
 CONFUSION_PNG = Path("reports/confusion.png")
 REPORT = Path("reports/evaluation.md")
-SCORECARD = Path("reports/scorecard.md")
 
 
 def _provenance_records() -> dict[str, dict]:
@@ -151,12 +150,9 @@ def main(progress: bool = True) -> dict:
         except BertraceError as why:  # e.g. a checkpoint evaluated outside a full pipeline run
             print(f"evaluate: no scorecard row for this run: {why}")
             row = None
-        profiles = [r for r in read_profiles(PROFILES_DIR) if row is None or r["name"] != row["name"]]
-        write_json(SCORECARD_JSON, {"this_run": row, "profiles": profiles})
-        write_report(SCORECARD, render_scorecard([r for r in (row, *profiles) if r], anchors=params.get("anchors") or [],
-                                                 baselines=baselines, goal=params.get("goal"), task=task_name))
+        write_scorecard(row, params=params, task=task_name)
         run.log_metrics(mlflow_safe(metrics))
-        for path in (CONFUSION_CSV, CONFUSION_PNG, REPORT, SCORECARD, SCORECARD_JSON):
+        for path in (CONFUSION_CSV, CONFUSION_PNG, REPORT, SCORECARD_MD, SCORECARD_JSON):
             run.add_output(path)
             run.log_artifact(path, "evaluation")
         if params.get("log_model", True) and run.mlflow_run_id is not None:

@@ -1,9 +1,12 @@
-"""`python -m stages.scorecard record NAME [--note TEXT] [--set key=value ...]`.
+"""`bertrace scorecard record NAME [--note TEXT] [--set key=value ...]` and `bertrace scorecard render`.
 
-Keeps the row of the run just evaluated (``reports/scorecard.json``, written by the evaluate
-stage) as ``reports/profiles/NAME.json``, so later runs' scorecards show it beside their own
-(e.g. after ``make repro PROFILE=imdb-indomain``: ``... record imdb-indomain``). ``--set``
+``record`` keeps the row of the run just evaluated (``reports/scorecard.json``, written by the
+evaluate stage) as ``reports/profiles/NAME.json``, so later runs' scorecards show it beside their
+own (e.g. after ``make repro PROFILE=imdb-indomain``: ``... record imdb-indomain``). ``--set``
 fills fields measured elsewhere, e.g. ``--set imdb_test=86.9``.
+
+``render`` rewrites ``reports/scorecard.md`` (and ``.json``) from the evaluated run's row and the
+recorded rows, e.g. after copying in a row recorded in another checkout, without evaluating again.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import yaml
 
 from pipeline.errors import BertraceError
 from pipeline.io import read_json, write_json
-from pipeline.scorecard import PROFILES_DIR, SCORECARD_JSON, ROW_KEYS
+from pipeline.scorecard import PROFILES_DIR, ROW_KEYS, SCORECARD_JSON, SCORECARD_MD, read_profiles, write_scorecard
+from stages.common import load_params
 
 
 def record(name: str, note: str | None = None, sets: list[str] = ()) -> Path:
@@ -39,20 +43,35 @@ def record(name: str, note: str | None = None, sets: list[str] = ()) -> Path:
     return path
 
 
+def render() -> list[dict]:
+    """Rewrite the scorecard from ``reports/scorecard.json``'s own row (if any) and ``reports/profiles``."""
+    row = read_json(SCORECARD_JSON).get("this_run") if SCORECARD_JSON.exists() else None
+    if row is None and not read_profiles(PROFILES_DIR):
+        raise BertraceError(f"no rows: {SCORECARD_JSON} has no run of its own and {PROFILES_DIR}/ records none; "
+                            "run the pipeline (dvc repro) or record a row first")
+    return write_scorecard(row, params=load_params("evaluate") or {}, task=(row or {}).get("task"))
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.scorecard", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="bertrace scorecard", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="keep the last run's row as reports/profiles/NAME.json")
     rec.add_argument("name")
     rec.add_argument("--note")
     rec.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    sub.add_parser("render", help="rewrite reports/scorecard.md from the evaluated run and the recorded rows")
     args = ap.parse_args(argv)
     try:
+        if args.command == "render":
+            rows = render()
+            names = ", ".join(r["name"] for r in rows)
+            print(f"wrote {SCORECARD_MD}: {len(rows)} row{'s' if len(rows) != 1 else ''} ({names})")
+            return 0
         path = record(args.name, args.note, args.set)
     except BertraceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"recorded {path}; `dvc repro evaluate` shows it in reports/scorecard.md")
+    print(f"recorded {path}; `bertrace scorecard render` (or `dvc repro evaluate`) shows it in {SCORECARD_MD}")
     return 0
 
 
