@@ -433,3 +433,30 @@ def test_finetune_stage_end_to_end(env, tmp_path, monkeypatch):
         assert r.data.metrics["best_validation_accuracy"] == saved["per_seed"][r.data.tags["bertrace.seed"]][
             "validation_accuracy"]
     assert parents[0].data.metrics["validation_accuracy.mean"] == pytest.approx(saved["validation_accuracy"]["mean"])
+
+
+def test_probe_script_fine_tunes_each_variant(env, tmp_path):
+    """bench/probe_finetune.py: params.yaml's finetune section + overrides per variant on one checkpoint;
+    a row of dev accuracy per variant, equal to what the stage's own fine-tuning gives for that recipe."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("probe_ft", REPO / "bench" / "probe_finetune.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    base = {"task": env["task"], "mode": "full", "max_len": 32, "epochs": 2, "batch_size": 16, "lr": 3e-3,
+            "patience": 0, "seeds": [0, 1], "mirror": ""}
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"finetune": base}))
+    rows = probe.main(["--checkpoint", str(env["ckpt_path"]), "--tokenizer", str(env["tokenizer_path"]),
+                       "--params", str(params), "--seeds", "3", "--variant", "", "--variant", "mode=scratch,max_len=16",
+                       "--json", str(tmp_path / "rows.json")])
+    assert [r["variant"] for r in rows] == ["params.yaml", "mode=scratch,max_len=16"]
+    assert json.loads((tmp_path / "rows.json").read_text()) == rows
+    assert all(r["seeds"] == [3] and set(r["per_seed"]) == {"3"} and r["dev_std"] == 0 for r in rows)
+    # the first row is the plain recipe: the same number train_seed gives for seed 3
+    cfg = FinetuneConfig.from_params({**base, "seeds": [3]})
+    direct = train_seed(env["ckpt"], load_task_data(env["task"], env["tokenizer"], max_len=32), cfg, 3, progress=False)
+    assert rows[0]["dev_mean"] == round(100 * direct.validation_accuracy, 2)
+    with pytest.raises(BertraceError, match="--variant 'lr=0'"):
+        probe.main(["--checkpoint", str(env["ckpt_path"]), "--tokenizer", str(env["tokenizer_path"]),
+                    "--params", str(params), "--variant", "lr=0"])
