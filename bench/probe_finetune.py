@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from probe_pretrain import parse_variant  # noqa: E402
 
 from pipeline.errors import BertraceError  # noqa: E402
-from pipeline.finetune import FinetuneConfig, check_tokenizer, finetune, load_pretrained, resolve_checkpoint  # noqa: E402
+from pipeline.finetune import (FinetuneConfig, check_tokenizer, load_pretrained, resolve_checkpoint,  # noqa: E402
+                               summarize, train_seed)
 from pipeline.task_data import load_task_data  # noqa: E402
 from pipeline.tokenizer import load_tokenizer  # noqa: E402
 
@@ -62,12 +63,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                            mirror=mirror, roles=("train", "validation"))
         cfg = FinetuneConfig.from_params(params, source=f"--variant {text!r}")
         t0 = time.time()
-        summary, _ = finetune(ckpt, datasets[key], cfg, progress=False, source=str(ckpt_path))
+        results = [train_seed(ckpt, datasets[key], cfg, seed, progress=False, source=str(ckpt_path))
+                   for seed in cfg.seeds]
+        summary = summarize(results)
         acc = summary["validation_accuracy"]
         row = {"variant": text or "params.yaml", "seeds": summary["seeds"],
                "dev_mean": round(100 * acc["mean"], 2), "dev_std": round(100 * acc["std"], 2),
-               "per_seed": {s: round(100 * m["validation_accuracy"], 2) for s, m in summary["per_seed"].items()},
-               "best_epoch": {s: m["best_epoch"] for s, m in summary["per_seed"].items()},
+               "per_seed": {str(r.seed): round(100 * r.validation_accuracy, 2) for r in results},
+               "best_epoch": {str(r.seed): r.best_epoch for r in results},
+               # every validation check (the best one is kept): how much the choice of check adds
+               "checks": {str(r.seed): [round(100 * h["validation_accuracy"], 2) for h in r.history] for r in results},
                "wall_s": round(time.time() - t0, 1)}
         rows.append(row)
         print(json.dumps(row), flush=True)

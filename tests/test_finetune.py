@@ -457,6 +457,8 @@ def test_probe_script_fine_tunes_each_variant(env, tmp_path):
     cfg = FinetuneConfig.from_params({**base, "seeds": [3]})
     direct = train_seed(env["ckpt"], load_task_data(env["task"], env["tokenizer"], max_len=32), cfg, 3, progress=False)
     assert rows[0]["dev_mean"] == round(100 * direct.validation_accuracy, 2)
+    assert rows[0]["checks"]["3"] == [round(100 * h["validation_accuracy"], 2) for h in direct.history]
+    assert len(rows[0]["checks"]["3"]) == 2 and rows[0]["dev_mean"] == max(rows[0]["checks"]["3"])  # one per epoch
     with pytest.raises(BertraceError, match="--variant 'lr=0'"):
         probe.main(["--checkpoint", str(env["ckpt_path"]), "--tokenizer", str(env["tokenizer_path"]),
                     "--params", str(params), "--variant", "lr=0"])
