@@ -367,7 +367,8 @@ def test_examples_param_reruns_examples_and_downstream_only(repo):
 def test_finetune_param_reruns_finetune_and_evaluate_only(repo):
     root, env, _ = repo
     before = _lock(root)
-    _set_param(root, "finetune", "lr", 1e-4)
+    lr = float(yaml.safe_load((root / "params.yaml").read_text())["finetune"]["lr"])
+    _set_param(root, "finetune", "lr", lr / 2)  # a value the repo does not already hold
     out = _run(["dvc", "repro"], root, env)
     assert _ran(out.stdout + out.stderr) == {"finetune", "evaluate"}
     _unchanged_upstream(before, _lock(root), "finetune", root)
