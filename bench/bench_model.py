@@ -33,13 +33,12 @@ from pipeline.model import (  # noqa: E402
     BertConfig,
     BertForPreTraining,
     flops_per_token,
-    hf_config,
     num_parameters,
     param_groups,
     pretraining_loss,
-    to_hf_state_dict,
 )
-from pipeline.train import peak_flops  # noqa: E402
+from pipeline.hf import hf_config, to_hf_state_dict  # noqa: E402
+from pipeline.device import peak_flops  # noqa: E402
 
 MASK_ID = 4
 
@@ -62,7 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="torch.compile both models")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--peak-tflops", type=float, default=None,
-                   help="accelerator peak for MFU (default: pipeline.train.PEAK_FLOPS for this GPU and --dtype)")
+                   help="accelerator peak for MFU (default: pipeline.device.PEAK_FLOPS for this GPU and --dtype)")
     p.add_argument("--no-memory", action="store_true", help="skip the CPU peak-RSS probes")
     p.add_argument("--only", choices=["ours", "hf"], default=None, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0)

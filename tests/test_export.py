@@ -113,7 +113,7 @@ def test_pair_model_takes_pairs(pair_dir):
 
     import pandas as pd
 
-    from pipeline.export import predict_frame
+    from pipeline.pyfunc import predict_frame
 
     frame = pd.DataFrame({"hypothesis": ["it was great", "dull plot"], "premise": ["the film was good", "bad"]})
     out = predict_frame(clf, frame)
@@ -234,7 +234,7 @@ def test_pyfunc_log_load_predict(ckpt_dir, tmp_path):
     import mlflow
     import pandas as pd
 
-    from pipeline.export import log_pyfunc, pip_requirements
+    from pipeline.pyfunc import log_pyfunc, pip_requirements
 
     experiment = mlflow.create_experiment("pyfunc-test", artifact_location=(tmp_path / "artifacts").as_uri())
     with mlflow.start_run(experiment_id=experiment) as run:
