@@ -4,7 +4,7 @@ Sources:
 
 * ``hub``: a Hugging Face dataset (``datasets.load_dataset``), pinned to the commit sha its
   revision resolves to. Offline machines point ``download.mirror`` (or ``BERTRACE_HUB_MIRROR``)
-  at local copies of the same dataset; see :func:`resolve_mirror`.
+  at local copies of the same dataset; see :mod:`pipeline.hub`.
 * ``local``: a file, a directory or a glob of WikiText files, WikiExtractor output, or
   document files (Parquet / JSON lines with a text column, plain text with blank lines
   between documents).
@@ -25,13 +25,15 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, ClassVar, Iterable, Iterator, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
+from pydantic import Field
 
+from pipeline.config import Section, Str
 from pipeline.errors import BertraceError
+from pipeline.hub import load_split, resolve_mirror, resolve_revision
 from pipeline.io import sha256_file, write_json
 
 log = logging.getLogger("bertrace.corpus")
@@ -48,12 +50,38 @@ ROW_GROUP_ROWS = 100_000
 
 TEXT_SUFFIXES = {".raw", ".txt", ".tokens", ""}  # "" = no extension (WikiExtractor's AA/wiki_00)
 TABLE_SUFFIXES = {".parquet", ".jsonl", ".json"}
-MIRROR_SUFFIXES = ("raw", "txt", "tokens", "parquet", "jsonl", "json", "tsv", "csv")
-SPLIT_ALIASES = {"validation": ("validation", "valid", "val", "dev"), "valid": ("valid", "validation", "val", "dev"),
-                 "dev": ("dev", "validation", "valid", "val")}
 
 _SNIFF_BYTES = 64 << 10
 _WIKITEXT_TITLE = re.compile(r"= [^=](?:.*[^=])? =")  # stripped " = Title = " (one '=' each side)
+
+
+SourceFormat = Literal["auto", "wikitext", "wikiextractor", "documents"]
+
+
+class HubSource(Section):
+    dataset: Str = "Salesforce/wikitext"
+    config: Str | None = "wikitext-2-raw-v1"
+    revision: Str = "main"  # a branch, tag or commit sha of the dataset repo
+    splits: list[Str] = Field(default_factory=lambda: ["train", "validation", "test"], min_length=1)
+    text_column: Str = "text"
+    format: SourceFormat = "wikitext"
+
+
+class LocalSource(Section):
+    path: Str = "data/sources"  # file, directory or glob; a DVC dependency
+    format: SourceFormat = "auto"
+    text_column: Str = "text"  # for .parquet / .jsonl sources
+
+
+class DownloadConfig(Section):
+    """The ``download`` section of params.yaml (defaults equal params.yaml; tests/test_config.py)."""
+
+    SECTION: ClassVar[str] = "download"
+
+    source: Literal["hub", "local"] = "hub"
+    hub: HubSource = Field(default_factory=HubSource)
+    local: LocalSource = Field(default_factory=LocalSource)
+    mirror: Str = ""  # YAML index or directory of local copies of hub datasets (env BERTRACE_HUB_MIRROR)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,12 +91,13 @@ def download_corpus(params: dict, out_dir: Path, *, mirror: str | None = None, p
     """Write ``out_dir/part-NNNNN.parquet`` (columns ``text``, ``source``) and ``manifest.json``.
 
     ``params`` is the ``download`` section of params.yaml. ``mirror`` (a YAML index or a
-    directory, see :func:`resolve_mirror`) overrides ``params["mirror"]`` and redirects hub
+    directory, see :func:`pipeline.hub.resolve_mirror`) overrides ``params["mirror"]`` and redirects hub
     datasets to local copies. Returns the manifest.
     """
     out_dir = Path(out_dir)
-    source = params.get("source", "hub")
-    mirror = mirror or params.get("mirror") or None
+    params = DownloadConfig.from_params(params).to_dict()
+    source = params["source"]
+    mirror = mirror or params["mirror"] or None
     if source == "hub":
         plan = _plan_hub(params.get("hub") or {}, mirror)
     elif source == "local":
@@ -148,7 +177,7 @@ def _plan_hub(hub: dict, mirror: str | None) -> dict:
         inputs = [(s, s, _read_file(p, fmt, text_column)) for s, p in paths.items()]
         where = f"mirror {mirror}"
     else:
-        source["resolved_revision"] = _resolve_hub_revision(dataset, config, revision)
+        source["resolved_revision"] = resolve_revision(dataset, config, revision, key="download.hub")
         pinned = source["resolved_revision"] or revision
         loaded = {s: _load_hub_split(dataset, config, pinned, s, text_column) for s in splits}
         if fmt == "auto":
@@ -160,173 +189,10 @@ def _plan_hub(hub: dict, mirror: str | None) -> dict:
                          "mirror": str(mirror) if mirror else None}}
 
 
-def resolve_mirror(mirror: str | os.PathLike, dataset: str, config: str | None, splits: Iterable[str]) -> dict[str, Path]:
-    """Local copies of ``dataset``/``config`` splits in a hub mirror: ``{split: path}``.
-
-    A mirror is either
-
-    * a YAML index ``dataset id -> config -> split -> file`` (paths relative to the YAML file;
-      a dataset without configs may map ``dataset id -> split -> file`` or use config ``default``), or
-    * a directory laid out ``<mirror>/<dataset id>/<config>/<split>.<ext>``; a file also matches
-      when its name is ``<prefix>.<split>.<ext>`` (e.g. ``wiki.test.raw``), and ``validation``
-      also matches ``valid`` / ``val`` / ``dev``.
-
-    Requested splits the mirror lacks are logged as a warning and left out of the result;
-    when none is present, or the dataset/config is not in the mirror, a BertraceError says so.
-    """
-    mirror_path = Path(os.path.expanduser(str(mirror)))
-    splits = list(splits)
-    if not mirror_path.exists():
-        raise BertraceError(f"hub mirror {mirror_path}: not found; point download.mirror / BERTRACE_HUB_MIRROR at a "
-                            "YAML index or a directory of local dataset copies, or unset it to use the hub")
-    if mirror_path.is_dir():
-        found, where, available = _mirror_dir(mirror_path, dataset, config, splits)
-    else:
-        found, where, available = _mirror_index(mirror_path, dataset, config, splits)
-    missing = [s for s in splits if s not in found]
-    if not found:
-        raise BertraceError(f"hub mirror {where}: none of the requested splits {splits} of {dataset}"
-                            f"{'/' + config if config else ''} is present (it has: {available or 'nothing'}); "
-                            "add them to the mirror or change download.hub.splits")
-    if missing:
-        log.warning("hub mirror %s: splits %s of %s%s are missing; continuing with %s", where, missing, dataset,
-                    "/" + config if config else "", list(found))
-    return found
-
-
-def _mirror_index(index: Path, dataset: str, config: str | None, splits: list[str]):
-    try:
-        entries = yaml.safe_load(index.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise BertraceError(f"hub mirror {index}: not a valid YAML index ({e}); it should map "
-                            "'dataset id: {config: {split: path}}'") from None
-    if not isinstance(entries, dict):
-        raise BertraceError(f"hub mirror {index}: expected a mapping 'dataset id: {{config: {{split: path}}}}'")
-    if dataset not in entries:
-        raise BertraceError(f"hub mirror {index}: has no entry for dataset {dataset!r} (it has: {sorted(entries)}); "
-                            f"add '{dataset}: {{{config or 'default'}: {{split: path}}}}' or unset the mirror")
-    configs = entries[dataset] or {}
-    if not isinstance(configs, dict):
-        raise BertraceError(f"hub mirror {index}: entry {dataset!r} must map configs to splits")
-    if config in configs:
-        split_map = configs[config]
-    elif config is None and "default" in configs:
-        split_map = configs["default"]
-    elif config is None and all(isinstance(v, str) for v in configs.values()):
-        split_map = configs
-    else:
-        raise BertraceError(f"hub mirror {index}: dataset {dataset!r} has no config {config!r} "
-                            f"(it has: {sorted(map(str, configs))}); add it or change download.hub.config")
-    if not isinstance(split_map, dict):
-        raise BertraceError(f"hub mirror {index}: {dataset}/{config} must map splits to file paths")
-    found: dict[str, Path] = {}
-    for split in splits:
-        if split in split_map and split_map[split]:
-            path = Path(os.path.normpath(index.parent / os.path.expanduser(str(split_map[split]))))
-            if not path.is_file():
-                raise BertraceError(f"hub mirror {index}: {dataset}/{config}/{split} points at {path}, which does "
-                                    "not exist; fix the path (relative to the YAML file) or remove the entry")
-            found[split] = path
-    return found, index, sorted(map(str, split_map))
-
-
-def _mirror_dir(root: Path, dataset: str, config: str | None, splits: list[str]):
-    base = root / dataset
-    candidates = [base / config] if config else [base / "default", base]
-    folder = next((c for c in candidates if c.is_dir()), None)
-    if folder is None:
-        raise BertraceError(f"hub mirror {root}: no folder {candidates[0]} for {dataset}"
-                            f"{'/' + config if config else ''}; lay it out as <mirror>/<dataset id>/<config>/<split>.<ext>")
-    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
-    found: dict[str, Path] = {}
-    for split in splits:
-        names = SPLIT_ALIASES.get(split, (split,))
-        matches = []
-        for name in names:
-            for p in files:
-                stem, _, ext = p.name.rpartition(".")
-                if ext in MIRROR_SUFFIXES and (stem == name or stem.endswith("." + name)):
-                    matches.append(p)
-            if matches:
-                break
-        if len(matches) > 1:
-            raise BertraceError(f"hub mirror {folder}: several files match split {split!r}: "
-                                f"{[m.name for m in matches]}; keep one")
-        if matches:
-            found[split] = matches[0]
-    return found, folder, [p.name for p in files]
-
-
-def _hub_error_help(dataset: str, config: str | None, reason: str) -> str:
-    return (
-        f"cannot reach the Hugging Face hub for dataset {dataset!r} ({reason}). Either\n"
-        f"  * use local files: in params.yaml set `download.source: local` and `download.local.path` to a file,\n"
-        f"    directory or glob (e.g. `download.local.path: data/sources/wiki.test.raw`), or\n"
-        f"  * use a mirror of the hub dataset: `BERTRACE_HUB_MIRROR=mirrors/shared-data.yaml dvc repro` or\n"
-        f"    `download.mirror: mirrors/shared-data.yaml` in params.yaml; the YAML maps dataset -> config -> split\n"
-        f"    -> file, e.g.\n"
-        f"        {dataset}:\n"
-        f"          {config or 'default'}:\n"
-        f"            test: ../data/wiki.test.raw\n"
-        f"    (a directory <mirror>/{dataset}/{config or 'default'}/<split>.<ext> works too), or\n"
-        + (f"  * offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and the dataset is not in the Hugging\n"
-           f"    Face cache (HF_HOME): unset offline mode where the hub is reachable."
-           if hub_offline() else
-           f"  * if the dataset is already in your Hugging Face cache, set HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1.")
-    )
-
-
-def _is_network_error(e: BaseException) -> bool:
-    names = {c.__name__ for c in type(e).__mro__}
-    return bool(names & {"ConnectionError", "TimeoutError", "OfflineModeIsEnabled", "LocalEntryNotFoundError",
-                         "TransportError", "TimeoutException", "NetworkError", "ConnectError"})
-
-
-def hub_offline() -> bool:
-    """Whether huggingface_hub or datasets is in offline mode (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)."""
-    import huggingface_hub.constants as hc
-    import datasets.config as dc
-
-    return bool(hc.HF_HUB_OFFLINE or dc.HF_HUB_OFFLINE or getattr(dc, "HF_DATASETS_OFFLINE", False))
-
-
-def _resolve_hub_revision(dataset: str, config: str | None, revision: str) -> str | None:
-    """Commit sha the revision points to (None in offline mode). One quick request, no retries:
-    an unreachable hub fails here in well under a second instead of in ``load_dataset``'s retry loop."""
-    if hub_offline():
-        return None
-    from huggingface_hub import HfApi
-
-    try:
-        return HfApi().dataset_info(dataset, revision=revision, timeout=15).sha
-    except Exception as e:  # noqa: BLE001 - turned into a user-facing message below
-        names = {c.__name__ for c in type(e).__mro__}
-        if "RevisionNotFoundError" in names:
-            raise BertraceError(f"hub dataset {dataset!r} has no revision {revision!r}; "
-                                "fix download.hub.revision (a branch, tag or commit sha)") from None
-        if "GatedRepoError" in names:
-            raise BertraceError(f"hub dataset {dataset!r} is gated; accept its terms on huggingface.co and "
-                                "log in (`hf auth login`), or use a mirror / local files") from None
-        if "RepositoryNotFoundError" in names:
-            raise BertraceError(f"hub dataset {dataset!r} not found (or private); fix download.hub.dataset") from None
-        if _is_network_error(e):
-            raise BertraceError(_hub_error_help(dataset, config, f"{type(e).__name__}: {e}")) from None
-        raise
-
-
 def _load_hub_split(dataset: str, config: str | None, revision: str, split: str, text_column: str):
-    import datasets
-
-    name = f"{dataset}/{config}" if config else dataset
-    try:
-        ds = datasets.load_dataset(dataset, config, revision=revision, split=split)
-    except Exception as e:  # noqa: BLE001
-        if _is_network_error(e):
-            raise BertraceError(_hub_error_help(dataset, config, f"{type(e).__name__}: {e}")) from None
-        if isinstance(e, ValueError) and "split" in str(e).lower():
-            raise BertraceError(f"hub dataset {name}: {e}; fix download.hub.splits") from None
-        raise
+    ds = load_split(dataset, config, revision, split, key="download.hub")
     if text_column not in ds.column_names:
+        name = f"{dataset}/{config}" if config else dataset
         raise BertraceError(f"hub dataset {name} split {split}: no column {text_column!r} "
                             f"(columns: {ds.column_names}); set download.hub.text_column")
     return ds

@@ -5,7 +5,7 @@ A task is described by the ``finetune.task`` params section:
 
 * ``source: hub`` loads ``hub.dataset``/``hub.config`` (default GLUE SST-2, ``nyu-mll/glue`` /
   ``sst2``) with ``datasets.load_dataset``; with a hub mirror (``BERTRACE_HUB_MIRROR`` or
-  ``finetune.mirror``, see :func:`pipeline.corpus.resolve_mirror`) the local copies are read
+  ``finetune.mirror``, see :mod:`pipeline.hub`) the local copies are read
   instead. A mirror entry may be a path or ``{path: ..., columns: {old: new}}`` to rename a
   local copy's columns to the hub's names (SST-2's local dev/test call the text ``content``).
 * ``source: local`` reads ``local: {split: file}`` (``.tsv`` / ``.csv`` / ``.parquet`` /
@@ -25,7 +25,6 @@ Classification?", section 5.3.1, best on IMDB with 128 head + 382 tail tokens of
 from __future__ import annotations
 
 import csv
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +33,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pipeline.corpus import hub_offline, resolve_mirror
 from pipeline.errors import BertraceError
+from pipeline.hub import entry, load_split, resolve_mirror_entries, resolve_revision
 from pipeline.io import sha256_file
 
 CLS_ID, SEP_ID, PAD_ID = 2, 3, 0
@@ -52,7 +51,7 @@ DEFAULT_TASK: dict[str, Any] = {
     "label_names": ["negative", "positive"],
     "splits": {"train": "train", "validation": "validation", "test": "test"},
     "validation_fraction": 0.1,
-    "max_examples": {},
+    "max_examples": {"train": None, "validation": None, "test": None},
     "sample_seed": 0,
 }
 
@@ -217,76 +216,6 @@ def task_params(params: dict | None) -> dict[str, Any]:
     return out
 
 
-def _entry(value: Any, where: str) -> tuple[str, dict[str, str]]:
-    """A split entry: ``path`` or ``{path: ..., columns: {old: new}}``."""
-    if isinstance(value, dict):
-        if not value.get("path"):
-            raise BertraceError(f"{where}: entry {value!r} has no 'path'; write {{path: file, columns: {{old: new}}}}")
-        columns = value.get("columns") or {}
-        if not isinstance(columns, dict):
-            raise BertraceError(f"{where}: 'columns' must map old column names to new ones, got {columns!r}")
-        return str(value["path"]), {str(k): str(v) for k, v in columns.items()}
-    if not value:
-        raise BertraceError(f"{where}: empty entry; give a file path")
-    return str(value), {}
-
-
-def _mirror_yaml_entries(index: Path, dataset: str, config: str | None) -> dict[str, Any]:
-    """The split entries of ``dataset``/``config`` in a YAML mirror index ({} if not found;
-    :func:`pipeline.corpus.resolve_mirror` then reports what is missing)."""
-    import yaml
-
-    try:
-        entries = yaml.safe_load(index.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError):
-        return {}
-    configs = entries.get(dataset) if isinstance(entries, dict) else None
-    if not isinstance(configs, dict):
-        return {}
-    if config in configs:
-        split_map = configs[config]
-    elif config is None and "default" in configs:
-        split_map = configs["default"]
-    elif config is None:
-        split_map = configs
-    else:
-        return {}
-    return split_map if isinstance(split_map, dict) else {}
-
-
-def resolve_task_mirror(mirror: str | os.PathLike, dataset: str, config: str | None,
-                        splits: list[str]) -> dict[str, tuple[Path, dict[str, str]]]:
-    """``{split: (file, column renames)}`` for the hub splits in a mirror.
-
-    Entries written ``{path: ..., columns: {old: new}}`` are resolved here (relative to the
-    YAML file); plain paths and mirror directories go through :func:`pipeline.corpus.resolve_mirror`.
-    """
-
-    mirror_path = Path(os.path.expanduser(str(mirror)))
-    entries = _mirror_yaml_entries(mirror_path, dataset, config) if mirror_path.is_file() else {}
-    found: dict[str, tuple[Path, dict[str, str]]] = {}
-    plain = []
-    for split in splits:
-        value = entries.get(split)
-        if isinstance(value, dict):
-            rel, columns = _entry(value, f"hub mirror {mirror_path}: {dataset}/{config}/{split}")
-            path = Path(os.path.normpath(mirror_path.parent / os.path.expanduser(rel)))
-            if not path.is_file():
-                raise BertraceError(f"hub mirror {mirror_path}: {dataset}/{config}/{split} points at {path}, which "
-                                    "does not exist; fix the path (relative to the YAML file) or remove the entry")
-            found[split] = (path, columns)
-        else:
-            plain.append(split)
-    if plain:
-        for split, path in resolve_mirror(mirror_path, dataset, config, plain).items():
-            found[split] = (path, {})
-    missing = [s for s in splits if s not in found]
-    if missing:
-        raise BertraceError(f"hub mirror {mirror_path}: {dataset}/{config} has no split(s) {missing}; add them to the "
-                            "mirror or change finetune.task.splits")
-    return found
-
-
 def read_table(path: Path) -> dict[str, list]:
     """Columns of a ``.tsv`` / ``.csv`` / ``.parquet`` / ``.jsonl`` file (first line = header
     for tsv/csv; CRLF line endings are fine)."""
@@ -333,47 +262,10 @@ def _file_rows(path: Path, renames: dict[str, str], global_renames: dict[str, st
     return _Rows(columns, str(path), hint, None, original)
 
 
-def _hub_help(where: str, e: BaseException) -> str:
-    return (f"{where}: cannot be loaded ({type(e).__name__}: {str(e)[:200]}). Offline? Point BERTRACE_HUB_MIRROR "
-            "(or finetune.mirror) at a mirror YAML, e.g. mirrors/shared-data.yaml, or set "
-            "finetune.task.source: local with finetune.task.local: {train: file, validation: file}")
-
-
-def resolve_hub_revision(dataset: str, revision: str) -> str | None:
-    """The commit sha ``revision`` points to (None offline): pins the data for provenance, and
-    fails in seconds when the hub is unreachable instead of in ``load_dataset``'s retry loop."""
-    if hub_offline() or Path(dataset).is_dir():  # a local dataset folder has no revisions
-        return None
-    from huggingface_hub import HfApi
-
-    try:
-        return HfApi().dataset_info(dataset, revision=revision, timeout=15).sha
-    except Exception as e:  # noqa: BLE001 - turned into a user-facing message
-        names = {c.__name__ for c in type(e).__mro__}
-        if "RevisionNotFoundError" in names:
-            raise BertraceError(f"hub dataset {dataset!r} has no revision {revision!r}; fix finetune.task.hub.revision")
-        if "RepositoryNotFoundError" in names or "GatedRepoError" in names:
-            raise BertraceError(f"hub dataset {dataset!r} not found, private or gated; fix finetune.task.hub.dataset "
-                                "or log in (`hf auth login`)") from None
-        raise BertraceError(_hub_help(f"hub dataset {dataset}", e)) from None
-
-
 def _hub_rows(dataset: str, config: str | None, revision: str, split: str, global_renames: dict[str, str],
               label_column: str, files: dict[str, str]) -> _Rows:
-    import datasets
-
     where = f"hub dataset {dataset}{'/' + config if config else ''} split {split}"
-    try:
-        ds = datasets.load_dataset(dataset, config, revision=revision, split=split)
-    except Exception as e:  # noqa: BLE001 - turned into a user-facing message
-        names = {c.__name__ for c in type(e).__mro__}
-        network = names & {"ConnectionError", "TimeoutError", "OfflineModeIsEnabled", "LocalEntryNotFoundError",
-                           "TransportError", "ConnectError", "DatasetNotFoundError"}
-        if network or hub_offline():
-            raise BertraceError(_hub_help(where, e)) from None
-        if isinstance(e, ValueError) and "split" in str(e).lower():
-            raise BertraceError(f"{where}: {e}; fix finetune.task.splits") from None
-        raise
+    ds = load_split(dataset, config, revision, split, key="finetune.task.hub")
     original_label = next((old for old, new in global_renames.items() if new == label_column), label_column)
     label_feature = ds.features.get(original_label)
     class_names = list(getattr(label_feature, "names", []) or []) or None
@@ -474,10 +366,10 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
             if split not in p["local"]:
                 raise BertraceError(f"params.yaml: finetune.task.local has no entry for split {split!r} (it has: "
                                     f"{sorted(p['local'])}); add '{split}: path/to/file' or fix finetune.task.splits")
-            rel, renames = _entry(p["local"][split], f"params.yaml: finetune.task.local.{split}")
+            rel, renames = entry(p["local"][split], f"params.yaml: finetune.task.local.{split}")
             hint = f"finetune.task.local.{split}: {{path: ..., columns: {{old: new}}}}"
             rows_by_split[split] = _file_rows(Path(os.path.expanduser(rel)), renames, global_renames, hint, files)
-        source = {"type": "local", "files": {s: Path(_entry(p["local"][s], "")[0]).as_posix() for s in wanted}}
+        source = {"type": "local", "files": {s: Path(entry(p["local"][s], "")[0]).as_posix() for s in wanted}}
     else:
         hub = p["hub"]
         dataset, config, revision = hub.get("dataset"), hub.get("config") or None, str(hub.get("revision") or "main")
@@ -486,11 +378,11 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
         source = {"type": "hub", "dataset": dataset, "config": config, "revision": revision,
                   "mirror": str(mirror) if mirror else None}
         if mirror:
-            for split, (path, renames) in resolve_task_mirror(mirror, dataset, config, wanted).items():
-                hint = f"a 'columns: {{old: new}}' map in the mirror entry or finetune.task.columns"
+            for split, (path, renames) in resolve_mirror_entries(mirror, dataset, config, wanted).items():
+                hint = "a 'columns: {old: new}' map in the mirror entry or finetune.task.columns"
                 rows_by_split[split] = _file_rows(path, renames, global_renames, hint, files)
         else:
-            pinned = resolve_hub_revision(dataset, revision)
+            pinned = resolve_revision(dataset, config, revision, key="finetune.task.hub")
             source["resolved_revision"] = pinned
             for split in wanted:
                 rows_by_split[split] = _hub_rows(dataset, config, pinned or revision, split, global_renames,
@@ -547,4 +439,4 @@ def _text(v: Any) -> str:
 
 
 __all__ = ["TaskSplit", "TaskData", "load_task_data", "task_params", "collate", "encode_examples", "cut",
-           "head_tail_split", "pair_budget", "read_table", "resolve_task_mirror", "DEFAULT_TASK"]
+           "head_tail_split", "pair_budget", "read_table", "DEFAULT_TASK"]

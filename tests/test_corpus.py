@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import corpus
-from pipeline.corpus import download_corpus, list_source_files, resolve_mirror
+from pipeline.corpus import download_corpus, list_source_files
+from pipeline.hub import is_network_error, resolve_mirror
 from pipeline.errors import BertraceError
 from pipeline.io import sha256_file
 from tests.conftest import REPO, shared_file
@@ -254,10 +255,12 @@ def test_mixed_formats_error(tmp_path):
 
 
 def test_bad_params(tmp_path):
-    with pytest.raises(BertraceError, match=r"download\.source is 'ftp'"):
+    with pytest.raises(BertraceError, match=r"download\.source = 'ftp': input should be 'hub' or 'local'"):
         download_corpus({"source": "ftp"}, tmp_path / "raw", progress=False)
-    with pytest.raises(BertraceError, match=r"download\.local\.format is 'xml'"):
+    with pytest.raises(BertraceError, match=r"download\.local\.format = 'xml': input should be 'auto', 'wikitext'"):
         download_corpus(local(tmp_path, fmt="xml"), tmp_path / "raw", progress=False)
+    with pytest.raises(BertraceError, match=r"download\.local\.pth: unknown key; valid keys: format, path, text_column"):
+        download_corpus({"source": "local", "local": {"pth": "x"}}, tmp_path / "raw", progress=False)
 
 
 # -- hub mirrors --------------------------------------------------------------------------------
@@ -390,10 +393,10 @@ def test_hub_unreachable_error_explains_local_and_mirror_options(tmp_path):
 def test_network_error_classification():
     from huggingface_hub.errors import OfflineModeIsEnabled
 
-    assert corpus._is_network_error(ConnectionError("x"))
-    assert corpus._is_network_error(OfflineModeIsEnabled("x"))
-    assert corpus._is_network_error(TimeoutError())
-    assert not corpus._is_network_error(ValueError("Unknown split"))
+    assert is_network_error(ConnectionError("x"))
+    assert is_network_error(OfflineModeIsEnabled("x"))
+    assert is_network_error(TimeoutError())
+    assert not is_network_error(ValueError("Unknown split"))
 
 
 def test_hub_loading_path_with_a_local_dataset_folder(tmp_path):
