@@ -6,7 +6,8 @@ DAG that has been built (``data/examples``). Each variant is ``params.yaml``'s `
 section plus ``key=value`` overrides, trained for ``--minutes`` of wall clock (the lr schedule
 follows the clock, so every variant warms up and decays within its budget), then validated on
 ``--eval-batches`` batches. Variants run one after the other: run nothing else on the machine
-meanwhile, since the budget is wall time.
+meanwhile, since the budget is wall time (a wall-clock budget on purpose: the question is loss
+per minute; the rows are not reproducible, unlike the default ``max_steps`` pipeline).
 
     python bench/probe_pretrain.py --minutes 4 --variant "" --variant lr=2e-3 \\
         --variant lr=2e-3,nsp_weight=0 --variant lr=5e-3 --variant batch_size=128,lr=3e-3
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for text in args.variant or [""]:
         params = {**base, **parse_variant(text), "time_minutes": args.minutes, "max_steps": None, "epochs": None,
                   "eval_every": 0, "eval_batches": args.eval_batches, "checkpoint_every": 0,
-                  "checkpoint_minutes": 0, "snapshot_minutes": []}
+                  "checkpoint_minutes": 0, "snapshot_minutes": [], "snapshot_steps": []}
         cfg = PretrainConfig.from_params(params)
         t0 = time.time()
         with tempfile.TemporaryDirectory() as out:

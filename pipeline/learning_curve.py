@@ -1,9 +1,15 @@
-"""Learning curve: fine-tuned accuracy against minutes of pre-training.
+"""Learning curve: fine-tuned accuracy against the amount of pre-training.
 
-The points are the pre-training snapshots (``pretrain.snapshot_minutes`` keeps the weights at
-those elapsed minutes), the final checkpoint, and 0 minutes = the same model fine-tuned from
-random weights (``finetune.mode: scratch``). Each is fine-tuned with the ``finetune`` params.
-A snapshot taken mid-run has not seen the end of the learning-rate schedule; the final point has.
+The points are the pre-training snapshots, the final checkpoint, and 0 = the same model
+fine-tuned from random weights (``finetune.mode: scratch``). Each is fine-tuned with the
+``finetune`` params. A snapshot taken mid-run has not seen the end of the learning-rate
+schedule; the final point has.
+
+The x axis is pre-training *updates* when the run kept step snapshots (``pretrain.snapshot_steps``,
+``snapshots/step-002000.pt``: reproducible) and *minutes* when it kept minute snapshots
+(``pretrain.snapshot_minutes``, ``snapshots/minute-015.pt``: wall clock); without snapshots it
+follows the run's budget. Every row carries both numbers (``pretrain_steps`` and
+``pretrain_minutes``, read from the checkpoints).
 """
 
 from __future__ import annotations
@@ -11,32 +17,64 @@ from __future__ import annotations
 import csv
 import io
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_open, atomic_path
 
-COLUMNS = ("pretrain_minutes", "dev_accuracy", "dev_std", "seeds", "steps", "checkpoint")
+COLUMNS = ("pretrain_steps", "pretrain_minutes", "dev_accuracy", "dev_std", "seeds", "steps", "checkpoint")
+UNITS = {"steps": ("pretrain_steps", "pre-training steps"), "minutes": ("pretrain_minutes", "pre-training minutes")}
 
 
-def curve_points(pretrain_dir: str | Path) -> list[tuple[float, Path | None]]:
-    """``[(minutes, checkpoint or None for scratch), ...]`` sorted by minutes."""
+@dataclass(frozen=True)
+class Point:
+    """One point of the curve: a checkpoint (None: random weights) after ``steps`` updates / ``minutes``."""
+
+    steps: int
+    minutes: float
+    checkpoint: Path | None
+
+    def x(self, unit: str) -> float:
+        return self.steps if unit == "steps" else self.minutes
+
+
+def curve_points(pretrain_dir: str | Path) -> tuple[str, list[Point]]:
+    """``(unit, points)``: unit ``steps`` or ``minutes`` (see the module docstring); points sorted
+    along it, scratch first, the final checkpoint (best.pt, else last.pt) last unless a snapshot
+    is at the same place."""
     from pipeline import checkpoint as ckpt_lib
 
     pretrain_dir = Path(pretrain_dir)
     final = next((p for p in (pretrain_dir / "best.pt", pretrain_dir / "last.pt") if p.exists()), None)
     if final is None:
         raise BertraceError(f"{pretrain_dir}: no best.pt or last.pt; run `dvc repro pretrain` first")
-    points: list[tuple[float, Path | None]] = [(0.0, None)]
-    for path in sorted((pretrain_dir / "snapshots").glob("minute-*.pt")):
-        m = re.fullmatch(r"minute-([0-9.]+)\.pt", path.name)
-        if m:
-            points.append((float(m.group(1)), path))
-    final_minutes = float(ckpt_lib.load_checkpoint(final).get("train_seconds") or 0.0) / 60.0
-    if all(abs(final_minutes - m) > 0.05 for m, _ in points):
-        points.append((round(final_minutes, 2), final))
-    return sorted(points, key=lambda p: p[0])
+
+    def point(path: Path) -> Point:
+        state = ckpt_lib.load_checkpoint(path)
+        return Point(int(state.get("step") or 0), round(float(state.get("train_seconds") or 0.0) / 60.0, 2), path)
+
+    snaps = pretrain_dir / "snapshots"
+    by_step = [p for p in sorted(snaps.glob("step-*.pt")) if re.fullmatch(r"step-[0-9]+\.pt", p.name)]
+    by_minute = [p for p in sorted(snaps.glob("minute-*.pt")) if re.fullmatch(r"minute-[0-9.]+\.pt", p.name)]
+    last = point(final)
+    if by_step:
+        unit, paths = "steps", by_step
+    elif by_minute:
+        unit, paths = "minutes", by_minute
+    else:
+        budget = (ckpt_lib.load_checkpoint(final).get("train_config") or {})
+        unit, paths = ("minutes" if budget.get("time_minutes") else "steps"), []
+    points = [Point(0, 0.0, None), *(point(p) for p in paths)]
+    if unit == "minutes":  # a snapshot at the last minute is the final checkpoint
+        points = [Point(p.steps, float(re.fullmatch(r"minute-([0-9.]+)\.pt", p.checkpoint.name).group(1)),
+                        p.checkpoint) if p.checkpoint else p for p in points]
+        if all(abs(last.minutes - p.minutes) > 0.05 for p in points):
+            points.append(last)
+    elif all(last.steps != p.steps for p in points):
+        points.append(last)
+    return unit, sorted(points, key=lambda p: p.x(unit))
 
 
 def write_curve_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
@@ -49,23 +87,24 @@ def write_curve_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
     return Path(path)
 
 
-def plot_curve(path: str | Path, rows: Sequence[dict[str, Any]], *, title: str,
+def plot_curve(path: str | Path, rows: Sequence[dict[str, Any]], *, title: str, unit: str = "minutes",
                reference: Sequence[tuple[str, float]] = ()) -> Path:
-    """PNG: accuracy (%) against pre-training minutes, error bars = std over seeds."""
+    """PNG: accuracy (%) against pre-training steps or minutes, error bars = std over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    column, label = UNITS[unit]
     fig, ax = plt.subplots(figsize=(6, 4))
-    xs = [r["pretrain_minutes"] for r in rows]
+    xs = [r[column] for r in rows]
     ys = [100 * r["dev_accuracy"] for r in rows]
     ax.errorbar(xs, ys, yerr=[100 * r["dev_std"] for r in rows], marker="o", capsize=3, label="this project")
-    for (label, value), style in zip(reference, ("--", ":", "-.")):
+    for (name, value), style in zip(reference, ("--", ":", "-.")):
         ax.axhline(value, linestyle=style, color="gray", linewidth=1)
-        ax.annotate(f"{label} ({value:g})", (0, value), textcoords="offset points", xytext=(2, 2), fontsize=7,
+        ax.annotate(f"{name} ({value:g})", (0, value), textcoords="offset points", xytext=(2, 2), fontsize=7,
                     color="gray")
-    ax.set_xlabel("pre-training minutes")
+    ax.set_xlabel(label)
     ax.set_ylabel("validation accuracy (%)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
@@ -76,17 +115,18 @@ def plot_curve(path: str | Path, rows: Sequence[dict[str, Any]], *, title: str,
     return Path(path)
 
 
-def run_curve(points: Sequence[tuple[float, Path | None]], fine_tune: Callable[[Path | None], dict[str, Any]],
+def run_curve(points: Sequence[Point], fine_tune: Callable[[Path | None], dict[str, Any]],
               on_point: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Fine-tune every point with ``fine_tune(checkpoint or None)`` -> finetune summary."""
     rows = []
-    for minutes, path in points:
-        summary = fine_tune(path)
+    for p in points:
+        summary = fine_tune(p.checkpoint)
         acc = summary["validation_accuracy"]
-        row = {"pretrain_minutes": minutes, "dev_accuracy": round(acc["mean"], 6), "dev_std": round(acc["std"], 6),
+        row = {"pretrain_steps": p.steps, "pretrain_minutes": p.minutes,
+               "dev_accuracy": round(acc["mean"], 6), "dev_std": round(acc["std"], 6),
                "seeds": len(summary.get("per_seed") or {}) or 1,
                "steps": sum(int(s.get("steps", 0)) for s in (summary.get("per_seed") or {}).values()),
-               "checkpoint": path.as_posix() if path else "scratch"}
+               "checkpoint": p.checkpoint.as_posix() if p.checkpoint else "scratch"}
         rows.append(row)
         if on_point:
             on_point(row)

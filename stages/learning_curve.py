@@ -1,8 +1,9 @@
-"""`make learning-curve`: fine-tuned accuracy against minutes of pre-training.
+"""`make learning-curve`: fine-tuned accuracy against the amount of pre-training.
 
 Fine-tunes (``finetune`` params, seeds from ``learning_curve.seeds``) every pre-training
-snapshot in ``data/pretrain/snapshots/`` (set ``pretrain.snapshot_minutes``), the final
-checkpoint, and the same model from random weights (0 minutes). Writes
+snapshot in ``data/pretrain/snapshots/`` (``pretrain.snapshot_steps``, or the wall-clock
+``pretrain.snapshot_minutes``), the final checkpoint, and the same model from random weights
+(0 steps). The x axis is pre-training steps (minutes for minute snapshots). Writes
 ``plots/learning_curve.csv`` (a DVC plot: ``dvc plots show``), ``reports/learning_curve.png``
 and ``metrics/learning_curve.json``, and logs an MLflow run. Not a stage of ``dvc repro``: it
 costs one fine-tuning per point, more than the default 60-minute budget allows.
@@ -16,6 +17,7 @@ from pathlib import Path
 from pipeline.finetune import FinetuneConfig, check_tokenizer, finetune, load_pretrained
 from pipeline.io import write_json
 from pipeline.learning_curve import curve_points, plot_curve, run_curve, write_curve_csv
+from pipeline.scorecard import read_references
 from pipeline.task_data import load_task_data
 from pipeline.tokenizer import load_tokenizer
 from stages.common import StageRun, load_params, run_stage
@@ -34,15 +36,18 @@ def main(progress: bool = True) -> dict:
     mirror = ft_params.get("mirror") or os.environ.get("BERTRACE_HUB_MIRROR") or None
     max_len, truncation = int(ft_params.get("max_len") or 128), str(ft_params.get("truncation") or "head")
     tokenizer_path = Path(ft_params.get("tokenizer") or TOKENIZER)
-    points = curve_points(PRETRAIN_DIR)
+    unit, points = curve_points(PRETRAIN_DIR)
+    # reference lines: learning_curve.reference, else reports/references.yaml's learning_curve
+    reference = params.get("reference") or read_references().get("learning_curve") or {}
+    column = "pretrain_steps" if unit == "steps" else "pretrain_minutes"
 
     # reference names are free text, not valid MLflow param names: one list value
-    run_params = {**params, "reference": [[k, v] for k, v in (params.get("reference") or {}).items()],
+    run_params = {**params, "reference": [[k, v] for k, v in reference.items()],
                   "finetune": ft_params}
     with StageRun("learning_curve", run_params) as run:
         data = load_task_data(ft_params.get("task"), load_tokenizer(tokenizer_path), max_len=max_len,
                               truncation=truncation, mirror=mirror, roles=("train", "validation"), progress=progress)
-        final = points[-1][1]
+        final = points[-1].checkpoint
         final_ckpt = load_pretrained(final)
 
         def fine_tune(path):
@@ -52,21 +57,24 @@ def main(progress: bool = True) -> dict:
                 run.add_input(path)
             mode = "scratch" if path is None else ft_params.get("mode", "full")
             cfg = FinetuneConfig.from_params({**ft_params, "mode": mode})
-            print(f"learning curve: fine-tuning {path or 'from random weights (0 minutes)'}")
+            print(f"learning curve: fine-tuning {path or 'from random weights (no pre-training)'}")
             summary, _ = finetune(ckpt, data, cfg, progress=progress, source=str(path or final))
             return summary
 
         def on_point(row):
-            print(f"learning curve: {row['pretrain_minutes']:g} min -> {100 * row['dev_accuracy']:.2f} "
+            print(f"learning curve: {row[column]:g} {unit} -> {100 * row['dev_accuracy']:.2f} "
                   f"± {100 * row['dev_std']:.2f} %")
-            run.log_metrics({"dev_accuracy": row["dev_accuracy"]}, step=int(round(row["pretrain_minutes"] * 60)))
+            # MLflow steps are integers: pre-training updates, or seconds for a minutes axis
+            x = row["pretrain_steps"] if unit == "steps" else int(round(row["pretrain_minutes"] * 60))
+            run.log_metrics({"dev_accuracy": row["dev_accuracy"]}, step=x)
 
         rows = run_curve(points, fine_tune, on_point)
         write_curve_csv(CSV, rows)
-        ref = [(name, float(v)) for name, v in (params.get("reference") or {}).items()]
-        plot_curve(PNG, rows, reference=ref, title=f"{ft_params['task'].get('hub', {}).get('config') or 'task'} "
-                   f"validation accuracy vs pre-training minutes ({len(ft_params['seeds'])} seed(s) per point)")
-        metrics = {"points": rows}
+        ref = [(name, float(v)) for name, v in reference.items()]
+        plot_curve(PNG, rows, reference=ref, unit=unit,
+                   title=f"{ft_params['task'].get('hub', {}).get('config') or 'task'} validation accuracy vs "
+                   f"pre-training {unit} ({len(ft_params['seeds'])} seed(s) per point)")
+        metrics = {"unit": unit, "points": rows}
         write_json(METRICS, metrics)
         for path in (CSV, PNG, METRICS):
             run.add_output(path)

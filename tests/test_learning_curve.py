@@ -1,4 +1,4 @@
-"""Learning curve: snapshots + final checkpoint + scratch, each fine-tuned, as CSV/PNG/metrics."""
+"""Learning curve: snapshots (steps or minutes) + final checkpoint + scratch, each fine-tuned, as CSV/PNG/metrics."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from pipeline.learning_curve import curve_points
 from tests.test_finetune import env  # noqa: F401  (module fixture: tokenizer, checkpoint, task)
 
 
-def _with_minutes(src, dst, minutes: float, scale: float):
-    """A copy of ``src`` as if taken at ``minutes``, weights scaled so each point differs."""
+def _with_minutes(src, dst, minutes: float, scale: float, step: int | None = None):
+    """A copy of ``src`` as if taken at ``minutes`` (and ``step``), weights scaled so each point differs."""
     state = ckpt_lib.load_checkpoint(src)
     state["model"] = {k: v * scale if v.is_floating_point() else v for k, v in state["model"].items()}
     state["train_seconds"] = minutes * 60
+    state["step"] = int(minutes * 100) if step is None else step
     ckpt_lib.save_checkpoint(dst, {k: v for k, v in state.items() if k not in ("format", "version")})
 
 
@@ -29,11 +30,29 @@ def test_curve_points_order_and_errors(env, tmp_path):  # noqa: F811
     _with_minutes(env["ckpt_path"], tmp_path / "best.pt", 40.0, 1.0)
     _with_minutes(env["ckpt_path"], tmp_path / "snapshots" / "minute-030.pt", 30.0, 1.0)
     _with_minutes(env["ckpt_path"], tmp_path / "snapshots" / "minute-015.pt", 15.0, 1.0)
-    pts = curve_points(tmp_path)
-    assert [m for m, _ in pts] == [0.0, 15.0, 30.0, 40.0]
-    assert pts[0][1] is None and pts[-1][1].name == "best.pt"
+    unit, pts = curve_points(tmp_path)
+    assert unit == "minutes" and [p.minutes for p in pts] == [0.0, 15.0, 30.0, 40.0]
+    assert [p.steps for p in pts] == [0, 1500, 3000, 4000]  # read from the checkpoints
+    assert pts[0].checkpoint is None and pts[-1].checkpoint.name == "best.pt"
     _with_minutes(env["ckpt_path"], tmp_path / "snapshots" / "minute-040.pt", 40.0, 1.0)
-    assert [m for m, _ in curve_points(tmp_path)] == [0.0, 15.0, 30.0, 40.0]  # final = last snapshot: once
+    assert [p.minutes for p in curve_points(tmp_path)[1]] == [0.0, 15.0, 30.0, 40.0]  # final = last snapshot: once
+
+
+def test_step_snapshots_make_a_steps_axis(env, tmp_path):  # noqa: F811
+    """pretrain.snapshot_steps (the reproducible default): the x axis is pre-training updates."""
+    _with_minutes(env["ckpt_path"], tmp_path / "best.pt", 19.0, 1.0, step=6000)
+    _with_minutes(env["ckpt_path"], tmp_path / "snapshots" / "step-004000.pt", 12.5, 1.0, step=4000)
+    _with_minutes(env["ckpt_path"], tmp_path / "snapshots" / "step-002000.pt", 6.0, 1.0, step=2000)
+    unit, pts = curve_points(tmp_path)
+    assert unit == "steps" and [p.steps for p in pts] == [0, 2000, 4000, 6000]
+    assert [p.minutes for p in pts] == [0.0, 6.0, 12.5, 19.0] and pts[-1].checkpoint.name == "best.pt"
+    _with_minutes(env["ckpt_path"], tmp_path / "snapshots" / "step-006000.pt", 19.0, 1.0, step=6000)
+    assert [p.steps for p in curve_points(tmp_path)[1]] == [0, 2000, 4000, 6000]  # final = last snapshot: once
+    # no snapshots at all: the axis follows the run's budget (a step budget here)
+    for p in (tmp_path / "snapshots").glob("*.pt"):
+        p.unlink()
+    unit, pts = curve_points(tmp_path)
+    assert unit == "steps" and [p.steps for p in pts] == [0, 6000]
 
 
 def test_learning_curve_command_end_to_end(env, tmp_path, monkeypatch):  # noqa: F811
@@ -42,8 +61,8 @@ def test_learning_curve_command_end_to_end(env, tmp_path, monkeypatch):  # noqa:
     root = tmp_path / "repo"
     (root / "data" / "tokenizer").mkdir(parents=True)
     (root / "data" / "tokenizer" / "tokenizer.json").write_bytes(env["tokenizer_path"].read_bytes())
-    _with_minutes(env["ckpt_path"], root / "data" / "pretrain" / "best.pt", 2.0, 1.0)
-    _with_minutes(env["ckpt_path"], root / "data" / "pretrain" / "snapshots" / "minute-001.pt", 1.0, 0.5)
+    _with_minutes(env["ckpt_path"], root / "data" / "pretrain" / "best.pt", 2.0, 1.0, step=40)
+    _with_minutes(env["ckpt_path"], root / "data" / "pretrain" / "snapshots" / "step-000020.pt", 1.0, 0.5, step=20)
     params = {"learning_curve": {"seeds": [0], "reference": {"HF route, 30 min": 82.45}}, "finetune": {
         "tokenizer": "data/tokenizer/tokenizer.json", "mirror": "", "task": env["task"], "mode": "full",
         "max_len": 32, "epochs": 2, "batch_size": 16, "lr": 3e-3, "patience": 0, "seeds": [1, 2, 3]}}
@@ -54,8 +73,9 @@ def test_learning_curve_command_end_to_end(env, tmp_path, monkeypatch):  # noqa:
     stage.main(progress=False)
 
     rows = list(csv.DictReader(open(root / "plots" / "learning_curve.csv")))
-    assert [float(r["pretrain_minutes"]) for r in rows] == [0.0, 1.0, 2.0]
-    assert [r["checkpoint"] for r in rows] == ["scratch", "data/pretrain/snapshots/minute-001.pt",
+    assert [int(r["pretrain_steps"]) for r in rows] == [0, 20, 40]
+    assert [float(r["pretrain_minutes"]) for r in rows] == [0.0, 1.0, 2.0]  # both columns, always
+    assert [r["checkpoint"] for r in rows] == ["scratch", "data/pretrain/snapshots/step-000020.pt",
                                                 "data/pretrain/best.pt"]
     assert all(r["seeds"] == "1" for r in rows)  # learning_curve.seeds, not finetune.seeds
     accs = [float(r["dev_accuracy"]) for r in rows]
@@ -64,4 +84,5 @@ def test_learning_curve_command_end_to_end(env, tmp_path, monkeypatch):  # noqa:
     assert all(int(r["steps"]) > 0 for r in rows)  # every point was really fine-tuned
     assert (root / "reports" / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((root / "metrics" / "learning_curve.json").read_text())
+    assert saved["unit"] == "steps"
     assert [p["dev_accuracy"] for p in saved["points"]] == pytest.approx(accs)

@@ -14,17 +14,14 @@ from pipeline.model import (
     BertForPreTraining,
     BertForSequenceClassification,
     BertModel,
-    config_from_hf,
     config_from_params,
     flops_per_token,
-    hf_config,
-    load_hf_state_dict,
     num_parameters,
     param_groups,
     pretraining_correct,
     pretraining_loss,
-    to_hf_state_dict,
 )
+from pipeline.hf import config_from_hf, hf_config, load_hf_state_dict, to_hf_state_dict
 
 V = 211  # tiny vocabulary: these tests are about the math, not the size
 
@@ -142,7 +139,7 @@ def test_nsp_weight_scales_the_nsp_term_and_zero_leaves_the_nsp_head_untrained()
     from pipeline.train import PretrainConfig
 
     assert PretrainConfig(nsp_weight="0", max_steps=1).nsp_weight == 0.0
-    with pytest.raises(BertraceError, match="pretrain.nsp_weight = -1.0: must be >= 0"):
+    with pytest.raises(BertraceError, match="pretrain.nsp_weight = -1: must be >= 0"):
         PretrainConfig(nsp_weight=-1, max_steps=1)
 
 

@@ -1,22 +1,26 @@
 """Pre-training loop and checkpoints: learning, schedule, optimizer groups, exact resume,
-schedule extension, weights_only checkpoints, data-hash checks, corrupt files."""
+schedule extension, weights_only checkpoints, data-hash checks, corrupt files; the strict
+config, budgets (steps reproducible, wall clock marked), snapshots, determinism, objectives."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from pipeline import checkpoint as ckpt_lib
 from pipeline.errors import BertraceError
 from pipeline.io import sha256_file
-from pipeline.model import BertConfig, BertForPreTraining
-from pipeline.train import PretrainConfig, lr_at_progress, lr_at_step, pretrain, warmup_steps_for
+from pipeline.model import BertConfig, BertForPreTraining, pretraining_loss
+from pipeline.objectives import OBJECTIVES, BertPretraining
+from pipeline.train import (PretrainConfig, lr_at_progress, lr_at_step, pretrain, step_snapshot_path,
+                            warmup_steps_for)
 from test_pretrain_data import make_examples, make_tokenizer
+from tests.conftest import REPO
 
 TINY = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "max_position": 64}
 
@@ -146,13 +150,40 @@ def test_config_validation_errors():
         tiny_cfg(max_steps=None)
     with pytest.raises(BertraceError, match="warmup as a fraction"):
         tiny_cfg(max_steps=None, time_minutes=1, warmup=100)
-    with pytest.raises(BertraceError, match=r"unknown pretrain keys \['lr_peak'\]"):
+    with pytest.raises(BertraceError, match=r"pretrain\.lr_peak: unknown key; valid keys: batch_size, betas, .*warmup"):
         PretrainConfig.from_params({"lr_peak": 1.0, "max_steps": 3})
-    with pytest.raises(BertraceError, match="multiple of grad_accum"):
+    with pytest.raises(BertraceError, match=r"pretrain\.batch_size = 10: must be a multiple of grad_accum \(4\)"):
         tiny_cfg(batch_size=10, grad_accum=4)
     with pytest.raises(BertraceError, match="pretrain.lr = 'fast': must be a number"):
         tiny_cfg(lr="fast")
     assert tiny_cfg(lr="5e-4", max_steps=10.0).lr == 5e-4  # YAML 1.1 reads 5e-4 as a string
+    # strict types, each error naming pretrain.<key>
+    for key, value, why in (("max_steps", 2.5, "must be an integer"), ("max_steps", True, "not true/false"),
+                            ("tf32", "false", "must be true or false"), ("deterministic", 1, "must be true or false"),
+                            ("precision", "fp8", "'auto', 'fp32', 'bf16' or 'fp16'"), ("model", "tiny", "mapping"),
+                            ("betas", [0.9], "two numbers"), ("snapshot_steps", [0, 10], "must be > 0"),
+                            ("snapshot_minutes", ["soon"], "must be a number"), ("nsp_weight", -1, ">= 0"),
+                            ("objective", "gpt", "must be one of bert"), ("batch_size", 0, ">= 1"),
+                            ("resume", "yes", "must be auto, true or false"), ("resume", 1, "auto, true or false")):
+        with pytest.raises(BertraceError, match=rf"pretrain\.{key}.*{why}"):
+            tiny_cfg(**{key: value})
+    cfg = tiny_cfg(snapshot_steps=[30, 10], snapshot_minutes=[2, 1.5])
+    assert cfg.snapshot_steps == [10, 30] and cfg.snapshot_minutes == [1.5, 2.0]
+    with pytest.raises(BertraceError, match="pretrain.lr = -1: must be > 0"):
+        cfg.lr = -1  # assignments are checked too
+
+
+def test_config_defaults_are_params_yaml_and_to_dict_keeps_its_json():
+    """Deleting a line of params.yaml's pretrain section changes nothing; checkpoints store
+    ``to_dict()`` and resume compares it, so its JSON is the dataclass era's for the same values."""
+    section = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))["pretrain"]
+    assert set(section) == set(PretrainConfig.model_fields)
+    assert PretrainConfig().to_dict() == PretrainConfig.from_params(section).to_dict()
+    assert PretrainConfig().budget_kind == "max_steps"  # the default budget is reproducible
+    d = tiny_cfg(time_minutes=40, max_steps=None, epochs=None, checkpoint_minutes=10).to_dict()
+    assert d["betas"] == [0.9, 0.999] and d["time_minutes"] == 40.0 and isinstance(d["time_minutes"], float)
+    assert d["checkpoint_minutes"] == 10.0 and d["max_steps"] is None and d["batch_size"] == 16
+    assert json.loads(json.dumps(d)) == d
 
 
 # ----------------------------------------------------------------------------- resume
@@ -186,7 +217,7 @@ def test_resume_with_a_larger_budget_extends_the_schedule(examples, tmp_path):
     assert train_logs(logs)[-1][1]["lr"] == pytest.approx(3e-3 / 8)
     again, _ = run(cfg, examples, tmp_path)  # same budget: nothing left to do
     assert again["step"] == 10
-    metrics, more = run(replace(cfg, max_steps=20), examples, tmp_path)
+    metrics, more = run(tiny_cfg(max_steps=20, warmup=2), examples, tmp_path)
     steps = [s for s, _ in train_logs(more)]
     assert steps == list(range(11, 21))
     lrs = [m["lr"] for _, m in train_logs(more)]
@@ -223,6 +254,31 @@ def test_time_budget_stops_on_the_clock(examples, tmp_path):
     lrs = [m["lr"] for _, m in train_logs(logs)]
     assert max(lrs) <= 3e-3 and lrs[-1] < 0.5 * max(lrs)  # decayed towards 0 as the clock ran out
     assert metrics["step"] == len(lrs) > 3
+    # a wall-clock budget says so: in the metrics, in every checkpoint's provenance and in `trace`
+    budget = {"kind": "time_minutes", "value": 0.05, "steps": None, "deterministic": False}
+    assert metrics["budget"] == budget
+    assert ckpt_lib.load_checkpoint(tmp_path / "last.pt")["provenance"]["budget"] == budget
+    from pipeline import trace
+
+    node = {"stage": "pretrain", "git_commit": "abc", "params": cfg.to_dict(), "inputs": {}, "outputs": {}}
+    text = trace.format_tree({"target": "last.pt", "kind": "pre-training checkpoint", "chain": [node]})
+    assert "wall-clock budget: not reproducible from its commit" in text
+    node["params"] = tiny_cfg().to_dict()
+    assert "wall-clock" not in trace.format_tree({"target": "x", "kind": "k", "chain": [node]})
+
+
+def test_step_budget_is_recorded_as_deterministic_and_determinism_in_provenance(examples, tmp_path):
+    assert not torch.are_deterministic_algorithms_enabled()
+    metrics, _ = run(tiny_cfg(max_steps=3), examples, tmp_path)
+    assert metrics["budget"] == {"kind": "max_steps", "value": 3, "steps": 3, "deterministic": True}
+    assert metrics["deterministic"] is True and metrics["num_threads"] == 1
+    prov = ckpt_lib.load_checkpoint(tmp_path / "last.pt")["provenance"]
+    assert prov["budget"]["deterministic"] and prov["determinism"] == {"deterministic": True, "num_threads": 1}
+    assert not torch.are_deterministic_algorithms_enabled()  # a process-wide switch: put back as found
+    # on the CPU the switch changes no result, only turns a nondeterministic kernel into an error
+    off, _ = run(tiny_cfg(max_steps=3, deterministic=False), examples, tmp_path / "off")
+    assert off["model_sha256"] == metrics["model_sha256"]
+    assert ckpt_lib.load_checkpoint(tmp_path / "off" / "last.pt")["provenance"]["determinism"]["deterministic"] is False
 
 
 def test_snapshots_keep_the_weights_at_the_given_minutes(examples, tmp_path):
@@ -242,6 +298,28 @@ def test_snapshots_keep_the_weights_at_the_given_minutes(examples, tmp_path):
     assert not list((tmp_path / "snapshots").glob("*.pt"))
     with pytest.raises(BertraceError, match="snapshot_minutes"):
         tiny_cfg(snapshot_minutes=["soon"])
+
+
+def test_step_snapshots_keep_the_weights_after_the_given_updates(examples, tmp_path):
+    """pretrain.snapshot_steps (the default kind): snapshots/step-000004.pt holds exactly the
+    weights after update 4 of this run, the same as a run stopped there (same schedule)."""
+    cfg = tiny_cfg(max_steps=10, snapshot_steps=[7, 4, 20], checkpoint_every=3)
+    metrics, _ = run(cfg, examples, tmp_path / "full")
+    snaps = sorted((tmp_path / "full" / "snapshots").glob("*.pt"))
+    assert snaps == [step_snapshot_path(tmp_path / "full", 4), step_snapshot_path(tmp_path / "full", 7)]
+    assert snaps[0].name == "step-000004.pt"  # 20 is past the budget: never taken
+    four = ckpt_lib.load_checkpoint(snaps[0])
+    assert four["step"] == 4 and "optimizer" not in four
+    run(cfg, examples, tmp_path / "stopped", stop_at_step=4)
+    stopped = ckpt_lib.load_checkpoint(tmp_path / "stopped" / "last.pt")
+    assert all(torch.equal(four["model"][k], stopped["model"][k]) for k in four["model"])
+    # resuming does not take a snapshot twice, and the run ends where the uninterrupted one did
+    resumed, _ = run(cfg, examples, tmp_path / "stopped")
+    assert resumed["model_sha256"] == metrics["model_sha256"]
+    assert [p.name for p in sorted((tmp_path / "stopped" / "snapshots").glob("*.pt"))] == \
+        ["step-000004.pt", "step-000007.pt"]
+    run(tiny_cfg(max_steps=2), examples, tmp_path / "full", resume=False)  # a fresh run drops them
+    assert not list((tmp_path / "full" / "snapshots").glob("*.pt"))
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -305,6 +383,12 @@ def test_resume_refuses_changed_recipe_params(examples, tmp_path):
         run(tiny_cfg(max_steps=4, lr=1e-3), examples, tmp_path)
     metrics, _ = run(tiny_cfg(max_steps=4, log_every=2, eval_every=2), examples, tmp_path)  # cadence may change
     assert metrics["step"] == 4
+    # a checkpoint written before a key existed resumes when the key has its default value
+    state = ckpt_lib.load_checkpoint(tmp_path / "last.pt")
+    for key in ("objective", "deterministic", "verify_shards", "snapshot_steps"):
+        del state["train_config"][key]
+    ckpt_lib.save_checkpoint(tmp_path / "last.pt", {k: v for k, v in state.items() if k not in ("format", "version")})
+    assert run(tiny_cfg(max_steps=6), examples, tmp_path)[0]["step"] == 6
 
 
 def test_missing_or_corrupt_checkpoints_are_clear_errors(examples, tmp_path):
@@ -394,3 +478,37 @@ def test_probe_script_trains_each_variant_for_its_minutes(examples, tmp_path):
     assert json.loads((tmp_path / "rows.json").read_text()) == rows
     for r in rows:
         assert r["steps"] >= 1 and r["tokens"] > 0 and 0 < r["val_mlm_loss"] < 10 and r["wall_s"] < 30
+
+
+# ----------------------------------------------------------------------------- objectives
+
+
+class _MLMOnly(BertPretraining):
+    """A toy objective: the MLM alone, with its own loss names, metrics and best metric."""
+
+    name = "mlm_only"
+    loss_names = ("loss",)
+    val_names = ("val_mlm", "val_acc")
+    best_metric = "val_mlm"
+
+    def losses(self, out, batch):
+        return {"loss": pretraining_loss(out, batch.masked_lm_labels, batch.next_sentence_labels)[1]}
+
+    def eval_metrics(self, sums):
+        return {"val_mlm": sums[0] / sums[2], "val_acc": sums[1] / sums[2]}
+
+
+def test_an_objective_is_a_class_the_loop_does_not_know(examples, tmp_path, monkeypatch):
+    monkeypatch.setitem(OBJECTIVES, "mlm_only", _MLMOnly)
+    cfg = tiny_cfg(objective="mlm_only", max_steps=6, eval_every=3, log_every=2, weight_decay=0.0)
+    metrics, logs = run(cfg, examples, tmp_path)
+    assert (tmp_path / "pretrain_loss.csv").read_text().splitlines()[0] == \
+        "step,tokens,seconds,lr,loss,grad_norm,tokens_per_s"
+    assert (tmp_path / "pretrain_val.csv").read_text().splitlines()[0] == "step,tokens,seconds,val_mlm,val_acc"
+    assert [s for s, m in logs if "val_mlm" in m] == [3, 6]
+    assert metrics["best_val_mlm"] == min(m["val_mlm"] for _, m in logs if "val_mlm" in m)
+    assert ckpt_lib.load_checkpoint(tmp_path / "best.pt")["best_val_mlm"] == metrics["best_val_mlm"]
+    # the same updates as BERT's objective with nsp_weight 0 (whose NSP gradients are exact zeros)
+    bert, _ = run(tiny_cfg(nsp_weight=0.0, max_steps=6, eval_every=3, log_every=2, weight_decay=0.0),
+                  examples, tmp_path / "bert")
+    assert metrics["model_sha256"] == bert["model_sha256"]

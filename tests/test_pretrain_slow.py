@@ -202,6 +202,10 @@ def test_stage_writes_checkpoints_metrics_plots_provenance_and_mlflow(tmp_path):
     assert state["provenance"]["examples_manifest_sha256"] == sha256_file(manifest)
     assert state["provenance"]["inputs"]["data/examples/manifest.json"] == sha256_file(manifest)
     assert state["provenance"]["params"]["max_steps"] == 8
+    # a step budget: reproducible from the commit, and recorded so (deterministic kernels, thread count)
+    assert state["provenance"]["budget"] == metrics["budget"] == {"kind": "max_steps", "value": 8, "steps": 8,
+                                                                   "deterministic": True}
+    assert state["provenance"]["determinism"] == {"deterministic": True, "num_threads": 1}
     assert (work / "plots" / "pretrain_loss.csv").read_text().startswith("step,")
     assert (work / "plots" / "pretrain_val.csv").exists()
     record = json.loads((work / "data" / "provenance" / "pretrain.json").read_text())

@@ -19,6 +19,18 @@ PROFILES = sorted(p.stem for p in (REPO / "profiles").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("name", PROFILES)
+def test_every_profile_makes_a_valid_pretrain_config(name):
+    """A profile merged into params.yaml passes PretrainConfig (e.g. one budget, not two); a
+    wall-clock budget is explicitly marked in its description as not reproducible."""
+    profile = load_profile(name, REPO / "profiles")
+    merged = apply_overrides(PARAMS, flatten_overrides(profile, PARAMS, source=name))
+    cfg = PretrainConfig.from_params(merged["pretrain"])
+    if cfg.budget_kind == "time_minutes":
+        raw = yaml.safe_load((REPO / "profiles" / f"{name}.yaml").read_text(encoding="utf-8"))
+        assert "not reproducible" in " ".join(str(raw.get("description", "")).split()).lower()
+
+
+@pytest.mark.parametrize("name", PROFILES)
 def test_every_profile_names_only_existing_params(name):
     flat = flatten_overrides(load_profile(name, REPO / "profiles"), PARAMS, source=name)
     assert flat
@@ -68,10 +80,10 @@ def test_gpu_profile_pretrains_on_cpu(tmp_path):
     merged = apply_overrides(PARAMS, flatten_overrides(load_profile("gpu", REPO / "profiles"), PARAMS))
     section = dict(merged["pretrain"])
     assert section["model"]["preset"] == "base" and section["precision"] == "auto"
+    assert section["time_minutes"] == 10 and section["max_steps"] is None and section["deterministic"] is False
     section.update(time_minutes=None, max_steps=2, batch_size=4, grad_accum=1, eval_every=0, eval_batches=1,
                    checkpoint_every=None, checkpoint_minutes=None, snapshot_minutes=[], device="cpu", num_threads=1,
                    model={**section["model"], "max_position": 64})
-    section.pop("resume")  # read by the stage, not by PretrainConfig
     cfg = PretrainConfig.from_params(section)
     examples = make_examples(tmp_path / "ex", masking="dynamic", train_rows=32, valid_rows=8)
     metrics = pretrain(cfg, examples_dir=examples, out_dir=tmp_path / "out", provenance={}, progress=False)

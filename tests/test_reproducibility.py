@@ -40,13 +40,16 @@ model = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size
 pcfg = PretrainConfig(model=model, batch_size=8, lr=3e-3, warmup=0.1, max_steps=8, eval_every=4, eval_batches=2,
                       log_every=1, checkpoint_every=None, checkpoint_minutes=None, shuffle_buffer=64, seed=0,
                       num_threads=1, device="cpu")
-pretrain(pcfg, examples_dir=out / "examples", out_dir=out / "pretrain", provenance={},
-         on_log=lambda step, m: logs.append((step, {k: v for k, v in m.items() if "loss" in k})), progress=False)
+metrics = pretrain(pcfg, examples_dir=out / "examples", out_dir=out / "pretrain", provenance={},
+                   on_log=lambda step, m: logs.append((step, {k: v for k, v in m.items() if "loss" in k})),
+                   progress=False)
 print(json.dumps({
     "tokenizer": [tok["tokenizer_sha256"], sha256_file(out / "tokenizer" / "vocab.txt")],
     "examples": {p.relative_to(out).as_posix(): sha256_file(p) for p in files},
     "rows": manifest["splits"]["train"]["rows"],
     "losses": [[s, m] for s, m in logs if m],
+    "model_sha256": metrics["model_sha256"],
+    "budget": metrics["budget"],
 }))
 """
 
@@ -67,3 +70,5 @@ def test_same_params_and_seed_give_identical_tokenizer_shards_and_losses(tmp_pat
     train_losses = [m for _, m in a["losses"] if "loss" in m]
     assert len(train_losses) == 8 and any("val_mlm_loss" in m for _, m in a["losses"])
     assert a["losses"] == b["losses"]  # exact floats, first 8 CPU steps and the validations
+    assert a["model_sha256"] == b["model_sha256"]  # the weights, bit for bit
+    assert a["budget"]["deterministic"]  # a step budget: what makes the above hold on any machine of this kind
