@@ -26,10 +26,18 @@ Static masking uses the positions stored in the shards.
 
 Batches are padded to their longest sequence with ``[PAD]`` = 0; masked positions are flat
 indices into the ``B * T`` tokens (what ``BertForPreTraining.forward`` gathers).
+
+Integrity: :func:`verify_shards` rehashes the shards against the sha256s in the manifest (the
+pretrain stage calls it before training). The loader itself checks each shard's columns when it
+opens it, and each row group's token ids (``< vocab_size``), labels and positions as it reads
+it, vectorised: a bad shard is a :class:`~pipeline.errors.BertraceError` naming the file, never
+an IndexError deep inside the model.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import queue
 import threading
 from dataclasses import dataclass, fields
@@ -37,17 +45,14 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
 from pipeline.errors import BertraceError
+from pipeline.formats import COLUMNS, MANIFEST, MASK_ID, SCHEMA_VERSION, SPECIAL_IDS, SPLIT_IDS, STATIC_COLUMNS
 from pipeline.io import read_json
 from pipeline.masking import MaskingSpec, mask_sequence
-
-PAD_ID, MASK_ID = 0, 4
-SPECIAL_IDS = (0, 1, 2, 3, 4)  # [PAD] [UNK] [CLS] [SEP] [MASK] (SPEC)
-SPLIT_IDS = {"train": 0, "valid": 1}
-SCHEMA_VERSION = 1
 
 
 # ----------------------------------------------------------------------------- manifest
@@ -55,7 +60,7 @@ SCHEMA_VERSION = 1
 
 def load_manifest(examples_dir: str | Path) -> dict:
     """Read and sanity-check ``examples_dir/manifest.json``."""
-    path = Path(examples_dir) / "manifest.json"
+    path = Path(examples_dir) / MANIFEST
     if not path.exists():
         raise BertraceError(f"{path}: not found; run the examples stage first (dvc repro examples)")
     manifest = read_json(path)
@@ -71,6 +76,52 @@ def load_manifest(examples_dir: str | Path) -> dict:
     return manifest
 
 
+def _sha256_counted(path: Path, update) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)  # releases the GIL: shards hash in parallel threads
+            update(len(block))
+    return h.hexdigest()
+
+
+def verify_shards(examples_dir: str | Path, manifest: dict | None = None, *, progress: bool = False,
+                  threads: int | None = None) -> int:
+    """Rehash every shard listed in ``examples_dir/manifest.json`` against the sha256 recorded there.
+
+    Catches a shard rewritten after the examples stage (same rows, different bytes), truncated or
+    missing. Returns the number of shards checked; raises :class:`BertraceError` naming the first
+    bad shard (and how many more) otherwise. ``progress``: a bar (on stderr) when it takes > 2 s.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    examples_dir = Path(examples_dir)
+    manifest_path = examples_dir / MANIFEST
+    if manifest is None:
+        manifest = load_manifest(examples_dir)
+    entries = [e for split in SPLIT_IDS for e in ((manifest["splits"].get(split) or {}).get("shards") or [])]
+    for e in entries:
+        if not isinstance(e, dict) or not isinstance(e.get("path"), str) or not isinstance(e.get("sha256"), str):
+            raise BertraceError(f"{manifest_path}: a shard entry without 'path' and 'sha256' ({e!r}); "
+                                "rerun the examples stage (dvc repro examples)")
+    paths = [examples_dir / e["path"] for e in entries]
+    total = sum(p.stat().st_size for p in paths if p.is_file())
+    with tqdm(total=total, unit="B", unit_scale=True, desc="verify shards", delay=2, leave=False,
+              disable=not progress) as bar, \
+            ThreadPoolExecutor(max_workers=threads or min(8, os.cpu_count() or 1)) as pool:
+        actual = list(pool.map(lambda p: _sha256_counted(p, bar.update) if p.is_file() else None, paths))
+    bad = [f"{p}: sha256 {now}, {manifest_path} records {e['sha256']}" if now else f"{p}: listed in {manifest_path} "
+           "but missing" for p, e, now in zip(paths, entries, actual) if now != e["sha256"]]
+    if bad:
+        more = f" (and {len(bad) - 1} more shard{'s' if len(bad) > 2 else ''})" if len(bad) > 1 else ""
+        raise BertraceError(
+            f"{bad[0]}{more}: the shards are not the ones the examples stage wrote (rewritten, truncated or "
+            "removed since); rerun the examples stage (dvc repro examples, or dvc checkout data/examples)")
+    return len(entries)
+
+
 def masking_spec(manifest: dict, is_continuation: np.ndarray | None = None) -> MaskingSpec:
     """The dynamic-masking recipe the examples stage recorded in its manifest."""
     wwm = bool(manifest.get("whole_word_masking", False))
@@ -78,11 +129,18 @@ def masking_spec(manifest: dict, is_continuation: np.ndarray | None = None) -> M
         raise BertraceError(
             "examples manifest asks for dynamic whole-word masking: pass the tokenizer "
             "(data/tokenizer/tokenizer.json) so the loader knows which pieces start with '##'")
+    # Which ids are never masked (examples.mask_candidates); manifests from before it was a
+    # param have no key and skipped every special id.
+    candidates = manifest.get("mask_candidates", "skip_special")
+    if candidates not in MaskingSpec.CANDIDATES:
+        raise BertraceError(f"examples manifest: mask_candidates {candidates!r} is not one of "
+                            f"{', '.join(MaskingSpec.CANDIDATES)}; rerun the examples stage (dvc repro examples)")
     return MaskingSpec(
-        vocab_size=int(manifest["vocab_size"]), mask_id=MASK_ID, special_ids=SPECIAL_IDS,
+        vocab_size=int(manifest["vocab_size"]), mask_id=MASK_ID, special_ids=tuple(SPECIAL_IDS.values()),
         masked_lm_prob=float(manifest.get("masked_lm_prob", 0.15)),
         max_predictions_per_seq=int(manifest.get("max_predictions_per_seq", 20)),
-        whole_word_masking=wwm, is_continuation=is_continuation if wwm else None)
+        whole_word_masking=wwm, is_continuation=is_continuation if wwm else None,
+        never_masked=MaskingSpec.never_masked_ids(candidates, SPECIAL_IDS))
 
 
 def continuation_table(tokenizer_json: str | Path) -> np.ndarray:
@@ -217,7 +275,7 @@ class PretrainingData:
     def _scan(self) -> tuple[list[Path], list[_Unit]]:
         """Shard paths and their row groups, from the Parquet footers only."""
         info = self.manifest["splits"].get(self.split)
-        manifest_path = self.dir / "manifest.json"
+        manifest_path = self.dir / MANIFEST
         if not info or not info.get("shards"):
             raise BertraceError(f"{manifest_path}: no '{self.split}' shards; rerun the examples stage")
         shards, units, start = [], [], 0
@@ -227,9 +285,11 @@ class PretrainingData:
                 raise BertraceError(f"{path}: listed in {manifest_path} but missing; rerun the examples stage "
                                     "(dvc repro examples, or dvc checkout data/examples)")
             try:
-                meta = pq.ParquetFile(path).metadata
+                pf = pq.ParquetFile(path)
+                meta, schema = pf.metadata, pf.schema_arrow
             except Exception as e:  # pyarrow raises ArrowInvalid/OSError on truncated files
                 raise BertraceError(f"{path}: not a readable Parquet file ({e}); rerun the examples stage") from None
+            self._check_schema(path, schema, manifest_path)
             if meta.num_rows != entry["rows"]:
                 raise BertraceError(f"{path}: has {meta.num_rows} rows, {manifest_path} says {entry['rows']}; "
                                     "the shards and manifest are out of sync, rerun the examples stage")
@@ -240,6 +300,21 @@ class PretrainingData:
                     start += n
             shards.append(path)
         return shards, units
+
+    def _check_schema(self, path: Path, schema: pa.Schema, manifest_path: Path) -> None:
+        """The columns the loader reads are there, as (lists of) integers."""
+        for name in COLUMNS + (() if self.dynamic else STATIC_COLUMNS):
+            if name not in schema.names:
+                why = f" (masking: {self.manifest['masking']} in {manifest_path})" if name in STATIC_COLUMNS else ""
+                raise BertraceError(f"{path}: has no column '{name}'{why}; the shard is not one the examples stage "
+                                    "wrote, rerun it (dvc repro examples, or dvc checkout data/examples)")
+            t = schema.field(name).type
+            ok = pa.types.is_integer(t) if name == "next_sentence_label" else (
+                pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type)
+            if not ok:
+                raise BertraceError(f"{path}: column '{name}' has type {t}, not the examples stage's "
+                                    f"{'integer' if name == 'next_sentence_label' else 'list of integers'}; "
+                                    "rerun the examples stage (dvc repro examples)")
 
     def _epoch_units(self, epoch: int) -> list[_Unit]:
         """This rank's units for ``epoch``, in reading order."""
@@ -280,13 +355,28 @@ class PretrainingData:
             col = table.column(name).combine_chunks()
             return col.values.to_numpy(zero_copy_only=False), col.offsets.to_numpy()
 
+        static = not self.dynamic
+        for name in COLUMNS + (STATIC_COLUMNS if static else ()):
+            if table.column(name).null_count:
+                self._bad_rows(unit, f"nulls in column '{name}'")
         ids, offs = lists("input_ids")
         types, toffs = lists("token_type_ids")
         nsp = table.column("next_sentence_label").to_numpy()
-        static = not self.dynamic
+        lengths = np.diff(offs)
+        if not np.array_equal(lengths, np.diff(toffs)):
+            self._bad_rows(unit, "rows whose token_type_ids and input_ids differ in length")
+        if len(nsp) and not np.isin(nsp, (0, 1)).all():
+            self._bad_rows(unit, f"next_sentence_label {int(nsp[~np.isin(nsp, (0, 1))][0])} (not 0 or 1)")
+        self._check_ids(unit, ids, "input_ids")
         if static:
             pos, poffs = lists("masked_lm_positions")
             lbl, loffs = lists("masked_lm_ids")
+            counts = np.diff(poffs)
+            if not np.array_equal(counts, np.diff(loffs)):
+                self._bad_rows(unit, "rows whose masked_lm_positions and masked_lm_ids differ in length")
+            self._check_ids(unit, lbl, "masked_lm_ids")
+            if len(pos) and (pos >= np.repeat(lengths, counts)).any():
+                self._bad_rows(unit, "masked_lm_positions past the end of their row")
         rows = {}
         for r in range(unit.rows):
             a, b = offs[r], offs[r + 1]
@@ -296,6 +386,21 @@ class PretrainingData:
                 row[4] = lbl[loffs[r]:loffs[r + 1]].copy()
             rows[unit.start + r] = row
         return rows
+
+    def _check_ids(self, unit: _Unit, ids: np.ndarray, column: str) -> None:
+        """Every token id is in ``[0, vocab_size)`` (else the embedding lookup fails much later)."""
+        vocab = int(self.manifest["vocab_size"])
+        if len(ids) and (int(ids.max()) >= vocab or int(ids.min()) < 0):
+            bad = int(ids.max()) if int(ids.max()) >= vocab else int(ids.min())
+            path = self.shards[unit.shard]
+            raise BertraceError(
+                f"{path}: row group {unit.row_group} has {column} id {bad}, outside the vocabulary "
+                f"(vocab_size {vocab} in {self.dir / MANIFEST}); the shard was not made with this manifest's "
+                "tokenizer, rerun the examples stage (dvc repro examples, or dvc checkout data/examples)")
+
+    def _bad_rows(self, unit: _Unit, what: str) -> None:
+        raise BertraceError(f"{self.shards[unit.shard]}: row group {unit.row_group} has {what}; the shard is not one "
+                            "the examples stage wrote, rerun it (dvc repro examples, or dvc checkout data/examples)")
 
     def _mask(self, row: list, example: int, epoch: int) -> _Row:
         if not self.dynamic:

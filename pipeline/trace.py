@@ -24,7 +24,10 @@ present) for each:
 * ``params``: the stage's section of ``root/params.yaml`` still hashes to the recorded params;
 * ``dvc``: the upstream outputs named by the recorded ``dvc.lock`` md5s are in the DVC cache
   (so ``dvc checkout`` can restore them);
-* ``target``: the checkpoint inside an export / MLflow model is the one its metadata names.
+* ``target``: the checkpoint inside an export / MLflow model is the one its metadata names;
+* ``shard``: each shard listed by a recorded examples manifest (``data/examples/manifest.json``)
+  that is itself unchanged, rehashed against the sha256 the manifest records for it (a shard
+  rewritten or truncated after the examples stage is ``changed``).
 
 ``format_tree`` renders both as text.
 """
@@ -43,6 +46,7 @@ from typing import Any, Iterator
 import yaml
 
 from pipeline.errors import BertraceError
+from pipeline.formats import MANIFEST
 from pipeline.io import sha256_file
 from pipeline.provenance import STAGE_ORDER, hash_path, iter_records, params_hash
 
@@ -366,8 +370,10 @@ def verify(lin: dict[str, Any], root: str | os.PathLike = Path(".")) -> list[dic
     One entry per check: ``{stage, role, path, recorded, actual, status}``; ``role`` is
     ``input`` / ``output`` (file sha256), ``link`` (input vs the upstream stage's recorded
     output; ``upstream`` names it), ``params`` (params.yaml section hash; ``detail`` lists
-    changed keys), ``dvc`` (dvc.lock md5 in the DVC cache) or ``target``. ``status`` is ``ok``,
-    ``changed`` or ``missing`` (``actual`` is ``None``: not present). Each file is hashed once.
+    changed keys), ``dvc`` (dvc.lock md5 in the DVC cache), ``target`` or ``shard`` (a shard
+    against the sha256 in its examples manifest, named by ``manifest``; only for a manifest that
+    matches its record). ``status`` is ``ok``, ``changed`` or ``missing`` (``actual`` is ``None``:
+    not present). Each file is hashed once.
     """
     root = Path(root)
     cache: dict[str, str | None] = {}
@@ -409,7 +415,71 @@ def verify(lin: dict[str, Any], root: str | os.PathLike = Path(".")) -> list[dic
                 params_hash(section), detail=detail)
         for path, md5 in (node.get("dvc_outs") or {}).items():
             add(node["stage"], "dvc", path, md5, md5 if _in_dvc_cache(dvc_cache, md5) else None)
+    for stage, manifest, shards in _recorded_shards(chain, root, cache):
+        for path, recorded, actual in _hash_shards(root, shards):
+            add(stage, "shard", path, recorded, actual, manifest=manifest)
     return results
+
+
+def _recorded_shards(chain: list[dict[str, Any]], root: Path, hashes: dict[str, str | None]
+                     ) -> Iterator[tuple[str, str, list[tuple[str, str]]]]:
+    """``(stage, manifest path, [(shard path, recorded sha256), ...])`` for each examples manifest
+    named by the chain whose bytes here are the recorded ones: its per-shard sha256s are then
+    part of the record too (a manifest that changed is reported as such, its shards are not read).
+    The stage is the one that wrote the manifest (examples), else the first that read it."""
+    named: dict[str, tuple[str, set[str]]] = {}
+    for node in chain:
+        for role in ("outputs", "inputs"):
+            for path, recorded in (node.get(role) or {}).items():
+                if Path(path).name != MANIFEST:
+                    continue
+                stage, seen = named.get(path, (node["stage"], set()))
+                if role == "outputs":
+                    stage = node["stage"]
+                named[path] = (stage, seen | {recorded})
+    for path, (stage, recorded) in named.items():
+        if hashes.get(path) not in recorded:
+            continue
+        p = Path(path) if Path(path).is_absolute() else root / path
+        try:
+            manifest = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        splits = manifest.get("splits") if isinstance(manifest, dict) else None
+        if not isinstance(splits, dict):
+            continue  # not an examples manifest (no splits → shards)
+        shards = [((Path(path).parent / e["path"]).as_posix(), e["sha256"])
+                  for info in splits.values() if isinstance(info, dict) and isinstance(info.get("shards"), list)
+                  for e in info["shards"]
+                  if isinstance(e, dict) and isinstance(e.get("path"), str) and isinstance(e.get("sha256"), str)]
+        if shards:
+            yield stage, path, shards
+
+
+def _hash_shards(root: Path, shards: list[tuple[str, str]]) -> list[tuple[str, str, str | None]]:
+    """``(path, recorded, actual)`` per shard, hashed in threads; a progress bar after 2 s on a terminal."""
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    files = [Path(p) if Path(p).is_absolute() else root / p for p, _ in shards]
+    total = sum(f.stat().st_size for f in files if f.is_file())
+
+    def digest(f: Path) -> str | None:
+        if not f.is_file():
+            return None
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+                bar.update(len(block))
+        return h.hexdigest()
+
+    with tqdm(total=total, unit="B", unit_scale=True, desc="verify shards", delay=2, leave=False,
+              disable=None) as bar, ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        actual = list(pool.map(digest, files))
+    return [(p, recorded, now) for (p, recorded), now in zip(shards, actual)]
 
 
 def summary(verification: list[dict[str, Any]]) -> dict[str, int]:
@@ -428,6 +498,15 @@ def _short(h: str | None, n: int = 12) -> str:
 
 
 _WORDS = {OK: "ok", CHANGED: "CHANGED", MISSING: "not present"}
+_MAX_LISTED = 10  # shards not present, listed one per line before "... and N more"
+
+
+def _shards_by_manifest(verification: list[dict[str, Any]], stage: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for v in verification:
+        if v["role"] == "shard" and v["stage"] == stage:
+            out.setdefault(v.get("manifest"), []).append(v)
+    return out
 _DVC_WORDS = {OK: "in DVC cache", MISSING: "not in DVC cache"}
 
 
@@ -459,6 +538,9 @@ def format_tree(lin: dict[str, Any], verification: list[dict[str, Any]] | None =
             params += f" (params.yaml now {_short(pv['actual'])})"
         lines.append(f"{pad}└─ {node['stage']}  commit {commit}{dirty}  {params}  finished {node.get('finished') or '-'}")
         body = pad + ("     " if depth == len(chain) - 1 else "   │ ")
+        if node["stage"] == "pretrain" and (node.get("params") or {}).get("time_minutes"):
+            lines.append(f"{body} wall-clock budget: not reproducible from its commit "
+                         f"(pretrain.time_minutes = {node['params']['time_minutes']}; set max_steps instead)")
         if node.get("git_dirty") and node.get("dirty_paths"):
             lines.append(f"{body} uncommitted: {', '.join(node['dirty_paths'])}")
         if node.get("source"):
@@ -470,19 +552,28 @@ def format_tree(lin: dict[str, Any], verification: list[dict[str, Any]] | None =
         for label, role, path, digest in rows:
             digest = _short(digest) if role != "dvc" else "md5 " + _short(digest)
             lines.append(f"{body} {label} {path:<{width}}  {digest}{_mark(by_key.get((node['stage'], role, path)))}".rstrip())
+        for manifest, shards in _shards_by_manifest(verification or [], node["stage"]).items():
+            c = summary(shards)
+            marks = [f"{c[OK]} ok"] + [f"{c[s]} {_WORDS[s]}" for s in (CHANGED, MISSING) if c[s]]
+            lines.append(f"{body} {len(shards)} shards listed in {manifest}: {', '.join(marks)}")
     if lin.get("conflicts"):
         lines.append("conflicting copies of upstream records: " + ", ".join(lin["conflicts"]))
     if verification is not None:
         bad = [v for v in verification if v["status"] == CHANGED]
         for v in bad:
             what = {"link": f"input of {v['stage']} vs output of {v.get('upstream')}",
-                    "params": f"params of {v['stage']}", "target": v.get("what") or "target"}.get(
-                        v["role"], f"{v['role']} of {v['stage']}")
+                    "params": f"params of {v['stage']}", "target": v.get("what") or "target",
+                    "shard": f"shard listed in {v.get('manifest')}"}.get(v["role"], f"{v['role']} of {v['stage']}")
             lines.append(f"CHANGED {v['path']}  ({what})")
             lines.append(f"   recorded {v['recorded']}")
             lines.append(f"   {'upstream' if v['role'] == 'link' else 'now     '} {v['actual']}")
             for d in v.get("detail") or []:
                 lines.append(f"   {d}")
+        gone = [v for v in verification if v["role"] == "shard" and v["status"] == MISSING]
+        for v in gone[:_MAX_LISTED]:
+            lines.append(f"not present {v['path']}  (shard listed in {v.get('manifest')})")
+        if len(gone) > _MAX_LISTED:
+            lines.append(f"   ... and {len(gone) - _MAX_LISTED} more shards not present")
         c = summary(verification)
         lines.append(f"verify: {c[OK]} ok, {c[CHANGED]} changed, {c[MISSING]} not present")
     lines += reproduce_hint(lin)

@@ -4,6 +4,10 @@ One process: ``python -m stages.pretrain``. Several (DDP): ``torchrun --nproc_pe
 stages.pretrain`` (NCCL on GPUs, gloo on CPU); only rank 0 writes files and logs to MLflow.
 A run continues from ``data/pretrain/last.pt`` when it exists and fits the current data and
 recipe (``data/pretrain`` is ``persist: true`` in dvc.yaml so DVC keeps it); see ``pretrain.resume``.
+
+Before training it checks that ``data/tokenizer/tokenizer.json`` (when present) is the tokenizer
+the manifest names, and rehashes every shard against the manifest's sha256s (skip with
+``pretrain.verify_shards: false`` for huge corpora; the record says ``shards_verified``).
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from pipeline.errors import BertraceError
-from pipeline.io import write_json
-from pipeline.pretrain_data import load_manifest
+from pipeline.io import sha256_file, write_json
+from pipeline.pretrain_data import load_manifest, verify_shards
 from pipeline.train import TRAIN_CURVE, VAL_CURVE, PretrainConfig, pretrain
 from stages.common import METRICS_DIR, StageRun, load_params, run_stage
 
@@ -40,6 +44,44 @@ def _init_distributed(cfg: PretrainConfig) -> tuple[int, int]:
     return rank, world
 
 
+def check_tokenizer(manifest: dict, tokenizer: Path = TOKENIZER, examples: Path = EXAMPLES) -> None:
+    """The tokenizer on disk is the one the shards were made with (the manifest's ``tokenizer_sha256``).
+
+    A checkpoint is checked against the manifest's copy of that hash on resume; this ties the
+    file itself in, so a retrained tokenizer with stale shards is caught before training."""
+    if not tokenizer.is_file():
+        return
+    now = sha256_file(tokenizer)
+    if now != manifest["tokenizer_sha256"]:
+        raise BertraceError(
+            f"{tokenizer}: sha256 {now}, but {examples / 'manifest.json'} was made with tokenizer "
+            f"{manifest['tokenizer_sha256']}; the tokenizer changed after the examples stage, rerun it "
+            "(dvc repro examples)")
+
+
+def check_shards(cfg: PretrainConfig, manifest: dict, rank: int, world: int, examples: Path = EXAMPLES) -> bool:
+    """Rehash the shards against the manifest unless ``pretrain.verify_shards`` is false; returns
+    whether they were verified. Rank 0 hashes; every rank raises the same error."""
+    if not getattr(cfg, "verify_shards", True):
+        if rank == 0:
+            print(f"pretrain: pretrain.verify_shards is false: the shards in {examples} are not checked "
+                  "against their manifest (recorded as shards_verified: false)")
+        return False
+    error = None
+    if rank == 0:
+        try:
+            verify_shards(examples, manifest, progress=True)
+        except BertraceError as e:
+            error = str(e)
+    if world > 1:
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error:
+        raise BertraceError(error)
+    return True
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stages.pretrain", description=__doc__.splitlines()[0])
     parser.add_argument("--no-resume", action="store_true", help="ignore data/pretrain/last.pt and start over")
@@ -49,12 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     # resume: auto (default) continues data/pretrain/last.pt when it was trained on the same data
     # and recipe (only budget/cadence/device changed) and starts over otherwise; true insists on
     # resuming (a mismatch is an error naming both hashes); false (or --no-resume) starts over.
-    resume = params.get("resume", "auto")
-    if resume not in ("auto", True, False):
-        raise BertraceError(f"params.yaml: pretrain.resume = {resume!r}: use auto, true or false")
-    if args.no_resume:
-        resume = False
-    cfg = PretrainConfig.from_params({k: v for k, v in params.items() if k != "resume"})
+    cfg = PretrainConfig.from_params(params)
+    resume = False if args.no_resume else cfg.resume
     rank, world = _init_distributed(cfg)
     main_rank = rank == 0
     try:
@@ -62,10 +100,14 @@ def main(argv: list[str] | None = None) -> None:
             manifest = load_manifest(EXAMPLES)  # a clear error when the examples stage has not run
             manifest_sha = run.add_input(EXAMPLES / "manifest.json")
             run.add_upstream("examples")
+            check_tokenizer(manifest)
+            verified = check_shards(cfg, manifest, rank, world)
             run.extra.update({"tokenizer_sha256": manifest["tokenizer_sha256"],
-                              "examples_manifest_sha256": manifest_sha, "world_size": world})
+                              "examples_manifest_sha256": manifest_sha, "world_size": world,
+                              "shards_verified": verified})
             run.set_tags({"bertrace.tokenizer_sha256": manifest["tokenizer_sha256"],
-                          "bertrace.examples_manifest_sha256": manifest_sha, "bertrace.world_size": world})
+                          "bertrace.examples_manifest_sha256": manifest_sha, "bertrace.world_size": world,
+                          "bertrace.shards_verified": verified})
 
             metrics = pretrain(
                 cfg, examples_dir=EXAMPLES, out_dir=OUT, provenance=run.provenance(), resume=resume,
@@ -78,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
                 if (OUT / name).exists():
                     run.add_output(OUT / name)
             run.set_tags({"bertrace.model_sha256": metrics["model_sha256"]})
+            run.extra.update({k: metrics[k] for k in ("budget", "deterministic", "num_threads") if k in metrics})
             write_json(METRICS_DIR / "pretrain.json", metrics)  # the DVC metrics file
             run.log_metrics({"final": metrics}, step=metrics["step"])  # final.* (per-step curves stay clean)
             run.log_artifact(PLOTS / TRAIN_CURVE, "plots")

@@ -9,7 +9,8 @@ uncommitted paths when the tree had changes), params hash, finish time, the sha2
 input and output and the dvc.lock md5s of the upstream outputs. ``--verify`` rechecks every
 link under ``--root`` (default: the current directory): file hashes, each input against the
 upstream stage's recorded output, each stage's params.yaml section, DVC cache presence of the
-recorded md5s, and the checkpoint inside an export or MLflow model.
+recorded md5s, the checkpoint inside an export or MLflow model, and every shard listed by the
+examples manifest against the sha256 recorded there (one summary line; each bad shard on its own).
 
 Exit status: 0 when nothing recorded has changed; 1 when ``--verify`` finds a mismatch
 (``CHANGED``, printed with both hashes). Files not present under ROOT (data/ gone, not checked

@@ -324,3 +324,177 @@ def test_dynamic_whole_word_masking_masks_whole_words(tmp_path):
             if (p + 1) % T and p + 1 not in labels and table[flat[p + 1]]:
                 pytest.fail(f"position {p}: word masked without its continuation at {p + 1}")
     assert together > 10
+
+
+# ----------------------------------------------------------------------------- shard integrity
+
+
+def rewrite_shard(path: Path, change) -> Path:
+    """Rewrite a shard with pyarrow after ``change(table) -> table`` (same rows: the manifest's
+    row count still matches, only the bytes differ)."""
+    table = change(pq.read_table(path))
+    pq.write_table(table, path, compression="zstd", row_group_size=32)
+    return path
+
+
+def set_column(table: pa.Table, name: str, values: list) -> pa.Table:
+    i = table.schema.get_field_index(name)
+    return table.set_column(i, table.schema.field(i), pa.array(values, table.schema.field(i).type))
+
+
+def flip_first_label(table: pa.Table) -> pa.Table:
+    nsp = table.column("next_sentence_label").to_pylist()
+    return set_column(table, "next_sentence_label", [1 - nsp[0], *nsp[1:]])
+
+
+def truncate(path: Path) -> Path:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+@pytest.fixture
+def small_dir(tmp_path):
+    return make_examples(tmp_path / "ex", train_rows=64, valid_rows=32, rows_per_shard=32)
+
+
+def test_verify_shards_rehashes_every_shard_against_the_manifest(small_dir):
+    from pipeline.io import sha256_file
+    from pipeline.pretrain_data import verify_shards
+
+    assert verify_shards(small_dir) == 3  # 2 train + 1 valid
+    shard = small_dir / "train" / "shard-00001.parquet"
+    recorded = load_manifest(small_dir)["splits"]["train"]["shards"][1]["sha256"]
+    rewrite_shard(shard, flip_first_label)
+    assert pq.read_metadata(shard).num_rows == 32  # the loader's row count check cannot see it
+    with pytest.raises(BertraceError) as e:
+        verify_shards(small_dir)
+    msg = str(e.value)
+    assert msg.startswith(f"{shard}: sha256 {sha256_file(shard)}, {small_dir / 'manifest.json'} records {recorded}")
+    assert "dvc repro examples" in msg and "more shard" not in msg
+    # a truncated valid shard and a missing train shard on top: the first named, the others counted
+    truncate(small_dir / "valid" / "shard-00000.parquet")
+    (small_dir / "train" / "shard-00000.parquet").unlink()
+    with pytest.raises(BertraceError, match=r"train/shard-00000.parquet: listed in .*manifest.json but missing "
+                                            r"\(and 2 more shards\)"):
+        verify_shards(small_dir, progress=True)
+
+
+def test_missing_column_names_the_shard_and_the_column(small_dir):
+    shard = rewrite_shard(small_dir / "train" / "shard-00001.parquet", lambda t: t.drop_columns(["masked_lm_ids"]))
+    with pytest.raises(BertraceError) as e:
+        PretrainingData(small_dir, batch_size=8)
+    assert str(e.value).startswith(f"{shard}: has no column 'masked_lm_ids' (masking: static in ")
+    rewrite_shard(shard, lambda t: t.drop_columns(["next_sentence_label"]))
+    with pytest.raises(BertraceError, match=r"shard-00001.parquet: has no column 'next_sentence_label'; "):
+        PretrainingData(small_dir, batch_size=8)
+    rewrite_shard(small_dir / "valid" / "shard-00000.parquet",
+                  lambda t: t.set_column(0, "input_ids", pa.array([str(x) for x in t.column("input_ids").to_pylist()])))
+    with pytest.raises(BertraceError, match=r"valid/shard-00000.parquet: column 'input_ids' has type string"):
+        PretrainingData(small_dir, "valid", batch_size=8)
+
+
+def test_token_id_outside_the_vocabulary_names_the_shard(small_dir):
+    def poison(column, row=5):
+        def change(t):
+            rows = t.column(column).to_pylist()
+            rows[row] = [*rows[row][:-1], VOCAB]  # one id == vocab_size
+            return set_column(t, column, rows)
+        return change
+
+    shard = rewrite_shard(small_dir / "train" / "shard-00001.parquet", poison("input_ids"))
+    data = PretrainingData(small_dir, batch_size=8)  # the footer is fine: caught when the row group is read
+    with pytest.raises(BertraceError) as e:
+        list(data.epoch_batches(0))
+    assert str(e.value).startswith(f"{shard}: row group 0 has input_ids id {VOCAB}, outside the vocabulary "
+                                   f"(vocab_size {VOCAB} in {small_dir / 'manifest.json'})")
+    valid = rewrite_shard(small_dir / "valid" / "shard-00000.parquet", poison("masked_lm_ids", row=3))
+    with pytest.raises(BertraceError, match=rf"{valid}: row group 0 has masked_lm_ids id {VOCAB}, outside"):
+        list(PretrainingData(small_dir, "valid", batch_size=8).eval_batches())
+
+
+# ----------------------------------------------------------------------------- the pretrain stage's checks
+
+
+@pytest.fixture
+def stage_dir(tmp_path, monkeypatch):
+    """A repository-like working directory for ``stages.pretrain.main`` (no MLflow, no git)."""
+    import yaml
+
+    work = tmp_path / "work"
+    make_examples(work / "data" / "examples", masking="dynamic", train_rows=64, valid_rows=32, rows_per_shard=32)
+    params = {"model": {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64,
+                        "max_position": 64}, "batch_size": 16, "max_steps": 2, "eval_every": 0, "num_threads": 1}
+    (work / "params.yaml").write_text(yaml.safe_dump({"pretrain": params}))
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("BERTRACE_NO_MLFLOW", "1")
+    return work
+
+
+def _fake_pretrain(seen: dict):
+    """Stands in for the training loop: keeps the provenance it was given."""
+    def pretrain(cfg, *, provenance, out_dir, **kw):
+        seen["provenance"] = provenance
+        seen["cfg"] = cfg
+        return {"model_sha256": "0" * 64, "step": 0, "tokens_seen": 0, "train_seconds": 0.0}
+    return pretrain
+
+
+def test_pretrain_stage_refuses_a_rewritten_shard(stage_dir, monkeypatch):
+    from stages import pretrain as stage
+
+    seen: dict = {}
+    monkeypatch.setattr(stage, "pretrain", _fake_pretrain(seen))
+    stage.main([])  # intact shards: verified, and the record says so
+    assert seen["provenance"]["shards_verified"] is True
+    assert json.loads((stage_dir / "data/provenance/pretrain.json").read_text())["shards_verified"] is True
+    seen.clear()
+    shard = rewrite_shard(Path("data/examples/train/shard-00001.parquet"), flip_first_label)
+    with pytest.raises(BertraceError, match=rf"^{shard}: sha256 [0-9a-f]{{64}}, data/examples/manifest.json "
+                                            r"records [0-9a-f]{64}.*dvc repro examples"):
+        stage.main([])
+    assert not seen  # refused before training
+
+
+def test_pretrain_stage_verify_shards_false_skips_and_records_it(stage_dir, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    import yaml
+
+    from stages import pretrain as stage
+
+    rewrite_shard(Path("data/examples/train/shard-00001.parquet"), flip_first_label)
+    manifest = load_manifest("data/examples")
+    assert stage.check_shards(SimpleNamespace(verify_shards=False), manifest, 0, 1) is False
+    assert "verify_shards is false" in capsys.readouterr().out
+    with pytest.raises(BertraceError, match="shard-00001.parquet: sha256"):
+        stage.check_shards(SimpleNamespace(), manifest, 0, 1)  # a config without the field: verify
+    cls = stage.PretrainConfig  # a dataclass, or a pydantic model after the config refactor
+    if "verify_shards" not in {*getattr(cls, "model_fields", {}), *getattr(cls, "__dataclass_fields__", {})}:
+        pytest.skip("PretrainConfig has no verify_shards field yet (params.yaml pretrain.verify_shards)")
+    params = yaml.safe_load(Path("params.yaml").read_text())
+    params["pretrain"]["verify_shards"] = False
+    Path("params.yaml").write_text(yaml.safe_dump(params))
+    seen: dict = {}
+    monkeypatch.setattr(stage, "pretrain", _fake_pretrain(seen))
+    stage.main([])
+    assert seen["provenance"]["shards_verified"] is False
+    assert json.loads(Path("data/provenance/pretrain.json").read_text())["shards_verified"] is False
+
+
+def test_pretrain_stage_refuses_a_tokenizer_the_shards_were_not_made_with(stage_dir, monkeypatch):
+    from stages import pretrain as stage
+
+    monkeypatch.setattr(stage, "pretrain", _fake_pretrain({}))
+    tok = make_tokenizer(Path("data/tokenizer").mkdir(parents=True) or Path("data/tokenizer/tokenizer.json"))
+    with pytest.raises(BertraceError) as e:
+        stage.main([])
+    msg = str(e.value)
+    assert msg.startswith(f"{tok}: sha256 {hashlib.sha256(tok.read_bytes()).hexdigest()}, but "
+                          f"data/examples/manifest.json was made with tokenizer {TOKENIZER_SHA}")
+    assert "rerun it (dvc repro examples)" in msg
+    # the tokenizer the manifest names passes
+    manifest = json.loads(Path("data/examples/manifest.json").read_text())
+    manifest["tokenizer_sha256"] = hashlib.sha256(tok.read_bytes()).hexdigest()
+    Path("data/examples/manifest.json").write_text(json.dumps(manifest))
+    stage.main([])

@@ -53,12 +53,16 @@ def _write(root: Path, rel: str, text: str) -> str:
 @pytest.fixture
 def chain(tmp_path):
     """A small fake pipeline run in tmp_path: files, provenance records, two checkpoints."""
-    root = tmp_path
+    return _build_chain(tmp_path)
+
+
+def _build_chain(root: Path) -> Path:
     _write(root, "data/raw/wiki.train.raw", "raw text\n")
     _write(root, "data/clean/train.txt", "clean text\n")
     _write(root, "data/tokenizer/tokenizer.json", '{"vocab": 1}')
     _write(root, "data/tokenizer/vocab.txt", "[PAD]\n[UNK]\n")
-    _write(root, "data/examples/manifest.json", '{"shards": 1}')
+    if not (root / "data/examples/manifest.json").exists():  # shard_chain: a real examples directory
+        _write(root, "data/examples/manifest.json", '{"shards": 1}')
     h = lambda rel: hash_path(root / rel)  # noqa: E731
     download = _record("download", {"n": 1}, {}, {"data/raw": h("data/raw")})
     clean = _record("clean", {"min": 2}, {"data/raw": h("data/raw")}, {"data/clean/train.txt": h("data/clean/train.txt")},
@@ -361,3 +365,79 @@ def test_corrupt_or_missing_target_is_a_clear_error(chain, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------------------------
+# Shards: every shard the examples manifest lists, rehashed against it
+
+
+@pytest.fixture
+def shard_chain(tmp_path):
+    """``chain`` over a real examples directory: 2 train shards + 1 valid shard in the manifest."""
+    from test_pretrain_data import make_examples
+
+    make_examples(tmp_path / "data/examples", train_rows=64, valid_rows=32, rows_per_shard=32)
+    return _build_chain(tmp_path)
+
+
+def _shards(root: Path) -> dict[str, str]:
+    manifest = json.loads((root / "data/examples/manifest.json").read_text())
+    return {f"data/examples/{e['path']}": e["sha256"] for s in manifest["splits"].values() for e in s["shards"]}
+
+
+def test_verify_rehashes_every_shard_of_the_examples_manifest(shard_chain, capsys):
+    assert trace_cli.main([str(shard_chain / "data/pretrain/best.pt"), "--verify", "--root", str(shard_chain)]) == 0
+    text = capsys.readouterr().out
+    assert "3 shards listed in data/examples/manifest.json: 3 ok" in text
+    assert "shard-0000" not in text  # one summary line, no line per good shard
+    results = trace.verify(trace.lineage(shard_chain / "data/finetune/model.pt"), shard_chain)
+    shards = [r for r in results if r["role"] == "shard"]
+    assert {r["path"]: r["recorded"] for r in shards} == _shards(shard_chain)
+    assert {(r["stage"], r["status"], r["manifest"]) for r in shards} == {("examples", "ok", "data/examples/manifest.json")}
+
+
+def test_rewritten_or_truncated_shard_is_changed_with_both_hashes(shard_chain, capsys):
+    from test_pretrain_data import flip_first_label, rewrite_shard, truncate
+
+    recorded = _shards(shard_chain)
+    flipped = rewrite_shard(shard_chain / "data/examples/train/shard-00001.parquet", flip_first_label)
+    cut = truncate(shard_chain / "data/examples/valid/shard-00000.parquet")
+    for target in ("data/pretrain/best.pt", "data/finetune/model.pt", "data/provenance/examples.json"):
+        with pytest.raises(SystemExit) as e:
+            trace_cli.main([str(shard_chain / target), "--verify", "--root", str(shard_chain)])
+        assert e.value.code == 1
+        captured = capsys.readouterr()
+        text = captured.out
+        assert "3 shards listed in data/examples/manifest.json: 1 ok, 2 CHANGED" in text
+        for shard, now in (("data/examples/train/shard-00001.parquet", sha256_file(flipped)),
+                           ("data/examples/valid/shard-00000.parquet", sha256_file(cut))):
+            block = text[text.index(f"CHANGED {shard}  (shard listed in data/examples/manifest.json)"):]
+            assert block.splitlines()[1:3] == [f"   recorded {recorded[shard]}", f"   now      {now}"]
+        assert "train/shard-00000.parquet" not in text  # the intact shard: counted, not listed
+        assert "does not match" in captured.err
+    with pytest.raises(SystemExit):
+        trace_cli.main([str(shard_chain / "data/pretrain/best.pt"), "--verify", "--json", "--root", str(shard_chain)])
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"]["changed"] == 2
+    assert {v["path"] for v in out["verification"] if v["status"] == "changed"} == {
+        "data/examples/train/shard-00001.parquet", "data/examples/valid/shard-00000.parquet"}
+
+
+def test_shard_not_present_is_listed_and_a_changed_manifest_is_not_trusted(shard_chain, capsys):
+    (shard_chain / "data/examples/train/shard-00000.parquet").unlink()
+    assert trace_cli.main([str(shard_chain / "data/pretrain/best.pt"), "--verify", "--root", str(shard_chain)]) == 0
+    text = capsys.readouterr().out
+    assert "3 shards listed in data/examples/manifest.json: 2 ok, 1 not present" in text
+    assert "not present data/examples/train/shard-00000.parquet  (shard listed in data/examples/manifest.json)" in text
+    # a manifest rewritten to match tampered shards: the manifest is CHANGED, its shard list is not read
+    from test_pretrain_data import flip_first_label, rewrite_shard
+
+    manifest_path = shard_chain / "data/examples/manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    shard = rewrite_shard(shard_chain / "data/examples/train/shard-00001.parquet", flip_first_label)
+    manifest["splits"]["train"]["shards"][1]["sha256"] = sha256_file(shard)
+    manifest_path.write_text(json.dumps(manifest))
+    results = trace.verify(trace.lineage(shard_chain / "data/pretrain/best.pt"), shard_chain)
+    assert not [r for r in results if r["role"] == "shard"]
+    assert ("pretrain", "input", "changed") in {(r["stage"], r["role"], r["status"]) for r in results
+                                                if r["path"] == "data/examples/manifest.json"}
