@@ -1,5 +1,8 @@
 """MLM + NSP pre-training examples: Google's ``create_pretraining_data.py`` recipe, sharded.
 
+Line numbers ("l. N") refer to google-research/bert@eedf571 ``create_pretraining_data.py``.
+Every deliberate difference from it is listed in docs/recipe.md.
+
 Per document (one line of the clean corpus), following ``create_instances_from_document``:
 
 1. split it into sentences (:func:`pipeline.sentences.split_sentences`) and WordPiece them
@@ -13,33 +16,42 @@ Per document (one line of the clean corpus), following ``create_instances_from_d
 4. B is the rest of the chunk (IsNext), or with probability 0.5 (always when the chunk has a
    single sentence) sentences from a random start in a random *other* document (NotNext),
    in which case the chunk's unused sentences are put back (``i -= num_unused_segments``);
-5. ``truncate_seq_pair``: drop tokens from the longer side, each from the front or the back
-   with probability 0.5, until ``len(A) + len(B) <= max_seq_len - 3``;
+5. ``truncate_seq_pair`` (l. 418): drop tokens from the longer side (B on ties), each from the
+   front or the back with probability 0.5, until ``len(A) + len(B) <= max_seq_len - 3``;
 6. ``[CLS] A [SEP] B [SEP]``; static masking corrupts it here (the recipe of
-   :func:`pipeline.masking.mask_sequence`), dynamic masking leaves that to the loader.
+   :func:`pipeline.masking.mask_sequence`; candidates per ``mask_candidates``), dynamic
+   masking leaves that to the loader.
 
 ``dupe_factor`` (train) / ``valid_dupe_factor`` (valid) passes over the corpus, each with
 its own pairing and masking.
 
-Sharding, determinism, memory. The corpus is cut into partitions of ``docs_per_shard``
-documents in file order (a trailing partition of fewer than 2 documents joins the previous
-one). Each partition is tokenized once and, for every dupe pass ``d``, written to its own
-shard ``shard-{partition * dupes + d:05d}.parquet`` using RNGs seeded only from
-``(seed, split, partition, d)``. NotNext documents are drawn from the same partition.
-Shards are therefore byte-identical for any number of worker processes and for either engine
-(:mod:`pipeline.distributed`: local processes or a Dask cluster); workers return the shard
-bytes and the main process, which holds at most ``2 * workers`` partitions at a time, writes them.
+Sharding, determinism, memory. With ``shuffle_documents`` (default) the documents of a split
+are put in a seeded random order first, as Google shuffles ``all_documents`` (l. 208): a
+permutation of the document *indices* (:func:`document_order`, seeded from ``(seed, split)``
+only), so that related articles, which sit next to each other in Wikipedia's order, do not
+share a partition. This process indexes the corpus once (8 bytes per document: where each line
+starts) and then reads each partition's documents by seeking, so the text is never all in memory.
+The order is cut into partitions of ``docs_per_shard`` documents (a trailing partition of fewer
+than 2 documents joins the previous one). Each partition is tokenized once and, for every dupe
+pass ``d``, written to its own shard ``shard-{partition * dupes + d:05d}.parquet`` using RNGs
+seeded only from ``(seed, split, partition, d)``. NotNext documents are drawn from the same
+partition; a partition with a single usable document (the others tokenize to nothing) draws them
+from the first :data:`RESERVE_DOCS` documents of a neighbouring partition, sent with its task
+(a lone document with no usable neighbour either makes no pairs: IsNext-only pairs would skew the
+labels). Shards are therefore byte-identical for any number of worker processes and for either
+engine (:mod:`pipeline.distributed`: local processes or a Dask cluster); workers return the shard
+bytes and the main process, which holds at most ``2 * workers + 1`` partitions at a time, writes them.
 
-Deviations from Google, on purpose:
+Deviations from Google, on purpose (all of them, with the measurements: docs/recipe.md):
 * Google shuffles all instances of the corpus at once; we shuffle the instances within each
   shard and the loader shuffles the shard order (bounded memory, parallel writing).
 * The random document is drawn uniformly among the *other* documents of the partition
-  (Google: 10 tries to avoid the same document, then gives up), so NotNext B never comes
-  from A's document. The pool of negatives is the partition, not the whole corpus. A
-  partition left with one usable document makes IsNext pairs only.
+  (Google: among all documents, 10 tries to avoid the same one, then gives up, l. 279), so
+  NotNext B never comes from A's document. The pool of negatives is the partition (of
+  shuffled documents), not the whole corpus.
 * Truncation draws the final front/back split directly (a binomial over the number of
   tokens removed from each side), which has the same distribution as Google's
-  token-at-a-time loop.
+  token-at-a-time loop (l. 430-433).
 * Static masking (without whole-word masking) is drawn for a whole shard at once by
   :func:`_mask_rows`, the recipe of :func:`pipeline.masking.mask_sequence` (which the
   loader uses for dynamic masking, and we use for whole-word masking) vectorized over rows;
@@ -51,94 +63,94 @@ Deviations from Google, on purpose:
 
 from __future__ import annotations
 
+import array
 import hashlib
 import os
 import random
-from dataclasses import asdict, dataclass, fields
 from itertools import chain
 from pathlib import Path
-from typing import Iterator
+from typing import Any, ClassVar, Iterator, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from pydantic import ValidationError, field_validator
+
+from pipeline.config import Bool, Float, Int, format_errors
 from pipeline.encode import SentenceEncoder
 from pipeline.errors import BertraceError
-from pipeline.distributed import Engine, run_tasks
+from pipeline.distributed import Engine, EngineParams, run_tasks
+from pipeline.formats import CLS_ID, MASK_ID, SCHEMA_VERSION, SEP_ID, SPECIAL_IDS, SPLIT_IDS
 from pipeline.io import atomic_path, sha256_bytes, sha256_file, write_json
 from pipeline.masking import MaskingSpec, mask_sequence
 from pipeline.sentences import split_sentences
-from pipeline.tokenizer import SPECIAL_IDS, load_tokenizer
+from pipeline.tokenizer import load_tokenizer
 
-SCHEMA_VERSION = 1
-CLS_ID, SEP_ID, MASK_ID = SPECIAL_IDS["[CLS]"], SPECIAL_IDS["[SEP]"], SPECIAL_IDS["[MASK]"]
-SPLIT_IDS = {"train": 0, "valid": 1}
-MASKING_MODES = ("static", "dynamic")
-ENGINE_KEYS = ("workers", "engine", "dask_scheduler")  # where the work runs, never what it writes
+ENGINE_KEYS = tuple(EngineParams.model_fields)  # workers, engine, dask_scheduler: never change the bytes
+RESERVE_DOCS = 4  # documents of a neighbouring partition sent with each task (NotNext source of a lone document)
+
+_RANGES = {  # field: (check, message)
+    "max_seq_len": (lambda v: 8 <= v <= 65535, "must be in [8, 65535]"),
+    "short_seq_prob": (lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]"),
+    "masked_lm_prob": (lambda v: 0.0 < v < 1.0, "must be in (0, 1)"),
+    "max_predictions_per_seq": (lambda v: v >= 1, "must be >= 1"),
+    "dupe_factor": (lambda v: v >= 1, "must be >= 1"),
+    "valid_dupe_factor": (lambda v: v >= 1, "must be >= 1"),
+    "docs_per_shard": (lambda v: v >= 2, "must be >= 2 (NSP negatives come from the same shard)"),
+    "row_group_size": (lambda v: v >= 1, "must be >= 1"),
+    "seed": (lambda v: v >= 0, "must be >= 0"),
+}
 
 
-@dataclass
-class ExamplesConfig:
-    """The ``examples`` section of params.yaml, minus the keys that only set speed (:data:`ENGINE_KEYS`)."""
+class ExamplesConfig(EngineParams):
+    """The ``examples`` section of params.yaml; defaults equal params.yaml.
 
-    max_seq_len: int = 128
-    short_seq_prob: float = 0.1
-    masked_lm_prob: float = 0.15
-    max_predictions_per_seq: int = 20
-    dupe_factor: int = 5
-    valid_dupe_factor: int = 1
-    masking: str = "static"
-    whole_word_masking: bool = False
-    docs_per_shard: int = 256
-    row_group_size: int = 4096
-    seed: int = 12345
+    The engine keys (:data:`ENGINE_KEYS`, from :class:`pipeline.distributed.EngineParams`) are
+    accepted but only set speed: :meth:`recipe` (the manifest's ``params``) and the worker
+    cache leave them out. A bad value raises :class:`BertraceError` naming ``examples.key``,
+    from :meth:`from_params` and from keyword construction alike.
+    """
 
-    def __post_init__(self):
-        def bad(name: str, why: str):
-            value = getattr(self, name)
-            raise BertraceError(f"params.yaml examples.{name} = {value!r}: {why}; fix it in params.yaml")
+    SECTION: ClassVar[str] = "examples"
 
-        for name in ("max_seq_len", "max_predictions_per_seq", "dupe_factor", "valid_dupe_factor",
-                     "docs_per_shard", "row_group_size", "seed"):
-            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
-                bad(name, "must be an integer")
-        for name in ("short_seq_prob", "masked_lm_prob"):
-            if not isinstance(getattr(self, name), (int, float)) or isinstance(getattr(self, name), bool):
-                bad(name, "must be a number")
-        if not 8 <= self.max_seq_len <= 65535:
-            bad("max_seq_len", "must be in [8, 65535]")
-        if not 0.0 <= self.short_seq_prob <= 1.0:
-            bad("short_seq_prob", "must be in [0, 1]")
-        if not 0.0 < self.masked_lm_prob < 1.0:
-            bad("masked_lm_prob", "must be in (0, 1)")
-        if self.max_predictions_per_seq < 1:
-            bad("max_predictions_per_seq", "must be >= 1")
-        if self.dupe_factor < 1:
-            bad("dupe_factor", "must be >= 1")
-        if self.valid_dupe_factor < 1:
-            bad("valid_dupe_factor", "must be >= 1")
-        if self.masking not in MASKING_MODES:
-            bad("masking", f"must be one of {', '.join(MASKING_MODES)}")
-        if not isinstance(self.whole_word_masking, bool):
-            bad("whole_word_masking", "must be true or false")
-        if self.docs_per_shard < 2:
-            bad("docs_per_shard", "must be >= 2 (NSP negatives come from the same shard)")
-        if self.row_group_size < 1:
-            bad("row_group_size", "must be >= 1")
-        if self.seed < 0:
-            bad("seed", "must be >= 0")
+    max_seq_len: Int = 128
+    short_seq_prob: Float = 0.1
+    masked_lm_prob: Float = 0.15
+    max_predictions_per_seq: Int = 20
+    dupe_factor: Int = 5
+    valid_dupe_factor: Int = 1
+    masking: Literal["static", "dynamic"] = "static"
+    whole_word_masking: Bool = False
+    mask_candidates: Literal["google", "skip_special"] = "google"  # google: only [CLS]/[SEP] are never masked
+    shuffle_documents: Bool = True  # seeded document order before partitioning (Google l. 208)
+    docs_per_shard: Int = 256
+    row_group_size: Int = 512
+    seed: Int = 12345
+
+    def __init__(self, **data: Any):
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise BertraceError(format_errors(e, type(self), self.SECTION, "params.yaml")) from None
+
+    @field_validator(*_RANGES)
+    @classmethod
+    def _in_range(cls, value, info):
+        ok, why = _RANGES[info.field_name]
+        if not ok(value):
+            raise ValueError(why)
+        return value
 
     @classmethod
-    def from_params(cls, params: dict) -> "ExamplesConfig":
-        """Build from the params.yaml section; engine keys are ignored, unknown keys are errors."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known - set(ENGINE_KEYS))
-        if unknown:
-            raise BertraceError(f"params.yaml examples: unknown key(s) {', '.join(unknown)}; "
-                                f"known keys are {', '.join(sorted(known | set(ENGINE_KEYS)))}")
-        return cls(**{k: v for k, v in params.items() if k in known})
+    def recipe_keys(cls) -> tuple[str, ...]:
+        """The keys that determine the output bytes (dvc.yaml tracks exactly these)."""
+        return tuple(k for k in cls.model_fields if k not in ENGINE_KEYS)
+
+    def recipe(self) -> dict:
+        """The params that determine the output bytes (the engine keys left out)."""
+        return self.model_dump(include=set(self.recipe_keys()))
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -158,28 +170,48 @@ def _masking_spec(tok, cfg: ExamplesConfig) -> MaskingSpec:
                 is_cont[i] = True
     return MaskingSpec(vocab_size=vocab_size, mask_id=MASK_ID, special_ids=tuple(SPECIAL_IDS.values()),
                        masked_lm_prob=cfg.masked_lm_prob, max_predictions_per_seq=cfg.max_predictions_per_seq,
-                       whole_word_masking=cfg.whole_word_masking, is_continuation=is_cont)
+                       whole_word_masking=cfg.whole_word_masking, is_continuation=is_cont,
+                       never_masked=MaskingSpec.never_masked_ids(cfg.mask_candidates, SPECIAL_IDS))
 
 
 # ----------------------------------------------------------------------------- one partition
 
 
 def truncation_amounts(len_a: int, len_b: int, max_num_tokens: int) -> tuple[int, int]:
-    """How many tokens Google's ``truncate_seq_pair`` removes from A and from B.
+    """How many tokens Google's ``truncate_seq_pair`` (l. 418-433) removes from A and from B.
 
-    It pops from the longer side (A on ties) until the pair fits; the result depends only on
-    the lengths, so we compute it in closed form.
+    It pops from ``tokens_a if len(tokens_a) > len(tokens_b) else tokens_b`` (l. 425: B on
+    ties) until the pair fits; the result depends only on the lengths, so we compute it in
+    closed form. With 125 usable tokens a pair trimmed on both sides ends 63/62 (A/B).
     """
     excess = len_a + len_b - max_num_tokens
     if excess <= 0:
         return 0, 0
     gap = abs(len_a - len_b)
     if excess <= gap:
-        return (excess, 0) if len_a >= len_b else (0, excess)
-    rest = excess - gap  # sides are equal now; A goes first on ties
-    if len_a >= len_b:
-        return gap + (rest + 1) // 2, rest // 2
-    return (rest + 1) // 2, gap + rest // 2
+        return (excess, 0) if len_a > len_b else (0, excess)
+    rest = excess - gap  # sides are equal now; B goes first on ties, then they alternate
+    if len_a > len_b:
+        return gap + rest // 2, (rest + 1) // 2
+    return rest // 2, gap + (rest + 1) // 2
+
+
+def truncate_pair(a_lo: int, a_hi: int, b_lo: int, b_hi: int, max_num_tokens: int,
+                  rng: random.Random) -> tuple[int, int, int, int]:
+    """``truncate_seq_pair`` on the spans ``[a_lo, a_hi)`` and ``[b_lo, b_hi)``.
+
+    Google removes each token from the front or the back with probability 0.5 (l. 430-433),
+    so the number taken from the front of a side is Binomial(cut, 0.5): one draw of ``cut``
+    random bits per side instead of one per token.
+    """
+    cut_a, cut_b = truncation_amounts(a_hi - a_lo, b_hi - b_lo, max_num_tokens)
+    if cut_a:
+        front = rng.getrandbits(cut_a).bit_count()
+        a_lo, a_hi = a_lo + front, a_hi - (cut_a - front)
+    if cut_b:
+        front = rng.getrandbits(cut_b).bit_count()
+        b_lo, b_hi = b_lo + front, b_hi - (cut_b - front)
+    return a_lo, a_hi, b_lo, b_hi
 
 
 class _Partition:
@@ -187,20 +219,24 @@ class _Partition:
 
     Sentence ``j`` is ``tokens[off[j]:off[j+1]]``; document ``d`` is sentences
     ``doc_first[d] .. doc_first[d] + doc_n[d] - 1``. A document's sentences are contiguous,
-    so every A or B segment is a contiguous slice ``tokens[lo:hi]``.
+    so every A or B segment is a contiguous slice ``tokens[lo:hi]``. Documents without tokens
+    are dropped; the first ``own_docs`` documents come from ``docs``, the rest from ``reserve``
+    (NotNext sources only, never an A).
     """
 
-    def __init__(self, docs: list[str], encoder: SentenceEncoder):
+    def __init__(self, docs: list[str], encoder: SentenceEncoder, reserve: list[str] = ()):
         sentences: list[str] = []
         per_doc: list[int] = []
-        for text in docs:
+        for text in chain(docs, reserve):
             s = split_sentences(text)
             sentences.extend(s)
             per_doc.append(len(s))
         self.tokens, lens = encoder.encode(sentences)
         keep = lens > 0
-        doc_of = np.repeat(np.arange(len(docs)), per_doc)[keep]
-        counts = np.bincount(doc_of, minlength=len(docs))
+        n_in = len(per_doc)
+        doc_of = np.repeat(np.arange(n_in), per_doc)[keep]
+        counts = np.bincount(doc_of, minlength=n_in)
+        self.own_docs = int((counts[:len(docs)] > 0).sum())
         counts = counts[counts > 0]
         self.off = np.concatenate([[0], np.cumsum(lens[keep])]).tolist()
         self.doc_n = counts.tolist()
@@ -212,10 +248,11 @@ class _Partition:
 
 
 def _pairs_for_document(part: _Partition, d: int, cfg: ExamplesConfig, rng: random.Random, out: list):
-    """Append ``(a_lo, a_hi, b_lo, b_hi, is_random_next)`` for document ``d`` (Google's loop).
+    """Append ``(a_lo, a_hi, b_lo, b_hi, is_random_next)`` for document ``d`` (Google's loop, l. 223).
 
-    ``rng`` is a ``random.Random``: this loop makes a few scalar draws per example, which
-    are ~10x cheaper there than with a numpy Generator.
+    Needs ``part.num_docs >= 2`` (a NotNext B comes from another document). ``rng`` is a
+    ``random.Random``: this loop makes a few scalar draws per example, which are ~10x cheaper
+    there than with a numpy Generator.
     """
     off, first, n = part.off, part.doc_first[d], part.doc_n[d]
     ndocs = part.num_docs
@@ -230,7 +267,7 @@ def _pairs_for_document(part: _Partition, d: int, cfg: ExamplesConfig, rng: rand
             k = i - chunk_start + 1  # sentences in the chunk
             a_end = 1 if k < 2 else rng.randint(1, k - 1)
             a_lo, a_hi = off[first + chunk_start], off[first + chunk_start + a_end]
-            if (k == 1 or rng.random() < 0.5) and ndocs > 1:
+            if k == 1 or rng.random() < 0.5:
                 r = rng.randrange(ndocs - 1)
                 r += r >= d  # uniform over the other documents
                 r_first, r_n = part.doc_first[r], part.doc_n[r]
@@ -243,19 +280,9 @@ def _pairs_for_document(part: _Partition, d: int, cfg: ExamplesConfig, rng: rand
                         break
                 b_lo, b_hi, random_next = off[r_first + start], off[r_first + j], True
                 i -= k - a_end  # put the unused sentences back
-            elif k == 1:  # a one-document partition (after dropping empty ones): no pair
-                b_lo = b_hi = None
             else:
                 b_lo, b_hi, random_next = a_hi, off[first + i + 1], False
-            if b_lo is not None:
-                cut_a, cut_b = truncation_amounts(a_hi - a_lo, b_hi - b_lo, max_num_tokens)
-                if cut_a:  # each removed token came from the front with p=0.5: Binomial(cut, 0.5)
-                    front = rng.getrandbits(cut_a).bit_count()
-                    a_lo, a_hi = a_lo + front, a_hi - (cut_a - front)
-                if cut_b:
-                    front = rng.getrandbits(cut_b).bit_count()
-                    b_lo, b_hi = b_lo + front, b_hi - (cut_b - front)
-                out.append((a_lo, a_hi, b_lo, b_hi, random_next))
+            out.append((*truncate_pair(a_lo, a_hi, b_lo, b_hi, max_num_tokens, rng), random_next))
             chunk_start, length = i + 1, 0
         i += 1
 
@@ -287,8 +314,9 @@ def _mask_rows(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, s
     """Static masking of all rows at once: the recipe of :func:`pipeline.masking.mask_sequence`.
 
     Per row ``num_to_predict = min(max_predictions_per_seq, max(1, round(len * p)))``
-    positions uniformly among its non-special tokens (an i.i.d. random key per candidate,
-    the smallest keys win: a uniform random subset), then 80% ``[MASK]`` / 10% unchanged / 10% a random non-special id.
+    positions uniformly among its candidate tokens (not in ``spec.skipped_ids``; an i.i.d. random key
+    per candidate, the smallest keys win: a uniform random subset), then 80% ``[MASK]`` / 10%
+    unchanged / 10% a random non-special id.
     Returns ``(masked_ids, positions_within_row, labels, positions_per_row)``.
     """
     n = len(offsets) - 1
@@ -296,17 +324,17 @@ def _mask_rows(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, s
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
         return ids.copy(), empty, ids[:0].copy(), empty
-    is_special = np.zeros(spec.vocab_size, dtype=bool)
-    is_special[list(spec.special_ids)] = True
+    skipped = np.zeros(spec.vocab_size, dtype=bool)
+    skipped[list(spec.skipped_ids)] = True
     want = np.minimum(spec.max_predictions_per_seq, np.maximum(1, np.rint(lengths * spec.masked_lm_prob))).astype(np.int64)
 
-    # One row of random keys per example, padded and special positions get 2 (keys are < 1);
+    # One row of random keys per example, padded and skipped positions get 2 (keys are < 1);
     # the `want` smallest keys of a row win.
     width = int(lengths.max())
     keys = np.full((n, width), 2.0, dtype=np.float32)
     flat = np.repeat(np.arange(n, dtype=np.int64) * width - offsets[:-1], lengths) + np.arange(len(ids))
     drawn = rng.random(len(ids), dtype=np.float32)
-    drawn[is_special[ids]] = 2.0
+    drawn[skipped[ids]] = 2.0
     keys.ravel()[flat] = drawn
     k = min(spec.max_predictions_per_seq, width)
     cols = np.argpartition(keys, k - 1, axis=1)[:, :k] if k < width else np.broadcast_to(np.arange(width), (n, width))
@@ -369,9 +397,15 @@ class _Worker:
         self.schema = shard_schema(self.id_dtype, cfg.masking)
         self.encoder = SentenceEncoder(self.tok, self.id_dtype)
 
-    def process(self, split: str, partition: int, docs: list[str], dupes: int) -> list[tuple[dict, bytes]]:
-        """Tokenize one partition once; return its ``dupes`` shards as ``(stats, parquet bytes)``."""
+    def process(self, split: str, partition: int, docs: list[str], dupes: int,
+                reserve: list[str] = ()) -> list[tuple[dict, bytes]]:
+        """Tokenize one partition once; return its ``dupes`` shards as ``(stats, parquet bytes)``.
+
+        ``reserve`` (documents of a neighbouring partition) is tokenized only when the partition
+        has a single usable document, to give it NotNext partners."""
         part = _Partition(docs, self.encoder)
+        if part.num_docs == 1 and reserve:
+            part = _Partition(docs, self.encoder, reserve)
         return [self._shard(split, partition, d, part, dupes) for d in range(dupes)]
 
     def _shard(self, split: str, partition: int, dupe: int, part: _Partition, dupes: int) -> tuple[dict, bytes]:
@@ -381,8 +415,9 @@ class _Worker:
         np_rng = np.random.default_rng([cfg.seed, SPLIT_IDS[split], partition, dupe])
 
         pairs: list[tuple] = []
-        for d in range(part.num_docs):
-            _pairs_for_document(part, d, cfg, pair_rng, pairs)
+        if part.num_docs >= 2:  # a lone document has no NotNext partner: no pairs (see the module doc)
+            for d in range(part.own_docs):
+                _pairs_for_document(part, d, cfg, pair_rng, pairs)
         pairs = np.array(pairs, dtype=np.int64).reshape(-1, 5)
         pairs = pairs[np_rng.permutation(len(pairs))]  # shuffle within the shard
         nsp = pairs[:, 4].astype(np.int8)
@@ -428,7 +463,7 @@ class _Worker:
 _WORKERS: dict[tuple, _Worker] = {}
 
 
-def _partition_task(shared: tuple, split: str, partition: int, docs: list[str], dupes: int):
+def _partition_task(shared: tuple, split: str, partition: int, docs: list[str], dupes: int, reserve: list[str] = ()):
     """One task of :func:`generate_examples`: a partition's shards, as ``[(stats, bytes), ...]``."""
     tokenizer_text, tokenizer_sha, cfg, fingerprint, limit_threads = shared
     if limit_threads:  # N worker processes already use the cores; the Rust thread pool would oversubscribe
@@ -437,11 +472,11 @@ def _partition_task(shared: tuple, split: str, partition: int, docs: list[str], 
         raise BertraceError("examples: this worker runs other bertrace code or library versions than the client "
                             f"(fingerprint {code_fingerprint()[:12]} != {fingerprint[:12]}); install the same "
                             "bertrace, numpy, pyarrow and tokenizers on every Dask worker")
-    key = (tokenizer_sha, repr(cfg))
+    key = (tokenizer_sha, repr(cfg.recipe()))
     if key not in _WORKERS:
         _WORKERS.clear()
         _WORKERS[key] = _Worker(tokenizer_text, cfg)
-    return _WORKERS[key].process(split, partition, docs, dupes)
+    return _WORKERS[key].process(split, partition, docs, dupes, reserve)
 
 
 def code_fingerprint() -> str:
@@ -453,7 +488,8 @@ def code_fingerprint() -> str:
         import tokenizers
 
         h = hashlib.sha256()
-        for name in ("pipeline.examples", "pipeline.encode", "pipeline.sentences", "pipeline.masking"):
+        for name in ("pipeline.examples", "pipeline.encode", "pipeline.sentences", "pipeline.masking",
+                     "pipeline.formats"):
             h.update(Path(sys.modules[name].__file__).read_bytes())
         h.update(f"{np.__version__} {pa.__version__} {tokenizers.__version__}".encode())
         _FINGERPRINT = h.hexdigest()
@@ -466,17 +502,33 @@ _FINGERPRINT: str | None = None
 # ----------------------------------------------------------------------------- corpus
 
 
-def _count_documents(path: Path) -> int:
-    n = 0
+def _index_documents(path: Path) -> np.ndarray:
+    """Byte offset of every document (non-blank line) of ``path``: 8 bytes per document."""
+    starts = array.array("q")
+    pos = 0
     with open(path, "rb") as f:
         for line in f:
             if line.strip():
-                n += 1
-    return n
+                starts.append(pos)
+            pos += len(line)
+    return np.frombuffer(starts, dtype=np.int64) if len(starts) else np.zeros(0, dtype=np.int64)
+
+
+def document_order(num_docs: int, seed: int, split: str, shuffle: bool) -> np.ndarray:
+    """The order in which a split's documents are cut into partitions.
+
+    ``shuffle``: a permutation seeded from ``(seed, split)`` only, the same for every dupe pass
+    (Google shuffles ``all_documents`` once, l. 208, before its dupe loop), so it depends on
+    neither ``workers`` nor the engine; otherwise file order.
+    """
+    if not shuffle:
+        return np.arange(num_docs, dtype=np.int64)
+    key = hashlib.sha256(f"bertrace-examples/{seed}/{split}/document-order".encode()).digest()
+    return np.random.default_rng(int.from_bytes(key[:16], "little")).permutation(num_docs)
 
 
 def partition_sizes(num_docs: int, docs_per_shard: int) -> list[int]:
-    """Fixed partitions in file order; a trailing one of < 2 documents joins the previous one."""
+    """Fixed partitions of the document order; a trailing one of < 2 documents joins the previous one."""
     sizes = [docs_per_shard] * (num_docs // docs_per_shard)
     rest = num_docs % docs_per_shard
     if rest:
@@ -487,38 +539,63 @@ def partition_sizes(num_docs: int, docs_per_shard: int) -> list[int]:
     return sizes
 
 
-def _read_partitions(path: Path, sizes: list[int]) -> Iterator[list[str]]:
-    docs: list[str] = []
-    p = 0
+def _read_partitions(path: Path, starts: np.ndarray, order: np.ndarray, sizes: list[int]) -> Iterator[list[str]]:
+    """The documents of each partition, in ``order``; each partition read in file order by seeking."""
+    def changed():
+        return BertraceError(f"{path}: changed while being read; rerun the examples stage")
+
+    stat = path.stat()
+    lo = 0
     try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                line = line.strip()
-                if not line:
-                    continue
-                if p == len(sizes):
-                    raise BertraceError(f"{path}: changed while being read; rerun the examples stage")
-                docs.append(line)
-                if len(docs) == sizes[p]:
-                    yield docs
-                    docs, p = [], p + 1
+        with open(path, "rb") as f:
+            for size in sizes:
+                where = starts[order[lo:lo + size]]
+                lo += size
+                docs: list[str] = [""] * size
+                for k in np.argsort(where, kind="stable").tolist():
+                    f.seek(int(where[k]))
+                    line = f.readline()
+                    if not line.strip():
+                        raise changed()
+                    docs[k] = line.decode("utf-8").strip()
+                yield docs
     except UnicodeDecodeError as e:
         raise BertraceError(f"{path}: not valid UTF-8 ({e}); rerun the clean stage") from None
-    if docs or p != len(sizes):
-        raise BertraceError(f"{path}: changed while being read; rerun the examples stage")
+    now = path.stat()
+    if (now.st_size, now.st_mtime_ns) != (stat.st_size, stat.st_mtime_ns):
+        raise changed()
 
 
-def _check_corpus(path: Path, split: str) -> int:
+def _partition_tasks(split: str, partitions: Iterator[list[str]], dupes: int) -> Iterator[tuple]:
+    """``(split, p, docs, dupes, reserve)`` per partition; ``reserve`` is the first
+    :data:`RESERVE_DOCS` documents of partition ``p - 1`` (of partition 1 for ``p = 0``; none
+    when the split has one partition)."""
+    first = prev = None
+    for p, docs in enumerate(partitions):
+        if p == 0:
+            first = docs
+        else:
+            if p == 1:
+                yield split, 0, first, dupes, docs[:RESERVE_DOCS]
+                first = None
+            yield split, p, docs, dupes, prev
+        prev = docs[:RESERVE_DOCS]
+    if first is not None:  # the split is one partition
+        yield split, 0, first, dupes, []
+
+
+def _check_corpus(path: Path, split: str) -> np.ndarray:
+    """The document offsets of a split's corpus (:func:`_index_documents`), or an error."""
     if not path.is_file():
         raise BertraceError(f"{path}: {split} corpus not found; run the clean stage first (dvc repro clean)")
-    n = _count_documents(path)
-    if n == 0:
+    starts = _index_documents(path)
+    if len(starts) == 0:
         raise BertraceError(f"{path}: the {split} corpus has no documents; check the clean stage's min_chars")
-    if n < 2:
+    if len(starts) < 2:
         raise BertraceError(
             f"{path}: the {split} corpus has only 1 document, but NSP needs negatives from a different "
             "document; give the clean stage more text (or a lower min_chars / larger valid_fraction)")
-    return n
+    return starts
 
 
 def _remove_stale(out_dir: Path):
@@ -565,7 +642,8 @@ def generate_examples(
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
     tokenizer_text = tokenizer_json.read_text(encoding="utf-8") if tokenizer_json.is_file() else tok.to_str()
     inputs = {"train.txt": train_txt, "valid.txt": valid_txt}
-    num_docs = {split: _check_corpus(path, split) for split, path in zip(SPLIT_IDS, inputs.values())}
+    starts = {split: _check_corpus(path, split) for split, path in zip(SPLIT_IDS, inputs.values())}
+    num_docs = {split: len(v) for split, v in starts.items()}
     dupes = {"train": cfg.dupe_factor, "valid": cfg.valid_dupe_factor}
     sizes = {split: partition_sizes(num_docs[split], cfg.docs_per_shard) for split in SPLIT_IDS}
 
@@ -575,15 +653,16 @@ def generate_examples(
         engine = Engine("local", min(engine.local_workers, n_tasks))
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale(out_dir)
-    tasks = ((split, p, docs, dupes[split])
-             for split, path in zip(SPLIT_IDS, inputs.values())
-             for p, docs in enumerate(_read_partitions(path, sizes[split])))
+    tasks = (task for split, path in zip(SPLIT_IDS, inputs.values())
+             for task in _partition_tasks(split, _read_partitions(
+                 path, starts[split], document_order(num_docs[split], cfg.seed, split, cfg.shuffle_documents),
+                 sizes[split]), dupes[split]))
     parallel = engine.kind == "dask" or engine.local_workers > 1
     shared = (tokenizer_text, sha256_bytes(tokenizer_text.encode("utf-8")), cfg, code_fingerprint(), parallel)
 
     results: list[dict] = []
     with tqdm(total=sum(num_docs.values()), unit="doc", desc="examples", disable=not progress) as bar:
-        for (split, _, docs, _), shards in run_tasks(_partition_task, shared, tasks, engine, what="examples"):
+        for (split, _, docs, *_), shards in run_tasks(_partition_task, shared, tasks, engine, what="examples"):
             for stats, data in shards:
                 with atomic_path(out_dir / stats["path"]) as tmp:
                     tmp.write_bytes(data)
@@ -620,8 +699,10 @@ def generate_examples(
         "masked_lm_prob": cfg.masked_lm_prob,
         "max_predictions_per_seq": cfg.max_predictions_per_seq,
         "whole_word_masking": cfg.whole_word_masking,
+        "mask_candidates": cfg.mask_candidates,  # the loader's dynamic masking follows it (absent: skip_special)
+        "shuffle_documents": cfg.shuffle_documents,
         "seed": cfg.seed,
-        "params": asdict(cfg),
+        "params": cfg.recipe(),
         "inputs": {"train.txt": sha256_file(train_txt), "valid.txt": sha256_file(valid_txt),
                    "tokenizer.json": tokenizer_sha},
         "splits": splits,

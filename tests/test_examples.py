@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,15 +19,22 @@ from pipeline.errors import BertraceError
 from pipeline.examples import (
     SPECIAL_IDS,
     ExamplesConfig,
+    document_order,
     generate_examples,
     partition_sizes,
+    truncate_pair,
     truncation_amounts,
 )
 from pipeline.io import sha256_file
 from pipeline.sentences import split_sentences
 
-CLS, SEP, MASK = SPECIAL_IDS["[CLS]"], SPECIAL_IDS["[SEP]"], SPECIAL_IDS["[MASK]"]
+CLS, SEP, MASK, UNK = SPECIAL_IDS["[CLS]"], SPECIAL_IDS["[SEP]"], SPECIAL_IDS["[MASK]"], SPECIAL_IDS["[UNK]"]
 MAX_LEN = 64
+
+
+def replace(cfg: ExamplesConfig, **changes) -> ExamplesConfig:
+    """``dataclasses.replace`` for the (pydantic) config: a new, validated one."""
+    return ExamplesConfig(**{**cfg.model_dump(), **changes})
 
 
 # ----------------------------------------------------------------------------- sentences
@@ -67,21 +73,71 @@ def test_split_sentences_cjk_needs_no_space():
 # ----------------------------------------------------------------------------- helpers
 
 
-def _google_truncate(la: int, lb: int, max_num: int) -> tuple[int, int]:
-    a, b = la, lb
-    while a + b > max_num:
-        if a >= b:  # max(tokens_a, tokens_b, key=len) returns A on ties
-            a -= 1
+def truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):
+    """Google's ``truncate_seq_pair``, verbatim: create_pretraining_data.py l. 418-433 of
+    google-research/bert@eedf5716ce1268e56f0a50264a88cafad334ac61 (master). Note l. 425: B
+    is trimmed when A and B are equally long."""
+    while True:
+        total_length = len(tokens_a) + len(tokens_b)
+        if total_length <= max_num_tokens:
+            break
+
+        trunc_tokens = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+        assert len(trunc_tokens) >= 1
+
+        # We want to sometimes truncate from the front and sometimes from the
+        # back to add more randomness and avoid biases.
+        if rng.random() < 0.5:
+            del trunc_tokens[0]
         else:
-            b -= 1
-    return la - a, lb - b
+            trunc_tokens.pop()
 
 
-def test_truncation_amounts_match_googles_loop():
-    for la in range(1, 40):
-        for lb in range(1, 40):
-            for max_num in (5, 13, 30, 61):
-                assert truncation_amounts(la, lb, max_num) == _google_truncate(la, lb, max_num), (la, lb, max_num)
+def _google(la: int, lb: int, max_num: int, rng: random.Random) -> tuple[int, int, int, int]:
+    """Google's truncation of A = 0..la-1, B = la..la+lb-1 as ``(a_lo, a_hi, b_lo, b_hi)``."""
+    a, b = list(range(la)), list(range(la, la + lb))
+    truncate_seq_pair(a, b, max_num, rng)
+    assert a == list(range(a[0], a[-1] + 1)) and b == list(range(b[0], b[-1] + 1))  # contiguous
+    return a[0], a[-1] + 1, b[0], b[-1] + 1
+
+
+@pytest.mark.parametrize("max_num", [5, 13, 61, 125])
+def test_truncation_matches_googles_truncate_seq_pair_on_all_length_pairs(max_num):
+    """Every (len_a, len_b) with both up to the max (and beyond it for the small maxima): the same
+    number of tokens leaves each side, and a valid span remains (Google's asserts hold)."""
+    rng, ours_rng = random.Random(0), random.Random(1)
+    top = max_num if max_num > 61 else 2 * max_num + 2
+    for la in range(1, top + 1):
+        for lb in range(1, top + 1):
+            a_lo, a_hi, b_lo, b_hi = _google(la, lb, max_num, rng)
+            want = (la - (a_hi - a_lo), lb - (b_hi - b_lo))
+            assert truncation_amounts(la, lb, max_num) == want, (la, lb, max_num)
+            o_lo, o_hi, p_lo, p_hi = truncate_pair(0, la, la, la + lb, max_num, ours_rng)
+            assert (o_hi - o_lo, p_hi - p_lo) == (a_hi - a_lo, b_hi - b_lo)
+            assert 0 <= o_lo < o_hi <= la <= p_lo < p_hi <= la + lb
+    if max_num == 125:  # the issue's case: a pair trimmed on both sides ends 63/62 (A/B)
+        assert truncation_amounts(100, 100, 125) == (37, 38)
+        assert truncation_amounts(64, 63, 125) == (1, 1)
+
+
+@pytest.mark.parametrize("la, lb", [(70, 90), (100, 100), (126, 3)])
+def test_truncation_front_back_split_has_googles_distribution(la, lb):
+    """Google pops each token from the front or the back with p = 0.5 (l. 430-433); we draw the
+    split as Binomial(cut, 0.5). Same mean and variance of tokens taken from each front."""
+    n, max_num = 4000, 125
+    g_rng, o_rng = random.Random(2), random.Random(3)
+    google = np.array([_google(la, lb, max_num, g_rng) for _ in range(n)])
+    ours = np.array([truncate_pair(0, la, la, la + lb, max_num, o_rng) for _ in range(n)])
+    for col, start in ((0, 0), (2, la)):  # tokens cut from the front of A, of B
+        g, o = google[:, col] - start, ours[:, col] - start
+        cut = truncation_amounts(la, lb, max_num)[col // 2]
+        assert (google[:, col + 1] - google[:, col] == ours[:, col + 1] - ours[:, col]).all()
+        if cut == 0:
+            assert (g == 0).all() and (o == 0).all()
+            continue
+        sd = (cut / 4) ** 0.5
+        assert abs(g.mean() - cut / 2) < 5 * sd / n ** 0.5 and abs(o.mean() - cut / 2) < 5 * sd / n ** 0.5
+        assert 0.85 < o.var() / g.var() < 1.15
 
 
 def test_pairing_tiles_each_document_with_put_back():
@@ -246,7 +302,9 @@ def test_nsp_balance_and_b_segment_documents(dynamic_run, corpus):
         labels = table["next_sentence_label"].to_numpy()
         assert set(np.unique(labels)) <= {0, 1}
         frac = labels.mean()
-        assert 0.42 <= frac <= 0.62, frac
+        # ~0.55 (a one-sentence chunk always gets a random B); rows of a document are correlated,
+        # so allow 4 binomial standard deviations (the valid split has < 100 rows)
+        assert abs(frac - 0.55) <= max(0.07, 4 * (0.25 / len(labels)) ** 0.5), (split, frac, len(labels))
         assert manifest["splits"][split]["nsp_random_fraction"] == pytest.approx(frac)
         for ids, label in zip(table["input_ids"].to_pylist(), labels):
             ids = np.array(ids)
@@ -272,7 +330,7 @@ def test_static_masking_statistics(static_run, corpus):
         ids, pos, lab = np.array(ids), np.array(pos), np.array(lab)
         assert len(pos) == len(lab) == min(20, max(1, round(len(ids) * 0.15)))
         assert (np.diff(pos) > 0).all() and pos.min() > 0 and pos.max() < len(ids) - 1
-        assert not np.isin(lab, list(SPECIAL_IDS.values())).any()
+        assert not np.isin(lab, [CLS, SEP]).any()
         got = ids[pos]
         n_tokens += len(ids)
         n_masked += len(pos)
@@ -321,6 +379,49 @@ def test_whole_word_masking_runs(corpus, tmp_path):
     assert manifest["splits"]["train"]["masked_fraction"] == pytest.approx(0.15, abs=0.01)
 
 
+@pytest.mark.parametrize("whole_word", [False, True])
+def test_mask_candidates_google_includes_unk(whole_word):
+    """Google skips only [CLS] and [SEP] (create_masked_lm_predictions, l. 348): [UNK] can be a
+    prediction target. ``skip_special`` (the old recipe) never picks a special id."""
+    from pipeline.examples import _mask_rows
+    from pipeline.masking import MaskingSpec, mask_sequence
+
+    rng = np.random.default_rng(0)
+    vocab = 50
+    rows = [np.r_[CLS, rng.choice([UNK, 10, 11, 12, 13], size=20), SEP, rng.choice([UNK, 14, 15], size=12), SEP]
+            for _ in range(400)]
+    ids = np.concatenate(rows).astype(np.uint16)
+    offsets = np.r_[0, np.cumsum([len(r) for r in rows])]
+    for mode in MaskingSpec.CANDIDATES:
+        spec = MaskingSpec(vocab, MASK, tuple(SPECIAL_IDS.values()), 0.15, 20, whole_word,
+                           np.zeros(vocab, dtype=bool) if whole_word else None,
+                           never_masked=MaskingSpec.never_masked_ids(mode, SPECIAL_IDS))
+        labels = [mask_sequence(r, rng, spec)[2] for r in rows]
+        if not whole_word:
+            labels.append(_mask_rows(ids, offsets, rng, spec)[2])
+        labels = np.concatenate(labels)
+        assert not np.isin(labels, [CLS, SEP]).any()
+        unk_share = (labels == UNK).mean()
+        if mode == "google":
+            assert spec.skipped_ids == (CLS, SEP)
+            assert 0.2 < unk_share < 0.45, unk_share  # [UNK] is ~1/4 of the candidates
+        else:
+            assert spec.skipped_ids == tuple(SPECIAL_IDS.values()) and unk_share == 0
+
+
+def test_dynamic_masking_follows_the_manifest():
+    """The loader builds its MaskingSpec from the manifest; a manifest without the key (written
+    before mask_candidates existed) keeps the old candidate set."""
+    from pipeline.pretrain_data import masking_spec
+
+    manifest = {"vocab_size": 100, "masked_lm_prob": 0.15, "max_predictions_per_seq": 20}
+    assert masking_spec(manifest).skipped_ids == tuple(SPECIAL_IDS.values())
+    assert masking_spec({**manifest, "mask_candidates": "skip_special"}).skipped_ids == tuple(SPECIAL_IDS.values())
+    assert masking_spec({**manifest, "mask_candidates": "google"}).skipped_ids == (CLS, SEP)
+    with pytest.raises(BertraceError, match="mask_candidates 'all' is not one of google, skip_special"):
+        masking_spec({**manifest, "mask_candidates": "all"})
+
+
 # ----------------------------------------------------------------------------- shards, manifest
 
 
@@ -345,6 +446,8 @@ def test_manifest_content(static_run, corpus):
     assert manifest["special_ids"] == {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
     assert (manifest["max_seq_len"], manifest["seed"], manifest["max_predictions_per_seq"]) == (MAX_LEN, 3, 20)
     assert manifest["params"]["dupe_factor"] == 5
+    assert manifest["params"] == CFG.recipe() and "workers" not in manifest["params"]
+    assert (manifest["mask_candidates"], manifest["shuffle_documents"]) == ("google", True)
     # 60 train docs / 16 per shard -> 4 partitions x 5 dupes; 6 valid docs -> 1 partition x 2 dupes
     expect = {"train": (60, 20), "valid": (6, 2)}
     for split, entry in manifest["splits"].items():
@@ -367,6 +470,66 @@ def test_stale_shards_are_removed(corpus, tmp_path):
     manifest = _run(corpus, tmp_path, replace(CFG, dupe_factor=1, docs_per_shard=64))
     assert sorted(p.name for p in (tmp_path / "train").iterdir()) == ["shard-00000.parquet"]
     assert manifest["splits"]["train"]["rows"] > 0
+
+
+def _a_documents(table: pa.Table, doc_of: np.ndarray) -> list[int]:
+    """The document of each row's segment A (fixture documents have disjoint vocabularies)."""
+    out = []
+    for ids in table["input_ids"].to_pylist():
+        ids = np.array(ids)
+        sep = np.flatnonzero(ids == SEP)[0]
+        docs = set(doc_of[ids[1:sep]]) - {-1}
+        assert len(docs) == 1
+        out.append(docs.pop())
+    return out
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_shuffle_documents_partitions_a_seeded_permutation(corpus, tmp_path, shuffle):
+    """Partition p holds the documents ``order[p*S:(p+1)*S]`` of :func:`document_order`: a seeded
+    permutation (file order when off), each document in exactly one partition."""
+    cfg = replace(CFG, dupe_factor=1, masking="dynamic", shuffle_documents=shuffle)
+    manifest = _run(corpus, tmp_path, cfg)
+    assert manifest["shuffle_documents"] is shuffle and manifest["params"]["shuffle_documents"] is shuffle
+    order = document_order(60, CFG.seed, "train", shuffle)
+    assert sorted(order.tolist()) == list(range(60))
+    assert (order.tolist() == list(range(60))) is not shuffle
+    for p, shard in enumerate(manifest["splits"]["train"]["shards"]):
+        got = set(_a_documents(pq.read_table(tmp_path / shard["path"]), corpus["doc_of"]))
+        assert got == set(order[p * 16:(p + 1) * 16].tolist())
+    # seeded by (seed, split) only
+    assert (document_order(60, CFG.seed, "train", True) == document_order(60, CFG.seed, "train", True)).all()
+    assert (document_order(60, CFG.seed, "train", True) != document_order(60, CFG.seed + 1, "train", True)).any()
+    assert (document_order(60, CFG.seed, "train", True) != document_order(60, CFG.seed, "valid", True)).any()
+
+
+def test_shuffled_output_bytes_do_not_depend_on_workers(corpus, tmp_path):
+    cfg = replace(CFG, dupe_factor=1, docs_per_shard=7)
+    one, two = _run(corpus, tmp_path / "1", cfg, workers=1), _run(corpus, tmp_path / "2", cfg, workers=2)
+    assert one == two and len(one["splits"]["train"]["shards"]) == 9  # 60 documents: 8 x 7 + 4
+
+
+def test_lone_document_draws_negatives_from_a_neighbouring_partition(corpus, tmp_path):
+    """Partition [d2, an empty document] has one usable document: its NotNext B segments come
+    from the reserve, the first documents of partition [d0, d1]; IsNext and NotNext both occur."""
+    docs = [line for line in corpus["train"].read_text(encoding="utf-8").splitlines()[:3]]
+    train = tmp_path / "train.txt"
+    train.write_text("\n".join([*docs, "\u200b"]) + "\n", encoding="utf-8")  # tokenizes to nothing
+    cfg = replace(CFG, docs_per_shard=2, shuffle_documents=False, dupe_factor=4, masking="dynamic")
+    manifest = generate_examples(train, corpus["valid"], corpus["tokenizer"], tmp_path / "out", cfg,
+                                 workers=1, progress=False)
+    doc_of = corpus["doc_of"]
+    shards = manifest["splits"]["train"]["shards"]
+    assert len(shards) == 8
+    table = pa.concat_tables([pq.read_table(tmp_path / "out" / s["path"]) for s in shards[4:]])  # partition 1
+    labels = table["next_sentence_label"].to_numpy()
+    assert set(_a_documents(table, doc_of)) == {2}
+    assert 0.3 < labels.mean() < 0.8
+    for ids, label in zip(table["input_ids"].to_pylist(), labels):
+        ids = np.array(ids)
+        sep = np.flatnonzero(ids == SEP)[0]
+        b_docs = set(doc_of[ids[sep + 1:-1]]) - {-1}
+        assert len(b_docs) == 1 and (b_docs <= {0, 1} if label else b_docs == {2}), (label, b_docs)
 
 
 # ----------------------------------------------------------------------------- errors
@@ -416,7 +579,10 @@ def test_error_tokenizer_with_wrong_special_ids(corpus, tmp_path):
 
 @pytest.mark.parametrize("change, pattern", [
     ({"max_seq_len": 4}, r"examples\.max_seq_len = 4: must be in \[8, 65535\]"),
-    ({"masking": "sometimes"}, r"examples\.masking = 'sometimes': must be one of static, dynamic"),
+    ({"masking": "sometimes"}, r"examples\.masking = 'sometimes': input should be 'static' or 'dynamic'"),
+    ({"mask_candidates": "all"}, r"examples\.mask_candidates = 'all': input should be 'google' or 'skip_special'"),
+    ({"shuffle_documents": "yes"}, r"examples\.shuffle_documents = 'yes': must be true or false"),
+    ({"seed": 2.5}, r"examples\.seed = 2\.5: must be an integer"),
     ({"masked_lm_prob": 1.5}, r"examples\.masked_lm_prob"),
     ({"dupe_factor": 0}, r"examples\.dupe_factor"),
     ({"docs_per_shard": 1}, r"examples\.docs_per_shard"),
@@ -428,9 +594,18 @@ def test_config_validation(change, pattern):
 
 def test_config_from_params():
     cfg = ExamplesConfig.from_params({"max_seq_len": 256, "workers": 4, "masking": "dynamic"})
-    assert (cfg.max_seq_len, cfg.masking) == (256, "dynamic")
-    with pytest.raises(BertraceError, match="unknown key.*max_len"):
+    assert (cfg.max_seq_len, cfg.masking, cfg.workers) == (256, "dynamic", 4)
+    assert "workers" not in cfg.recipe() and set(cfg.recipe()) == set(ExamplesConfig.recipe_keys())
+    with pytest.raises(BertraceError, match=r"examples\.max_len: unknown key"):
         ExamplesConfig.from_params({"max_len": 256})
+
+
+def test_config_defaults_equal_params_yaml():
+    import yaml
+
+    section = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())["examples"]
+    assert ExamplesConfig().model_dump() == ExamplesConfig.from_params(section).model_dump()
+    assert set(section) == set(ExamplesConfig.model_fields)
 
 
 # ----------------------------------------------------------------------------- fast encoding
