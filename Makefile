@@ -30,7 +30,7 @@ else
 	PATH="$(abspath $(BIN)):$$PATH" dvc repro
 endif
 
-# SST-2 dev accuracy vs pre-training minutes from data/pretrain/snapshots (pretrain.snapshot_minutes).
+# SST-2 dev accuracy vs pre-training steps from data/pretrain/snapshots (pretrain.snapshot_steps).
 learning-curve: install
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m stages.learning_curve
 

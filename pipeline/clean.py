@@ -30,12 +30,25 @@ import re
 import unicodedata
 from itertools import chain, islice
 from pathlib import Path
-from typing import Iterator
+from typing import Annotated, ClassVar, Iterator
 
-# Workers import this module: keep it to the standard library (no pyarrow: ~60 MB per process).
-from pipeline.distributed import Engine, run_tasks
+# Workers import this module: keep it light (no pyarrow: ~60 MB per process; pydantic ~10 MB).
+from pydantic import Field
+
+from pipeline.config import Float, Int
+from pipeline.distributed import Engine, EngineParams, run_tasks
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_path
+
+
+class CleanConfig(EngineParams):
+    """The ``clean`` section of params.yaml (defaults equal params.yaml; tests/test_config.py)."""
+
+    SECTION: ClassVar[str] = "clean"
+
+    min_chars: Annotated[Int, Field(ge=0)] = 200  # drop articles shorter than this (characters)
+    valid_fraction: Annotated[Float, Field(ge=0, lt=1)] = 0.1  # document-level held-out share
+    seed: Annotated[Int, Field(ge=0)] = 0  # keys the deterministic train/valid hash split
 
 _WS = re.compile(r"\s+")
 _BR = re.compile(r"<br\s*/?\s*>", re.IGNORECASE)

@@ -27,11 +27,23 @@ import concurrent.futures as cf
 import multiprocessing as mp
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Annotated, Any, Callable, Iterable, Iterator, Literal
 
+from pydantic import Field
+
+from pipeline.config import Int, Section, Str
 from pipeline.errors import BertraceError
 
 ENGINES = ("local", "dask")
+
+
+class EngineParams(Section):
+    """The keys of a data stage's params section that say where the work runs (output bytes
+    depend on none of them; dvc.yaml does not track them)."""
+
+    workers: Annotated[Int, Field(ge=0)] = 0  # local processes; 0 = all cores
+    engine: Literal["local", "dask"] = "local"  # env BERTRACE_ENGINE wins
+    dask_scheduler: Str = ""  # env BERTRACE_DASK_SCHEDULER wins; empty = a LocalCluster
 
 
 @dataclass(frozen=True)
@@ -41,8 +53,10 @@ class Engine:
     scheduler: str | None = None  # dask: scheduler address; None = start a LocalCluster
 
     @classmethod
-    def from_params(cls, params: dict, section: str) -> "Engine":
+    def from_params(cls, params: dict | EngineParams, section: str) -> "Engine":
         """The engine of a params.yaml section (``workers``, ``engine``, ``dask_scheduler``) + env."""
+        if isinstance(params, EngineParams):
+            params = params.model_dump()
         kind = os.environ.get("BERTRACE_ENGINE") or params.get("engine") or "local"
         scheduler = os.environ.get("BERTRACE_DASK_SCHEDULER") or params.get("dask_scheduler") or None
         workers = params.get("workers", 0)

@@ -12,13 +12,29 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Annotated, Any, ClassVar, Literal, Sequence
 
 import numpy as np
+from pydantic import Field
 
+from pipeline.config import Bool, Int, Section, Str
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_open, atomic_path
 from pipeline.provenance import STAGE_ORDER, iter_records
+
+
+class EvaluateConfig(Section):
+    """The ``evaluate`` section of params.yaml (defaults equal params.yaml; tests/test_config.py)."""
+
+    SECTION: ClassVar[str] = "evaluate"
+
+    splits: list[Literal["train", "validation", "test"]] = Field(default_factory=lambda: ["validation", "test"],
+                                                                min_length=1)  # task roles to score
+    batch_size: Annotated[Int, Field(ge=1)] = 128
+    device: Str = "auto"
+    log_model: Bool = True  # the classifier as an MLflow pyfunc model
+    registered_model_name: Str | None = None  # also register it in the MLflow Model Registry
+    run_name: Str = "this run"  # this run's row in reports/scorecard.md
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,8 +327,10 @@ def render_report(
     lines += ["## Compared with baselines", "", "| model | accuracy (%) |", "|---|---:|"]
     lines += [f"| {name} | {value:.1f} |" for name, value in sorted(rows, key=lambda r: -r[1])]
     lines.append("")
+    if not baselines:
+        lines += ["Published numbers and measured anchors: `reports/scorecard.md` (from `reports/references.yaml`).", ""]
     if baselines:
-        lines += ["Published numbers (from params.yaml `evaluate.baselines`) come from their papers: other "
+        lines += ["Published numbers come from their papers: other "
                   "test sets, model sizes, pre-training corpora and compute. They are a reference point, "
                   "not a like-for-like comparison.", ""]
 

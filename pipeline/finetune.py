@@ -11,7 +11,7 @@ classifier starts fresh. Modes:
 * ``scratch``: the same architecture, randomly initialised: what pre-training buys.
 
 Optimisation follows Google's ``optimization.py``: AdamW with eps 1e-6, no weight decay on
-biases and LayerNorm, linear warm-up over ``warmup_ratio`` of the steps then linear decay to 0,
+biases and LayerNorm, linear warm-up over ``warmup`` (a fraction) of the steps then linear decay to 0,
 gradient clipping at global norm 1.0. Validation accuracy is measured after every epoch (or
 every ``eval_every_steps``); training stops after ``patience`` checks without improvement and
 the best weights are kept. Several seeds give mean ± std (fine-tuning BERT is notoriously
@@ -25,109 +25,77 @@ import json
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Annotated, Any, Callable, ClassVar, ContextManager, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field, field_validator
 
+from pipeline.config import Bool, Float, Int, Section, Str
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_path, sha256_file
 from pipeline.model import BertConfig, BertForSequenceClassification, param_groups
-from pipeline.task_data import TaskData, TaskSplit, collate
-from pipeline.train import resolve_device
+from pipeline.task_data import DEFAULT_TASK, TaskData, TaskSplit, collate, task_params
+from pipeline.device import resolve_device
 
 MODES = ("full", "frozen", "scratch")
 FORMAT = "bertrace-finetune-checkpoint"
 VERSION = 1
 
 
-@dataclass
-class FinetuneConfig:
-    mode: str = "full"
-    epochs: int = 3
-    batch_size: int = 32
-    eval_batch_size: int = 128
-    lr: float = 5e-5
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    adam_eps: float = 1e-6
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = 1.0  # 0 = no clipping
-    dropout: float | None = None  # classifier dropout; None = the encoder's hidden dropout
-    encoder_dropout: float | None = None  # encoder hidden + attention dropout; None = the checkpoint's
-    patience: int = 2  # checks without improvement before stopping; 0 = never stop early
-    eval_every_steps: int = 0  # 0 = once per epoch
-    seeds: list[int] = field(default_factory=lambda: [42])
-    group_by_length: bool = True  # batches of similar length: less padding, same examples per epoch
-    log_every_steps: int = 50
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+class FinetuneConfig(Section):
+    """The ``finetune`` section of params.yaml (defaults equal params.yaml; tests/test_config.py).
 
-    # Keys of the params section that are not training settings (read by the stage / task_data).
-    NON_TRAINING_KEYS = ("checkpoint", "tokenizer", "mirror", "task", "max_len", "truncation", "threads", "seed")
+    The optimizer keys are named as in ``pretrain``: ``lr``, ``warmup`` (a fraction of the
+    planned steps), ``weight_decay``, ``betas``, ``eps``, ``clip_grad_norm``."""
+
+    SECTION: ClassVar[str] = "finetune"
+
+    checkpoint: Str = "data/pretrain/best.pt"  # falls back to last.pt
+    tokenizer: Str = "data/tokenizer/tokenizer.json"  # must be the checkpoint's (sha256 checked)
+    mirror: Str = ""  # hub mirror for the task data (env BERTRACE_HUB_MIRROR does the same)
+    task: dict = Field(default_factory=lambda: json.loads(json.dumps(DEFAULT_TASK)))  # pipeline.task_data
+    mode: Literal["full", "frozen", "scratch"] = "full"
+    max_len: Annotated[Int, Field(ge=8)] = 128
+    truncation: Literal["head", "head_tail"] = "head"
+    epochs: Annotated[Int, Field(ge=1)] = 3
+    batch_size: Annotated[Int, Field(ge=1)] = 32
+    eval_batch_size: Annotated[Int, Field(ge=1)] = 128
+    lr: Annotated[Float, Field(gt=0)] = 1e-4
+    weight_decay: Annotated[Float, Field(ge=0)] = 0.01
+    warmup: Annotated[Float, Field(ge=0, lt=1)] = 0.1  # fraction of the planned steps
+    betas: tuple[Float, Float] = (0.9, 0.999)
+    eps: Annotated[Float, Field(gt=0)] = 1e-6
+    clip_grad_norm: Annotated[Float, Field(ge=0)] = 1.0  # 0 = no clipping
+    dropout: Annotated[Float, Field(ge=0, lt=1)] | None = 0.1  # classifier; null = the encoder's hidden dropout
+    encoder_dropout: Annotated[Float, Field(ge=0, lt=1)] | None = 0.1  # null = the checkpoint's (pre-training's)
+    patience: Annotated[Int, Field(ge=0)] = 2  # checks without improvement before stopping; 0 = never stop early
+    eval_every_steps: Annotated[Int, Field(ge=0)] = 0  # 0 = once per epoch
+    group_by_length: Bool = True  # batches of similar length: less padding, same examples per epoch
+    seeds: list[Annotated[Int, Field(ge=0)]] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    log_every_steps: Annotated[Int, Field(ge=1)] = 50
+    threads: Annotated[Int, Field(ge=0)] = 0  # torch CPU threads (0: torch's default)
+    device: Str = "auto"  # auto | cpu | cuda | cuda:N | mps
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _one_seed(cls, v):
+        return [v] if isinstance(v, int) and not isinstance(v, bool) else v  # seeds: 0 means [0]
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError(f"repeats a seed; give distinct seeds, e.g. {sorted(set(v))}")
+        return v
 
     @classmethod
-    def from_params(cls, params: dict, source: str = "params.yaml") -> "FinetuneConfig":
-        params = dict(params or {})
-        valid = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - valid - set(cls.NON_TRAINING_KEYS))
-        if unknown:
-            raise BertraceError(f"{source}: unknown finetune keys {unknown}; valid keys are "
-                                f"{sorted(valid | set(cls.NON_TRAINING_KEYS))}")
-        kwargs = {k: v for k, v in params.items() if k in valid and v is not None}
-        for name in ("dropout", "encoder_dropout"):
-            if params.get(name) is None:
-                kwargs.pop(name, None)
-        seeds = params.get("seeds")
-        if not seeds:
-            seeds = [params["seed"]] if params.get("seed") is not None else [42]
-        kwargs["seeds"] = [int(s) for s in (seeds if isinstance(seeds, (list, tuple)) else [seeds])]
-        try:  # YAML reads 5e-5 (no dot) as a string: coerce, with a clear error for garbage
-            for name in ("lr", "weight_decay", "warmup_ratio", "adam_eps", "max_grad_norm", "dropout",
-                         "encoder_dropout"):
-                if name in kwargs:
-                    kwargs[name] = float(kwargs[name])
-            for name in ("epochs", "batch_size", "eval_batch_size", "patience", "eval_every_steps", "log_every_steps"):
-                if name in kwargs:
-                    kwargs[name] = int(kwargs[name])
-            if "adam_betas" in kwargs:
-                kwargs["adam_betas"] = tuple(float(b) for b in kwargs["adam_betas"])
-        except (TypeError, ValueError) as e:
-            raise BertraceError(f"{source}: a finetune setting is not a number ({e}); fix it in the finetune section") \
-                from None
-        if "group_by_length" in kwargs:
-            kwargs["group_by_length"] = bool(kwargs["group_by_length"])
-        cfg = cls(**kwargs)
-        cfg.check(source)
+    def from_params(cls, params: dict | None, *, source: str = "params.yaml", section: str | None = None):
+        cfg = super().from_params(params, source=source, section=section)
+        task_params(cfg.task)  # the task section's own checks, at parse time
         return cfg
-
-    def check(self, source: str = "params.yaml") -> None:
-        def bad(msg: str):
-            raise BertraceError(f"{source}: finetune.{msg}")
-
-        if self.mode not in MODES:
-            bad(f"mode is {self.mode!r}; use one of {list(MODES)}")
-        for name in ("epochs", "batch_size", "eval_batch_size"):
-            if int(getattr(self, name)) < 1:
-                bad(f"{name} must be at least 1, got {getattr(self, name)}")
-        if not float(self.lr) > 0:
-            bad(f"lr must be positive, got {self.lr}")
-        if not 0.0 <= float(self.warmup_ratio) < 1.0:
-            bad(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        for name in ("dropout", "encoder_dropout"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= float(value) < 1.0:
-                bad(f"{name} must be in [0, 1) or null, got {value}")
-        if int(self.patience) < 0 or int(self.eval_every_steps) < 0:
-            bad("patience and eval_every_steps must be >= 0")
-        if len(set(self.seeds)) != len(self.seeds):
-            bad(f"seeds {self.seeds} repeat a seed")
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["adam_betas"] = list(self.adam_betas)
-        return d
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,7 +278,7 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
                         seed=seed, source=source).to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     groups = [g for g in param_groups(model, cfg.weight_decay) if g["params"]]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
     generator = torch.Generator().manual_seed(seed)
     if cfg.group_by_length:
         sampler = LengthGroupedBatches([len(x) for x in train.input_ids], cfg.batch_size, generator)
@@ -320,7 +288,7 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
                                              generator=generator)
     steps_per_epoch = len(loader)
     planned = cfg.epochs * steps_per_epoch
-    warmup = int(round(cfg.warmup_ratio * planned))
+    warmup = int(round(cfg.warmup * planned))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(warmup, planned))
     eval_every = cfg.eval_every_steps or steps_per_epoch
 
@@ -341,8 +309,8 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
             loss = F.cross_entropy(logits.float(), batch["labels"])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if cfg.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)
+            if cfg.clip_grad_norm:
+                torch.nn.utils.clip_grad_norm_(trainable, cfg.clip_grad_norm)
             optimizer.step()
             scheduler.step()
             step += 1

@@ -6,7 +6,10 @@ minutes and a hash of every stage's params (so two rows with the same hash ran t
 ``run_row`` builds the row of the run in ``data/`` from its metrics and provenance records;
 rows of other profiles (in-domain pre-training, the GPU profile, ...) are such rows recorded
 earlier into ``reports/profiles/<name>.json`` (``bertrace scorecard record NAME``) and shown
-beside it. ``render_scorecard`` makes the markdown; ``write_scorecard`` writes both files.
+beside it. ``render_scorecard`` makes the markdown; the evaluate stage writes its row
+(``write_run_row``) and the ``scorecard`` stage draws the markdown (``write_scorecard``) beside
+the anchors, published numbers and goals of ``reports/references.yaml``, so that editing a
+reference number reruns a one-second stage, not evaluate.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from pipeline.provenance import STAGE_ORDER
 
 SCORECARD_JSON = Path("reports/scorecard.json")  # the evaluate stage's rows; `scorecard record` reads it
 SCORECARD_MD = Path("reports/scorecard.md")  # the same rows as markdown, beside anchors and published numbers
+REFERENCES = Path("reports/references.yaml")  # anchors, published numbers, goals: not params (see the file)
 PROFILES_DIR = Path("reports/profiles")  # recorded rows of other profiles
 PIPELINE_STAGES = tuple(reversed(STAGE_ORDER[1:]))  # download … finetune: the stages before evaluate
-ROW_KEYS = ("name", "corpus", "model", "pretrain_minutes", "device", "tokens_seen", "task", "dev_mean", "dev_std",
-            "seeds", "test", "imdb_test", "dag_minutes", "params_hash", "git_commit", "git_dirty", "date", "note")
+ROW_KEYS = ("name", "corpus", "model", "pretrain_minutes", "device", "tokens_seen", "pretrain_budget", "task",
+            "dev_mean", "dev_std", "seeds", "test", "imdb_test", "dag_minutes", "params_hash", "git_commit", "git_dirty", "date", "note")
 
 
 def _minutes(record: dict[str, Any]) -> float | None:
@@ -48,6 +52,12 @@ def _model(model_config: dict[str, Any] | None) -> str:
     if not model_config:
         return "—"
     return f"{model_config.get('num_layers')}L/{model_config.get('hidden_size')}"
+
+
+def _budget(pretrain_metrics: dict[str, Any]) -> str | None:
+    """``max_steps=6000`` etc.; ``time_minutes=40`` is wall clock: its weights are not reproducible."""
+    b = pretrain_metrics.get("budget")
+    return f"{b['kind']}={b['value']}" if isinstance(b, dict) and b.get("kind") else None
 
 
 def run_row(name: str, *, records: dict[str, dict[str, Any]], finetune_metrics: dict[str, Any],
@@ -80,6 +90,7 @@ def run_row(name: str, *, records: dict[str, dict[str, Any]], finetune_metrics: 
                              if mode != "scratch" and "train_seconds" in pretrain_metrics else 0.0),
         "device": pretrain_metrics.get("device", "—"),
         "tokens_seen": pretrain_metrics.get("tokens_seen"),
+        "pretrain_budget": _budget(pretrain_metrics) if mode != "scratch" else None,
         "task": task,
         "dev_mean": round(100 * float(acc["mean"]), 2),
         "dev_std": round(100 * float(acc.get("std", 0.0)), 2),
@@ -123,10 +134,11 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
     """The scorecard as markdown: this project's rows, then the anchors and published numbers."""
     task = task or "the task"
     lines = ["# Scorecard", "",
-             f"Validation accuracy on {task} (mean ± std over fine-tuning seeds), written by the `evaluate` stage "
-             "(`reports/scorecard.md`; rows of other profiles from `reports/profiles/*.json`).", ""]
+             f"Validation accuracy on {task} (mean ± std over fine-tuning seeds), drawn by the `scorecard` stage "
+             "from the `evaluate` stage's row, rows of other profiles (`reports/profiles/*.json`) and "
+             "`reports/references.yaml`.", ""]
     if goal:
-        lines += [f"Goal (issue #7): ≥ {goal['dev_mean']:.1f} % mean of 3 seeds with the whole DAG in ≤ "
+        lines += [f"Goal: ≥ {goal['dev_mean']:.1f} % mean of 3 seeds with the whole DAG in ≤ "
                   f"{goal['dag_minutes']:.0f} minutes on 2 CPU cores.", ""]
     lines += ["## This project", "",
               "| run | corpus | model | pre-training | dev acc. (%) | test acc. (%) | IMDB test (%) | DAG wall | "
@@ -134,6 +146,8 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
               "|---|---|---|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
         pre = "none" if not r.get("pretrain_minutes") else f"{r['pretrain_minutes']:.1f} min {r.get('device') or ''}".strip()
+        if str(r.get("pretrain_budget") or "").startswith("time_minutes"):
+            pre += " (wall-clock budget: not reproducible)"
         dev = f"**{r['dev_mean']:.2f}** ± {r['dev_std']:.2f} ({r['seeds']} seed{'s' if r['seeds'] != 1 else ''})"
         commit = _fmt(r.get("git_commit")) + (" (dirty)" if r.get("git_dirty") else "")
         dag = _fmt(r.get("dag_minutes"), ".1f") + (" min" if r.get("dag_minutes") is not None else "")
@@ -161,17 +175,43 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_scorecard(row: dict[str, Any] | None, *, params: dict[str, Any], task: str | None = None,
-                    profiles_dir: str | Path = PROFILES_DIR, json_path: str | Path = SCORECARD_JSON,
-                    md_path: str | Path = SCORECARD_MD) -> list[dict[str, Any]]:
-    """Write ``json_path`` ({"this_run": row, "profiles": [...]}) and ``md_path`` from ``row`` (the run
-    in ``data/``, or None) and the rows recorded in ``profiles_dir`` (a recorded row named like
-    ``row`` is that run's older copy and is left out). ``params`` is the evaluate section (goal,
-    anchors, baselines). Returns the rows shown."""
+def read_references(path: str | Path = REFERENCES) -> dict[str, Any]:
+    """``{goal, anchors, baselines, learning_curve}`` from ``path`` ({} for a missing file)."""
+    import yaml
+
+    path = Path(path)
+    if not path.exists():
+        return {}
+    try:
+        refs = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise BertraceError(f"{path}: not valid YAML ({e}); fix or restore it from the repository") from None
+    if not isinstance(refs, dict):
+        raise BertraceError(f"{path}: expected a mapping with goal / anchors / baselines / learning_curve")
+    baselines = refs.get("baselines") or {}
+    if not isinstance(baselines, dict) or not all(isinstance(v, (int, float)) for v in baselines.values()):
+        raise BertraceError(f"{path}: baselines must map a model name to its published accuracy in %, "
+                            'e.g. {"BERT-base (Devlin et al. 2019, GLUE test)": 93.5}')
+    return refs
+
+
+def write_run_row(row: dict[str, Any] | None, json_path: str | Path = SCORECARD_JSON) -> None:
+    """The evaluated run's own row (``{"this_run": row}``), read by ``write_scorecard``."""
+    write_json(json_path, {"this_run": row})
+
+
+def write_scorecard(row: dict[str, Any] | None, *, references: dict[str, Any], task: str | None = None,
+                    profiles_dir: str | Path = PROFILES_DIR, md_path: str | Path = SCORECARD_MD) -> list[dict[str, Any]]:
+    """Write ``md_path`` from ``row`` (the run in ``data/``, or None), the rows recorded in
+    ``profiles_dir`` (a recorded row named like ``row`` is that run's older copy and is left out) and
+    ``references`` (:func:`read_references`; the goal is shown only for runs of its own task).
+    Returns the rows shown."""
     profiles = [r for r in read_profiles(profiles_dir) if row is None or r["name"] != row["name"]]
     rows = [r for r in (row, *profiles) if r]
-    write_json(json_path, {"this_run": row, "profiles": profiles})
+    goal = references.get("goal")
+    if goal and goal.get("task") and goal["task"] != task:
+        goal = None  # another task's goal says nothing about this one
     with atomic_open(md_path) as f:
-        f.write(render_scorecard(rows, anchors=params.get("anchors") or [], baselines=params.get("baselines") or {},
-                                 goal=params.get("goal"), task=task))
+        f.write(render_scorecard(rows, anchors=references.get("anchors") or [],
+                                 baselines=references.get("baselines") or {}, goal=goal, task=task))
     return rows

@@ -10,18 +10,30 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Iterator
+from typing import Annotated, ClassVar, Iterator
 
+from pydantic import Field
+
+from pipeline.config import Bool, Int, Section
 from pipeline.errors import BertraceError
+from pipeline.formats import SPECIAL_IDS, SPECIAL_TOKENS, UNK_ID  # [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4
 from pipeline.io import atomic_open, sha256_file
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-SPECIAL_IDS = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}  # [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4
-UNK_ID = SPECIAL_IDS["[UNK]"]
 _BATCH_LINES = 256
 _BATCH_CHARS = 1 << 20  # a line is a whole document: bound batches by size too, or memory follows the corpus
 _PIECE_CHARS = 1 << 13  # the trainer gets documents cut into pieces of about this size (see _pieces)
 log = logging.getLogger("bertrace.tokenizer")
+
+
+class TokenizerConfig(Section):
+    """The ``tokenizer`` section of params.yaml (defaults equal params.yaml; tests/test_config.py)."""
+
+    SECTION: ClassVar[str] = "tokenizer"
+
+    vocab_size: Annotated[Int, Field(gt=5)] = 16000  # WordPiece vocabulary, special tokens included
+    lowercase: Bool = True  # BERT "uncased"
+    min_frequency: Annotated[Int, Field(ge=1)] = 2
+    limit_alphabet: Annotated[Int, Field(ge=1)] = 1000
 
 
 def build_tokenizer(*, lowercase: bool):

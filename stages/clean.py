@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from pipeline.clean import clean_corpus
+from pipeline.clean import CleanConfig, clean_corpus
 from pipeline.distributed import Engine
 from stages.common import StageRun, load_params, run_stage
 
@@ -12,12 +12,13 @@ OUT = Path("data/clean")
 
 def main() -> None:
     params = load_params("clean")
+    cfg = CleanConfig.from_params(params)
     with StageRun("clean", params) as run:
         run.add_input(RAW)
         run.add_upstream("download")
         stats = clean_corpus(
-            RAW, OUT, min_chars=params["min_chars"], valid_fraction=params["valid_fraction"], seed=params["seed"],
-            engine=Engine.from_params(params, "clean"),  # workers / engine / dask_scheduler: speed only
+            RAW, OUT, min_chars=cfg.min_chars, valid_fraction=cfg.valid_fraction, seed=cfg.seed,
+            engine=Engine.from_params(cfg, "clean"),  # workers / engine / dask_scheduler: speed only
         )
         for name in ("train.txt", "valid.txt"):
             run.add_output(OUT / name)

@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from pipeline.corpus import download_corpus
+from pipeline.corpus import DownloadConfig, download_corpus
 from stages.common import StageRun, load_params, run_stage
 
 OUT = Path("data/raw")
@@ -11,7 +11,7 @@ OUT = Path("data/raw")
 
 def main() -> None:
     params = load_params("download")
-    mirror = params.get("mirror") or os.environ.get("BERTRACE_HUB_MIRROR") or None
+    mirror = DownloadConfig.from_params(params).mirror or os.environ.get("BERTRACE_HUB_MIRROR") or None
     with StageRun("download", params) as run:
         manifest = download_corpus(params, OUT, mirror=mirror)
         for f in manifest.get("source", {}).get("files", []) or []:

@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 
 from pipeline.errors import BertraceError
-from pipeline.evaluate import (evaluate_logits, metrics_for_dvc, plot_confusion, provenance_chain, render_report,
+from pipeline.evaluate import (EvaluateConfig, evaluate_logits, metrics_for_dvc, plot_confusion, provenance_chain, render_report,
                                write_confusion_csv, write_report)
-from pipeline.scorecard import SCORECARD_JSON, SCORECARD_MD, run_row, write_scorecard
-from pipeline.train import resolve_device
+from pipeline.scorecard import SCORECARD_JSON, run_row, write_run_row
+from pipeline.device import resolve_device
 from pipeline.inference import Classifier
 from pipeline.io import read_json, write_json
-from pipeline.task_data import ROLES, load_task_data
+from pipeline.task_data import load_task_data
 from stages.common import PROVENANCE_DIR, StageRun, load_params, run_stage
 
 MODEL = Path("data/finetune/model.pt")
@@ -59,24 +59,16 @@ def mlflow_safe(metrics: dict) -> dict:
 def main(progress: bool = True) -> dict:
     t0 = time.perf_counter()
     params = load_params("evaluate")
+    cfg = EvaluateConfig.from_params(params)
     finetune_params = load_params("finetune")
     task = finetune_params.get("task")
     mirror = finetune_params.get("mirror") or os.environ.get("BERTRACE_HUB_MIRROR") or None
     model_path = MODEL
-    splits = [str(s) for s in (params.get("splits") or ["validation"])]
-    bad = [s for s in splits if s not in ROLES]
-    if bad:
-        raise BertraceError(f"params.yaml: evaluate.splits has {bad}; use task roles from {list(ROLES)}")
-    batch_size = int(params.get("batch_size") or 128)
-    baselines = params.get("baselines") or {}
-    if not isinstance(baselines, dict) or not all(isinstance(v, (int, float)) for v in baselines.values()):
-        raise BertraceError("params.yaml: evaluate.baselines must map a model name to its published accuracy in %, "
-                            'e.g. {"BERT-base (Devlin et al. 2019, GLUE test)": 93.5}')
-    # Baseline names are free text, not valid MLflow param names: record them as one list value.
-    run_params = {**params, "baselines": [[name, value] for name, value in baselines.items()], "task": task}
+    splits, batch_size = list(cfg.splits), cfg.batch_size
+    run_params = {**params, "task": task}
 
     with StageRun("evaluate", run_params) as run:
-        clf = Classifier.load(model_path, device=resolve_device(str(params.get("device") or "auto"), param="evaluate.device"))
+        clf = Classifier.load(model_path, device=resolve_device(cfg.device, param="evaluate.device"))
         ckpt_sha = run.add_input(model_path)
         tok_sha = run.add_input(model_path.parent / "tokenizer.json")
         run.add_upstream("finetune")
@@ -124,41 +116,41 @@ def main(progress: bool = True) -> dict:
         t = clf.checkpoint.get("task") or {}
         source = t.get("source") or {}
         task_name = "/".join(str(x) for x in (source.get("dataset"), source.get("config")) if x) or None
-        cfg = clf.model.config
+        arch = clf.model.config
         facts = {
             "path": model_path.as_posix(), "sha256": ckpt_sha, "tokenizer_sha256": tok_sha,
             "mode": clf.checkpoint.get("mode"), "seed": clf.checkpoint.get("seed"),
             "num_parameters": f"{sum(p.numel() for p in clf.model.parameters()):,}",
-            "model": f"{cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads, vocab {cfg.vocab_size}",
+            "model": f"{arch.num_layers} layers, hidden {arch.hidden_size}, {arch.num_heads} heads, vocab {arch.vocab_size}",
             "task": f"{' + '.join(clf.text_columns)} → {', '.join(clf.label_names)} (max_len {clf.max_len}, "
                     f"{clf.truncation} truncation)",
             "recorded_validation_accuracy": recorded,
         }
-        report = render_report(results, checkpoint=facts, baselines=baselines, chain=chain,
+        report = render_report(results, checkpoint=facts, chain=chain,
                                task_name=task_name, figure=CONFUSION_PNG.name, notes=notes)
         write_report(REPORT, report)
 
         metrics = metrics_for_dvc(results)
         write_json(METRICS, metrics)
 
-        # The scorecard: this run's row beside the recorded profiles, anchors and published numbers.
+        # This run's scorecard row; the `scorecard` stage draws it beside recorded profiles and references.
         try:
-            row = run_row(str(params.get("run_name") or "this run"), records=_provenance_records(),
+            row = run_row(cfg.run_name, records=_provenance_records(),
                           finetune_metrics=_metrics_file("finetune"), eval_metrics=metrics,
                           pretrain_metrics=_metrics_file("pretrain"), model_config=clf.checkpoint.get("model_config"),
                           task=task_name, extra_minutes=(time.perf_counter() - t0) / 60.0)
         except BertraceError as why:  # e.g. a checkpoint evaluated outside a full pipeline run
             print(f"evaluate: no scorecard row for this run: {why}")
             row = None
-        write_scorecard(row, params=params, task=task_name)
+        write_run_row(row)
         run.log_metrics(mlflow_safe(metrics))
-        for path in (CONFUSION_CSV, CONFUSION_PNG, REPORT, SCORECARD_MD, SCORECARD_JSON):
+        for path in (CONFUSION_CSV, CONFUSION_PNG, REPORT, SCORECARD_JSON):
             run.add_output(path)
             run.log_artifact(path, "evaluation")
-        if params.get("log_model", True) and run.mlflow_run_id is not None:
-            from pipeline.export import log_pyfunc
+        if cfg.log_model and run.mlflow_run_id is not None:
+            from pipeline.pyfunc import log_pyfunc
 
-            info = log_pyfunc(model_path, "model", registered_model_name=params.get("registered_model_name") or None)
+            info = log_pyfunc(model_path, "model", registered_model_name=cfg.registered_model_name or None)
             run.set_tags({"bertrace.pyfunc_model_uri": info.model_uri})
         run.extra["chain"] = [e["stage"] for e in chain]
         run.write_provenance()

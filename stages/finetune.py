@@ -26,20 +26,18 @@ from pipeline.tokenizer import load_tokenizer
 from stages.common import StageRun, load_params, run_stage
 
 OUT = Path("data/finetune")
-CHECKPOINT = Path("data/pretrain/best.pt")
-TOKENIZER = Path("data/tokenizer/tokenizer.json")
 
 
 def main(progress: bool = True) -> dict:
     t_cpu = time.process_time()
     params = load_params("finetune")
     cfg = FinetuneConfig.from_params(params)
-    if int(params.get("threads") or 0) > 0:
-        torch.set_num_threads(int(params["threads"]))
-    mirror = params.get("mirror") or os.environ.get("BERTRACE_HUB_MIRROR") or None
-    max_len, truncation = int(params.get("max_len") or 128), str(params.get("truncation") or "head")
-    ckpt_path = resolve_checkpoint(params.get("checkpoint") or CHECKPOINT)
-    tokenizer_path = Path(params.get("tokenizer") or TOKENIZER)
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    mirror = cfg.mirror or os.environ.get("BERTRACE_HUB_MIRROR") or None
+    max_len, truncation = cfg.max_len, cfg.truncation
+    ckpt_path = resolve_checkpoint(cfg.checkpoint)
+    tokenizer_path = Path(cfg.tokenizer)
 
     with StageRun("finetune", params) as run:
         ckpt = load_pretrained(ckpt_path)
@@ -51,7 +49,7 @@ def main(progress: bool = True) -> dict:
         run.add_input(tokenizer_path, tokenizer_sha)
         if run.add_upstream("pretrain") is None and ckpt.get("provenance"):
             run.upstream["pretrain"] = ckpt["provenance"]
-        data = load_task_data(params.get("task"), load_tokenizer(tokenizer_path), max_len=max_len,
+        data = load_task_data(cfg.task, load_tokenizer(tokenizer_path), max_len=max_len,
                               truncation=truncation, mirror=mirror, roles=("train", "validation"), progress=progress)
         for path, digest in data.files.items():
             run.add_input(path, digest)

@@ -5,8 +5,9 @@ evaluate stage) as ``reports/profiles/NAME.json``, so later runs' scorecards sho
 own (e.g. after ``make repro PROFILE=imdb-indomain``: ``... record imdb-indomain``). ``--set``
 fills fields measured elsewhere, e.g. ``--set imdb_test=86.9``.
 
-``render`` rewrites ``reports/scorecard.md`` (and ``.json``) from the evaluated run's row and the
-recorded rows, e.g. after copying in a row recorded in another checkout, without evaluating again.
+``render`` (the DVC stage ``scorecard``) writes ``reports/scorecard.md`` from the evaluated run's
+row, the recorded rows and ``reports/references.yaml`` (anchors, published numbers, goals), e.g.
+after copying in a row recorded in another checkout, without evaluating again.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import yaml
 
 from pipeline.errors import BertraceError
 from pipeline.io import read_json, write_json
-from pipeline.scorecard import PROFILES_DIR, ROW_KEYS, SCORECARD_JSON, SCORECARD_MD, read_profiles, write_scorecard
-from stages.common import load_params
+from pipeline.scorecard import (PROFILES_DIR, ROW_KEYS, SCORECARD_JSON, SCORECARD_MD, read_profiles,
+                                read_references, write_scorecard)
 
 
 def record(name: str, note: str | None = None, sets: list[str] = ()) -> Path:
@@ -49,7 +50,7 @@ def render() -> list[dict]:
     if row is None and not read_profiles(PROFILES_DIR):
         raise BertraceError(f"no rows: {SCORECARD_JSON} has no run of its own and {PROFILES_DIR}/ records none; "
                             "run the pipeline (dvc repro) or record a row first")
-    return write_scorecard(row, params=load_params("evaluate") or {}, task=(row or {}).get("task"))
+    return write_scorecard(row, references=read_references(), task=(row or {}).get("task"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("name")
     rec.add_argument("--note")
     rec.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    sub.add_parser("render", help="rewrite reports/scorecard.md from the evaluated run and the recorded rows")
+    sub.add_parser("render", help="write reports/scorecard.md from the evaluated run, the recorded rows and "
+                                  "reports/references.yaml")
     args = ap.parse_args(argv)
     try:
         if args.command == "render":
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     except BertraceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"recorded {path}; `bertrace scorecard render` (or `dvc repro evaluate`) shows it in {SCORECARD_MD}")
+    print(f"recorded {path}; `dvc repro scorecard` (or `bertrace scorecard render`) shows it in {SCORECARD_MD}")
     return 0
 
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from pipeline.tokenizer import tokenizer_stats, train_wordpiece
+from pipeline.tokenizer import TokenizerConfig, tokenizer_stats, train_wordpiece
 from stages.common import StageRun, load_params, run_stage
 
 CLEAN = Path("data/clean")
@@ -11,6 +11,7 @@ OUT = Path("data/tokenizer")
 
 def main() -> None:
     params = load_params("tokenizer")
+    cfg = TokenizerConfig.from_params(params)
     with StageRun("tokenizer", params) as run:
         run.add_input(CLEAN / "train.txt")
         run.add_input(CLEAN / "valid.txt")
@@ -18,10 +19,10 @@ def main() -> None:
         info = train_wordpiece(
             CLEAN / "train.txt",
             OUT,
-            vocab_size=params["vocab_size"],
-            lowercase=params["lowercase"],
-            min_frequency=params["min_frequency"],
-            limit_alphabet=params.get("limit_alphabet", 1000),
+            vocab_size=cfg.vocab_size,
+            lowercase=cfg.lowercase,
+            min_frequency=cfg.min_frequency,
+            limit_alphabet=cfg.limit_alphabet,
         )
         stats = tokenizer_stats(OUT / "tokenizer.json", CLEAN / "valid.txt")
         run.add_output(OUT / "tokenizer.json", info["tokenizer_sha256"])

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from pipeline.io import write_json
-from pipeline.validate import ValidationReport, validate_corpus, validate_shards
+from pipeline.validate import ValidateConfig, ValidationReport, validate_corpus, validate_shards
 from stages.common import METRICS_DIR, StageRun, load_params, run_stage
 
 CLEAN = Path("data/clean")
@@ -35,10 +35,11 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     standalone = bool(args.shards or args.corpus)
     params = {} if standalone else load_params("validate")
+    cfg = ValidateConfig.from_params(params)  # standalone: the defaults (= params.yaml's)
     min_chars = args.min_chars if args.min_chars is not None else (
-        0 if standalone else load_params("clean")["min_chars"])
-    nsp_tol = args.nsp_tolerance if args.nsp_tolerance is not None else params.get("nsp_tolerance", 0.05)
-    mask_tol = args.mask_rate_tolerance if args.mask_rate_tolerance is not None else params.get("mask_rate_tolerance", 0.03)
+        0 if standalone else load_params("clean")["min_chars"])  # checked by the clean stage, which ran first
+    nsp_tol = args.nsp_tolerance if args.nsp_tolerance is not None else cfg.nsp_tolerance
+    mask_tol = args.mask_rate_tolerance if args.mask_rate_tolerance is not None else cfg.mask_rate_tolerance
     corpus_files = args.corpus if standalone else [CLEAN / "train.txt", CLEAN / "valid.txt"]
     shards_dir = args.shards if standalone else EXAMPLES
 
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
                 if f.exists():
                     run.add_input(f)
             results += validate_corpus(
-                list(corpus_files), min_chars=min_chars, max_chars=params.get("corpus_max_chars")
+                list(corpus_files), min_chars=min_chars, max_chars=cfg.corpus_max_chars
             ).results
         if shards_dir:
             if (shards_dir / "manifest.json").exists():

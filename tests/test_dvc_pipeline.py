@@ -370,7 +370,7 @@ def test_finetune_param_reruns_finetune_and_evaluate_only(repo):
     lr = float(yaml.safe_load((root / "params.yaml").read_text())["finetune"]["lr"])
     _set_param(root, "finetune", "lr", lr / 2)  # a value the repo does not already hold
     out = _run(["dvc", "repro"], root, env)
-    assert _ran(out.stdout + out.stderr) == {"finetune", "evaluate"}
+    assert _ran(out.stdout + out.stderr) == {"finetune", "evaluate", "scorecard"}
     _unchanged_upstream(before, _lock(root), "finetune", root)
 
 
@@ -381,3 +381,31 @@ def test_tokenizer_param_reruns_tokenizer_and_everything_after(repo):
     out = _run(["dvc", "repro"], root, env)
     assert _ran(out.stdout + out.stderr) == _stages_from(root, "tokenizer")
     _unchanged_upstream(before, _lock(root), "tokenizer", root)
+
+
+@pytest.mark.parametrize("path, expected", [
+    # the pre-training loop: pre-training (and so what follows it), nothing upstream
+    ("pipeline/train.py", {"pretrain"}),
+    # Hugging Face conversion and export are used by `bertrace export` only: no stage
+    ("pipeline/hf.py", set()),
+    ("pipeline/export.py", set()),
+    # masking: the examples stage (static masks) and pre-training (dynamic masks) both import it
+    ("pipeline/masking.py", {"examples", "pretrain"}),
+    # device resolution: the stages that run a model, not the data stages
+    ("pipeline/device.py", {"pretrain", "finetune", "evaluate"}),
+    # a reference number is not a param: only the scorecard is redrawn
+    ("reports/references.yaml", {"scorecard"}),
+])
+def test_a_code_edit_reruns_exactly_the_stages_that_import_it(repo, path, expected):
+    """`dvc repro --dry` after a harmless edit (a trailing comment) names the stages whose own deps
+    changed (their downstream stages follow when their outputs change, as the param tests show)."""
+    root, env, _ = repo
+    assert _ran(_run(["dvc", "repro", "--dry"], root, env).stdout) == set()  # up to date before the edit
+    target = root / path
+    original = target.read_bytes()
+    try:
+        target.write_bytes(original + b"\n# edited\n")
+        out = _run(["dvc", "repro", "--dry"], root, env)
+        assert _ran(out.stdout + out.stderr) == expected, out.stdout
+    finally:
+        target.write_bytes(original)

@@ -318,8 +318,7 @@ def test_evaluate_stage_end_to_end(tmp_path, monkeypatch):
         "finetune": {"task": {"source": "local", "local": {"validation": "validation.csv", "test": "test.csv"},
                               "text_columns": ["sentence"], "label_column": "label",
                               "label_names": ["negative", "positive"]}},
-        "evaluate": {"splits": ["validation", "test"], "batch_size": 16, "log_model": True,
-                     "baselines": {"BERT-base (Devlin et al. 2019, GLUE test)": 93.5}},
+        "evaluate": {"splits": ["validation", "test"], "batch_size": 16, "log_model": True},
     }))
     metrics = stage.main(progress=False)
 
@@ -335,7 +334,7 @@ def test_evaluate_stage_end_to_end(tmp_path, monkeypatch):
     assert len(rows) == 120 and set(rows[0]) == {"actual", "predicted"}
     assert Path("reports/confusion.png").read_bytes()[:4] == b"\x89PNG"
     report = Path("reports/evaluation.md").read_text()
-    assert f"{100 * saved['validation']['accuracy']:.2f}" in report and "| BERT-base" in report
+    assert f"{100 * saved['validation']['accuracy']:.2f}" in report and "reports/references.yaml" in report
     assert "finetune → pretrain → examples → tokenizer → clean → download" in report
     assert "| examples | `4444444444` | no | `000000000000` | — | linked by examples_manifest_sha256 |" in report
     assert "validate" not in report

@@ -296,7 +296,7 @@ def test_encoder_dropout_overrides_the_checkpoint_config(env):
     assert same.drop.p == 0.0
     sd_a, sd_b = model.state_dict(), kept.state_dict()
     assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)  # same weights: only dropout changes
-    with pytest.raises(BertraceError, match="encoder_dropout must be in"):
+    with pytest.raises(BertraceError, match=r"finetune.encoder_dropout = 1.5: input should be less than 1"):
         FinetuneConfig.from_params({"encoder_dropout": 1.5})
 
 
@@ -338,14 +338,18 @@ def test_schedule_and_params():
     f = linear_warmup_decay(10, 110)
     assert [f(0), f(5), f(10), f(60), f(110)] == [0.0, 0.5, 1.0, 0.5, 0.0]
     assert linear_warmup_decay(0, 10)(0) == 1.0
-    cfg = FinetuneConfig.from_params({"mode": "frozen", "seed": 7, "lr": 1e-3, "dropout": None, "task": {}})
-    assert cfg.seeds == [7] and cfg.dropout is None and cfg.adam_eps == 1e-6 and cfg.warmup_ratio == 0.1
-    assert FinetuneConfig.from_params({"seeds": [1, 2, 3], "seed": 7}).seeds == [1, 2, 3]
+    cfg = FinetuneConfig.from_params({"mode": "frozen", "seeds": 7, "lr": 1e-3, "dropout": None})
+    assert cfg.seeds == [7] and cfg.dropout is None and cfg.eps == 1e-6 and cfg.warmup == 0.1
+    assert FinetuneConfig.from_params({"seeds": [1, 2, 3]}).seeds == [1, 2, 3]
     assert FinetuneConfig.from_params(yaml.safe_load("lr: 5e-5")).lr == 5e-5  # YAML 1.1 reads 5e-5 as a string
-    with pytest.raises(BertraceError, match=r"unknown finetune keys \['learning_rate'\]"):
+    with pytest.raises(BertraceError, match=r"finetune.learning_rate: unknown key; valid keys: .*clip_grad_norm"):
         FinetuneConfig.from_params({"learning_rate": 1e-3})
-    with pytest.raises(BertraceError, match="mode is 'partial'"):
+    with pytest.raises(BertraceError, match=r"finetune.mode = 'partial': input should be 'full', 'frozen' or 'scratch'"):
         FinetuneConfig.from_params({"mode": "partial"})
+    with pytest.raises(BertraceError, match=r"finetune.seeds = \[1, 1\]: repeats a seed"):
+        FinetuneConfig.from_params({"seeds": [1, 1]})
+    with pytest.raises(BertraceError, match=r"finetune.warmup_ratio: unknown key"):  # renamed: warmup, as in pretrain
+        FinetuneConfig.from_params({"warmup_ratio": 0.1})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,7 +369,7 @@ def test_finetune_stage_end_to_end(env, tmp_path, monkeypatch):
     params = {"finetune": {
         "checkpoint": "data/pretrain/best.pt", "tokenizer": "data/tokenizer/tokenizer.json", "mirror": "",
         "task": env["task"], "mode": "full", "max_len": 32, "truncation": "head", "epochs": 6, "batch_size": 16,
-        "lr": 3e-3, "warmup_ratio": 0.1, "weight_decay": 0.01, "dropout": 0.1, "patience": 3, "seeds": [1, 2],
+        "lr": 3e-3, "warmup": 0.1, "weight_decay": 0.01, "dropout": 0.1, "patience": 3, "seeds": [1, 2],
         "threads": 0}}
     (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     monkeypatch.chdir(root)

@@ -86,21 +86,23 @@ def test_record_keeps_the_last_row_as_a_profile(tmp_path, monkeypatch, capsys):
 
 def test_render_rewrites_the_markdown_from_the_json_and_recorded_rows(tmp_path, monkeypatch, capsys):
     """`scorecard render`: a row recorded elsewhere (copied into reports/profiles/) shows up beside the
-    evaluated run's row, goal and anchors from params.yaml's evaluate section, without evaluating again."""
+    evaluated run's row, goal and anchors from reports/references.yaml, without evaluating again; the goal
+    of another task is not shown."""
     import yaml
 
     from stages.scorecard import main
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"evaluate": {
-        "goal": {"dev_mean": 84.0, "dag_minutes": 60}, "baselines": {"BERT-Tiny": 83.2},
-        "anchors": [{"name": "HF", "model": "2L/128", "pretrain": "30 min", "dev": "82.45"}]}}))
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "references.yaml").write_text(yaml.safe_dump({
+        "goal": {"task": "nyu-mll/glue/sst2", "dev_mean": 84.0, "dag_minutes": 60}, "baselines": {"BERT-Tiny": 83.2},
+        "anchors": [{"name": "HF", "model": "2L/128", "pretrain": "30 min", "dev": "82.45"}]}))
     assert main(["render"]) == 2 and "no rows" in capsys.readouterr().err
-    assert not (tmp_path / "reports").exists()  # nothing written
+    assert not (tmp_path / "reports" / "scorecard.md").exists()  # nothing written
     row = {**run_row("this run", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT),
            "task": "nyu-mll/glue/sst2"}
     (tmp_path / "reports" / "profiles").mkdir(parents=True)
-    (tmp_path / "reports" / "scorecard.json").write_text(json.dumps({"this_run": row, "profiles": []}))
+    (tmp_path / "reports" / "scorecard.json").write_text(json.dumps({"this_run": row}))
     (tmp_path / "reports" / "profiles" / "in-domain.json").write_text(json.dumps({**row, "name": "in-domain",
                                                                                  "dev_mean": 82.5, "dev_std": 0.4}))
     # an older copy of the evaluated run's own row is not shown twice
@@ -111,8 +113,11 @@ def test_render_rewrites_the_markdown_from_the_json_and_recorded_rows(tmp_path, 
     assert "Validation accuracy on nyu-mll/glue/sst2" in md and "| HF | 2L/128 | 30 min | 82.45 |" in md
     assert "**84.12** ± 0.31 (3 seeds)" in md and "**82.50** ± 0.40 (3 seeds)" in md and "**70.00**" not in md
     assert "Goal met by: this run." in md and "| BERT-Tiny | 83.2 |" in md
-    saved = json.loads((tmp_path / "reports" / "scorecard.json").read_text())
-    assert saved["this_run"] == row and [p["name"] for p in saved["profiles"]] == ["in-domain"]
+    # the goal belongs to its task: an IMDB run's scorecard does not claim or miss the SST-2 goal
+    (tmp_path / "reports" / "scorecard.json").write_text(json.dumps({"this_run": {**row, "task": "imdb"}}))
+    assert main(["render"]) == 0
+    assert "Goal met by" not in (tmp_path / "reports" / "scorecard.md").read_text()
+    (tmp_path / "reports" / "scorecard.json").write_text(json.dumps({"this_run": row}))
     # the same through the `bertrace` command
     from stages.cli import main as bertrace
 
