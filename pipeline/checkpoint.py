@@ -73,8 +73,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     """Atomically write ``state`` (plus format tags) to ``path``."""
     path = Path(path)
-    with atomic_path(path) as tmp:
-        torch.save({"format": FORMAT, "version": VERSION, **state}, tmp)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        # A file object, not a path: torch.save names the zip records after the file it writes,
+        # and the temporary name is random, so a path would give other bytes for the same state.
+        torch.save({"format": FORMAT, "version": VERSION, **state}, f)
     return path
 
 

@@ -430,8 +430,8 @@ def save_finetuned(path: str | Path, *, state_dict: dict[str, torch.Tensor], mod
         "metrics": _plain(metrics),
         "provenance": _plain(provenance),
     }
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(state, f)  # a file object: the bytes do not depend on the temporary name
     return path
 
 

@@ -87,7 +87,7 @@ def run_row(name: str, *, records: dict[str, dict[str, Any]], finetune_metrics: 
         "corpus": _corpus(records["download"].get("params") or {}),
         "model": _model(model_config) + ("" if mode == "full" else f" ({mode})"),
         "pretrain_minutes": (round(pretrain_metrics["train_seconds"] / 60.0, 2)
-                             if mode != "scratch" and "train_seconds" in pretrain_metrics else 0.0),
+                             if mode != "scratch" and "train_seconds" in pretrain_metrics else None),
         "device": pretrain_metrics.get("device", "—"),
         "tokens_seen": pretrain_metrics.get("tokens_seen"),
         "pretrain_budget": _budget(pretrain_metrics) if mode != "scratch" else None,
@@ -145,7 +145,8 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
               "params hash | commit |",
               "|---|---|---|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
-        pre = "none" if not r.get("pretrain_minutes") else f"{r['pretrain_minutes']:.1f} min {r.get('device') or ''}".strip()
+        pre = ("none" if r.get("pretrain_minutes") is None
+               else f"{r['pretrain_minutes']:.1f} min {r.get('device') or ''}".strip())
         if str(r.get("pretrain_budget") or "").startswith("time_minutes"):
             pre += " (wall-clock budget: not reproducible)"
         dev = f"**{r['dev_mean']:.2f}** ± {r['dev_std']:.2f} ({r['seeds']} seed{'s' if r['seeds'] != 1 else ''})"

@@ -43,10 +43,12 @@ import csv
 import hashlib
 import json
 import math
+import random
 import time
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from pydantic import ValidationError, field_validator, model_validator
@@ -90,10 +92,10 @@ class PretrainConfig(Section):
     clip_grad_norm: Float = 1.0  # 0 disables clipping
     nsp_weight: Float = 1.0  # loss = MLM + nsp_weight * NSP; BERT 1.0, 0.0 = MLM only (RoBERTa)
     # budget: exactly one of these
-    max_steps: Int | None = 6000  # optimizer updates (reproducible)
+    max_steps: Int | None = 2000  # optimizer updates (reproducible)
     epochs: Float | None = None  # passes over the training shards, may be fractional (reproducible)
     time_minutes: Float | None = None  # wall clock, the lr schedule follows elapsed time (NOT reproducible)
-    snapshot_steps: list[Int] = [2000, 4000]  # keep the weights at these updates (snapshots/step-002000.pt)
+    snapshot_steps: list[Int] = [500, 1000]  # keep the weights at these updates (snapshots/step-000500.pt)
     snapshot_minutes: list[Float] = []  # ... and/or at these elapsed minutes (snapshots/minute-015.pt; wall clock)
     eval_every: Int = 500  # updates between validations (0: only at the end)
     eval_batches: Int | None = 20  # validation batches per evaluation (None/0: the whole split)
@@ -804,6 +806,8 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
                 old.unlink(missing_ok=True)
 
     torch.manual_seed(cfg.seed)  # identical initialisation on every rank
+    random.seed(cfg.seed)  # unused by training, but saved in last.pt: seeded, so the file is the same too
+    np.random.seed(cfg.seed)
     model = objective.build_model(config).to(device)
     trainer = Trainer(cfg, objective, model=model, config=config, train_data=train_data, valid_data=valid_data,
                       device=device, autocast_dtype=autocast_dtype, use_scaler=use_scaler, world=world, rank=rank,
