@@ -28,7 +28,7 @@ TINY = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size"
 def tiny_cfg(**kw) -> PretrainConfig:
     base = dict(model=dict(TINY), batch_size=16, lr=3e-3, warmup=0.1, max_steps=20, eval_every=0,
                 eval_batches=None, log_every=1, checkpoint_every=None, checkpoint_minutes=None,
-                shuffle_buffer=64, seed=0, num_threads=1)
+                shuffle_buffer=64, seed=0, num_threads=1, snapshot_steps=[])
     base.update(kw)
     return PretrainConfig(**base)
 
