@@ -10,8 +10,10 @@ raises (the pretrain stage names the switch) instead of silently varying. On CUD
 https://docs.nvidia.com/cuda/cublas/#results-reproducibility) and turns cuDNN benchmarking off;
 torch then takes its deterministic kernels for the index_select / index_add backward (the MLM
 gather) and steers the scaled-dot-product-attention backward away from its nondeterministic
-(atomic-add) kernels, at some cost in speed. Not yet exercised on a GPU in this repository: if
-an op raises, ``deterministic: false`` runs it (not bit-reproducible). On the CPU it changes no
+(atomic-add) kernels, at some cost in speed. Not yet exercised on a GPU in this repository
+(``bench/gpu_check.sh`` checks it): if an op raises, ``deterministic: false`` runs it (not
+bit-reproducible: the index_select and memory-efficient attention backward then add with
+atomics, so even a resumed run differs from an uninterrupted one in the last bits). On the CPU it changes no
 result (the kernels bertrace uses are deterministic; checked bit for bit against runs without
 it) and costs nothing.
 
@@ -29,6 +31,7 @@ What stays nondeterministic, switch or not (https://pytorch.org/docs/stable/note
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 
@@ -37,12 +40,31 @@ from pipeline.errors import BertraceError
 CUBLAS_WORKSPACE = ":4096:8"
 
 
+def torchrun_local_rank() -> int | None:
+    """This process's LOCAL_RANK when torchrun started several (WORLD_SIZE > 1), else None."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("LOCAL_RANK") is not None:
+        return int(os.environ["LOCAL_RANK"])
+    return None
+
+
+def _cuda_index(index: int | None) -> int:
+    """The GPU of this process. Under torchrun every rank takes GPU ``LOCAL_RANK`` (modulo the
+    GPUs it sees, so several ranks can share one GPU for a test), whatever index ``cuda:N``
+    names: one index for all ranks would put every rank on the same GPU. CUDA_VISIBLE_DEVICES
+    chooses which GPUs a multi-process run uses; ``cuda:N`` chooses the GPU of a single process."""
+    local = torchrun_local_rank()
+    if local is not None:
+        return local % max(torch.cuda.device_count(), 1)
+    return torch.cuda.current_device() if index is None else index
+
+
 def resolve_device(name: str, param: str = "pretrain.device") -> torch.device:
     """``auto`` is cuda → mps → cpu; anything else must name a device torch can use (``param``
-    is the params.yaml key the name came from, for the error message)."""
+    is the params.yaml key the name came from, for the error message). Under torchrun a CUDA
+    device is always the rank's own GPU (``LOCAL_RANK``, see :func:`_cuda_index`)."""
     if name == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
+            return torch.device("cuda", _cuda_index(None))
         if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
@@ -54,9 +76,19 @@ def resolve_device(name: str, param: str = "pretrain.device") -> torch.device:
         raise BertraceError(f"params.yaml: {param} asks for CUDA but torch sees no GPU; use device: auto")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise BertraceError(f"params.yaml: {param} asks for MPS but it is not available; use device: auto")
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cuda":
+        device = torch.device("cuda", _cuda_index(device.index))
     return device
+
+
+def bf16_native() -> bool:
+    """Whether the current GPU computes bf16 natively (Ampere and later). ``is_bf16_supported()``
+    alone also says yes where bf16 is only emulated (T4, V100: slow), where fp16 + GradScaler is
+    the right choice."""
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # torch < 2.4 has no including_emulation and counts native support only
+        return bool(torch.cuda.is_bf16_supported())
 
 
 def resolve_precision(name: str, device: torch.device) -> tuple[torch.dtype | None, bool]:
@@ -64,12 +96,13 @@ def resolve_precision(name: str, device: torch.device) -> tuple[torch.dtype | No
     if name == "auto":
         if device.type != "cuda":
             return None, False
-        name = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        name = "bf16" if bf16_native() else "fp16"
     if name == "fp32":
         return None, False
     if name == "bf16":
-        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise BertraceError("params.yaml: pretrain.precision = bf16, but this GPU lacks bf16; use auto or fp16")
+        if device.type == "cuda" and not bf16_native():
+            raise BertraceError("params.yaml: pretrain.precision = bf16, but this GPU has no native bf16 (only a "
+                                "slow emulation); use auto or fp16")
         if device.type not in ("cuda", "cpu"):
             raise BertraceError(f"params.yaml: pretrain.precision = bf16 is not supported on {device.type}; use fp32")
         return torch.bfloat16, False
@@ -83,24 +116,59 @@ def precision_name(autocast_dtype: torch.dtype | None) -> str:
     return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[autocast_dtype]
 
 
-# Dense peak FLOP/s per GPU for model-FLOPs utilisation (vendor datasheets, no sparsity).
-PEAK_FLOPS = {"H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-              "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-              "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
-              "L4": {"bf16": 121e12, "fp16": 121e12, "fp32": 30e12}}
+def fused_adamw(device: torch.device) -> bool:
+    """Build AdamW with ``fused=True`` (one kernel for all parameters) on this device."""
+    return device.type == "cuda"
 
 
-def peak_flops(device: torch.device, precision: str) -> float | None:
-    """Dense peak FLOP/s of ``device`` at ``precision`` (fp32 | bf16 | fp16) from PEAK_FLOPS; None if unknown."""
+def amp_dtype(device: torch.device) -> torch.dtype | None:
+    """Autocast dtype for fine-tuning and evaluation (no params key): bf16 on a GPU with native
+    bf16, fp16 on older GPUs (training then needs a GradScaler), None (fp32) elsewhere."""
+    if device.type != "cuda":
+        return None
+    return torch.bfloat16 if bf16_native() else torch.float16
+
+
+# Dense peak FLOP/s per GPU for model-FLOPs utilisation (vendor datasheets, no sparsity), matched
+# against torch.cuda.get_device_name() as whole words, first match wins: variants come before
+# their family (H100 PCIe / NVL before H100 SXM; L40S and L40 are not L4). "tf32" is the peak
+# of fp32 matmuls with TF32 on (pretrain.tf32, Ampere and later); T4 / V100 have no TF32 or bf16.
+_H100_SXM = {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12}
+_HOPPER_NVL = {"bf16": 835e12, "fp16": 835e12, "tf32": 418e12, "fp32": 60e12}
+PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
+    (r"\bH100\b.*\bPCIe\b", {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51e12}),
+    (r"\bH100\b.*\bNVL\b", _HOPPER_NVL),
+    (r"\bH200\b.*\bNVL\b", _HOPPER_NVL),
+    (r"\b(H100|H200|GH200)\b", _H100_SXM),  # SXM ("H100 80GB HBM3"), H200 SXM, Grace Hopper
+    (r"\bA100\b", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
+    (r"\bL40S\b", {"bf16": 362e12, "fp16": 362e12, "tf32": 183e12, "fp32": 91.6e12}),
+    (r"\bL40\b", {"bf16": 181e12, "fp16": 181e12, "tf32": 90.5e12, "fp32": 90.5e12}),
+    (r"\bL4\b", {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30e12}),
+    (r"\bA10\b", {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12}),
+    (r"\bV100\b.*\bPCIe\b", {"fp16": 112e12, "fp32": 14e12}),
+    (r"\bV100\b", {"fp16": 125e12, "fp32": 15.7e12}),  # SXM2
+    (r"\bT4\b", {"fp16": 65e12, "fp32": 8.1e12}),
+]
+
+
+def peak_flops(device: torch.device, precision: str, tf32: bool = False) -> float | None:
+    """Dense peak FLOP/s of ``device`` at ``precision`` (fp32 | bf16 | fp16) from PEAK_FLOPS; None if
+    unknown. ``tf32``: fp32 matmuls run as TF32 (``pretrain.tf32``), so fp32 uses the TF32 peak."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    return next((p.get(precision) for key, p in PEAK_FLOPS.items() if key in name), None)
+    peaks = next((p for pattern, p in PEAK_FLOPS if re.search(pattern, name, re.IGNORECASE)), None)
+    if peaks is None:
+        return None
+    if precision == "fp32" and tf32 and "tf32" in peaks:
+        return peaks["tf32"]
+    return peaks.get(precision)
 
 
-def mfu(flops_per_s: float, device: torch.device, precision: str, world: int = 1) -> float | None:
+def mfu(flops_per_s: float, device: torch.device, precision: str, world: int = 1,
+        tf32: bool = False) -> float | None:
     """Model FLOPs utilisation (PaLM, Chowdhery et al. 2022, app. B) on a known GPU, else None."""
-    peak = peak_flops(device, precision)
+    peak = peak_flops(device, precision, tf32)
     return round(flops_per_s / (peak * world), 4) if peak else None
 
 

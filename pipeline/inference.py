@@ -183,8 +183,10 @@ class Classifier:
         Batches are formed from length-sorted sequences (little padding); padding is masked,
         so the result does not depend on the batching.
         """
+        from pipeline.device import amp_dtype
         from pipeline.task_data import collate
 
+        amp = amp_dtype(self.device)  # bf16 (fp16 on older GPUs) autocast on CUDA, fp32 elsewhere
         n = len(input_ids)
         out = np.zeros((n, len(self.label_names)), dtype=np.float32)
         if n == 0:
@@ -200,8 +202,9 @@ class Classifier:
         for s in starts:
             idx = order[s:s + batch_size]
             batch = collate([(input_ids[i], token_type_ids[i], 0) for i in idx])
-            logits = self.model(batch["input_ids"].to(self.device), batch["token_type_ids"].to(self.device),
-                                batch["attention_mask"].to(self.device))
+            with torch.autocast(self.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                logits = self.model(batch["input_ids"].to(self.device), batch["token_type_ids"].to(self.device),
+                                    batch["attention_mask"].to(self.device))
             out[idx] = logits.float().cpu().numpy()
         return out
 

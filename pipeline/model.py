@@ -21,7 +21,14 @@ Speed levers, all exact (the outputs that are read are the full computation's):
   masked rows and [CLS] are read downstream, so only those are computed;
 - query/key/value are one fused (H, 3H) matmul;
 - attention is ``F.scaled_dot_product_attention`` with no mask at all when a batch has no
-  padding, so the fused kernels apply (on CUDA; on CPU they also need attention dropout off).
+  padding, so the fused kernels apply (on CUDA; on CPU they also need attention dropout off);
+  callers that know whether a batch is padded say so (``padded=``; the pre-training loader
+  decides it on the host), so neither a GPU→CPU read of the mask nor torch.compile stands in
+  the way;
+- the embedding may be padded beyond the tokenizer's vocabulary (``vocab_size`` >
+  ``tokenizer_vocab_size``, e.g. ``pretrain.model.pad_vocab_to_multiple_of: 64``) so the
+  decoder matmul has tensor-core friendly shapes; the extra ids are never input and never
+  predicted (the MLM logits stop at ``tokenizer_vocab_size``).
 """
 
 from __future__ import annotations
@@ -54,6 +61,9 @@ class BertConfig:
     initializer_range: float = 0.02
     gelu: str = "tanh"  # "tanh" (Google's modeling.py) | "exact" (erf; HF "gelu")
     pad_id: int = 0  # id of [PAD]; exported as HF pad_token_id (masks are never inferred from it)
+    # ids the tokenizer has, when vocab_size pads the embedding beyond them (None: all of vocab_size);
+    # the MLM head predicts only these
+    tokenizer_vocab_size: int | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -72,9 +82,21 @@ class BertConfig:
             )
         if self.gelu not in ("tanh", "exact"):
             raise BertraceError(f"model config: gelu must be 'tanh' or 'exact', got {self.gelu!r}")
+        t = self.tokenizer_vocab_size
+        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or not 1 <= t <= self.vocab_size):
+            raise BertraceError(f"model config: tokenizer_vocab_size must be an integer in [1, vocab_size "
+                                f"{self.vocab_size}], got {t!r}")
+
+    @property
+    def predicted_vocab_size(self) -> int:
+        """Width of the MLM logits: the tokenizer's ids (the padding rows are never predicted)."""
+        return self.tokenizer_vocab_size or self.vocab_size
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["tokenizer_vocab_size"] is None:  # an unpadded config reads as before (checkpoints, resume)
+            del d["tokenizer_vocab_size"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "BertConfig":
@@ -104,25 +126,39 @@ PRESETS: dict[str, dict] = {
 def config_from_params(d: dict, vocab_size: int, source: str = "params.yaml") -> BertConfig:
     """Model config from a params section: ``{"preset": "mini", <any BertConfig field>: value}``.
 
-    ``vocab_size`` comes from the tokenizer; a ``vocab_size`` key may only enlarge it (e.g. to
-    pad the embedding to a multiple of 64 for speed). ``source`` names the file in errors.
+    ``vocab_size`` comes from the tokenizer; ``pad_vocab_to_multiple_of: N`` rounds the embedding
+    up to a multiple of N (64: tensor-core shapes for the decoder matmul), and a ``vocab_size`` key
+    may enlarge it to a given size. Either way the rows above the tokenizer's vocabulary are
+    padding (``tokenizer_vocab_size`` records where it ends): never input, never predicted.
+    ``source`` names the file in errors.
     """
     if not isinstance(d, dict):
         raise BertraceError(f"{source}: the model params must be a mapping like {{preset: mini}}, got {d!r}")
     d = dict(d)
     preset = d.pop("preset", None)
+    multiple = d.pop("pad_vocab_to_multiple_of", 1)
+    if not isinstance(multiple, int) or isinstance(multiple, bool) or multiple < 1:
+        raise BertraceError(f"{source}: model pad_vocab_to_multiple_of = {multiple!r}: must be an integer >= 1 "
+                            "(1: no padding; 8 or 64 for tensor cores)")
     if preset not in PRESETS:
         raise BertraceError(f"{source}: model preset {preset!r} is not one of {sorted(PRESETS)}; set preset")
     valid = [f.name for f in fields(BertConfig)]
     unknown = sorted(set(d) - set(valid))
     if unknown:
         raise BertraceError(f"{source}: unknown model keys {unknown}; valid keys are ['preset'] + {valid}")
+    if "tokenizer_vocab_size" in d:
+        raise BertraceError(f"{source}: tokenizer_vocab_size comes from the tokenizer; remove it (pad the "
+                            "vocabulary with pad_vocab_to_multiple_of or vocab_size)")
     override = d.get("vocab_size", vocab_size)
     if isinstance(override, int) and override < vocab_size:
         raise BertraceError(
             f"{source}: model vocab_size {override} is smaller than the tokenizer's "
             f"{vocab_size}; remove the override or make it >= {vocab_size}"
         )
+    if isinstance(override, int):
+        d["vocab_size"] = -(-override // multiple) * multiple
+        if d["vocab_size"] > vocab_size:
+            d["tokenizer_vocab_size"] = vocab_size
     return BertConfig(**{**PRESETS[preset], "vocab_size": vocab_size, **d})
 
 
@@ -234,17 +270,18 @@ def init_weights(module: nn.Module, std: float) -> None:
         nn.init.zeros_(module.bias)
 
 
-def _padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+def _padding_mask(attention_mask: torch.Tensor | None, padded: bool | None = None) -> torch.Tensor | None:
     """[B, T] 1/0 (or bool) mask -> bool [B, 1, 1, T] for SDPA, or None when nothing is padded.
 
-    With ``attn_mask=None`` SDPA may pick its fused flash / memory-efficient kernels. The
-    all-ones check reads one value back from the device; under torch.compile it is skipped
-    (callers can pass ``attention_mask=None`` for unpadded batches there).
+    With ``attn_mask=None`` SDPA may pick its fused flash / memory-efficient kernels. ``padded``
+    is the caller's host-side knowledge: False drops the mask, True keeps it unchecked. When it
+    is None the mask is checked for all-ones, which reads one value back from the device (a
+    GPU→CPU sync); under torch.compile the check is skipped and the mask kept.
     """
-    if attention_mask is None:
+    if attention_mask is None or padded is False:
         return None
     mask = attention_mask.bool()
-    if not torch.compiler.is_compiling() and bool(mask.all()):
+    if padded is None and not torch.compiler.is_compiling() and bool(mask.all()):
         return None
     return mask[:, None, None, :]
 
@@ -273,6 +310,8 @@ class BertModel(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         rows: torch.Tensor | None = None,
+        *,
+        padded: bool | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         B, T = input_ids.shape
         if T > self.config.max_position:
@@ -285,7 +324,7 @@ class BertModel(nn.Module):
                 f"model: rows / masked_positions must be 1-D flat indices into B*T, got shape "
                 f"{tuple(rows.shape)}; use b * T + t"
             )
-        mask = _padding_mask(attention_mask)
+        mask = _padding_mask(attention_mask, padded)
         x = self.embeddings(input_ids, token_type_ids)
         for layer in self.layers[:-1]:
             x = layer(x, mask)
@@ -314,9 +353,13 @@ class MLMHead(nn.Module):
         self.ln = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)  # weight tied by the owner
         self.gelu = config.gelu
+        self.predicted = config.predicted_vocab_size
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.ln(gelu(self.dense(h), self.gelu)))
+        logits = self.decoder(self.ln(gelu(self.dense(h), self.gelu)))
+        if self.predicted != logits.size(-1):  # padded vocabulary: the padding ids are never predicted
+            logits = logits[..., : self.predicted]
+        return logits
 
 
 class BertForPreTraining(nn.Module):
@@ -339,11 +382,14 @@ class BertForPreTraining(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         masked_positions: torch.Tensor | None = None,
+        *,
+        padded: bool | None = None,
     ) -> PreTrainingOutput:
         """``masked_positions``: 1-D LongTensor of flat indices into B*T (row b, position t is
         ``b * T + t``), as Google's ``gather_indexes``; the MLM head (and the last layer's
-        position-wise part, see BertModel) then runs on those rows only."""
-        x, pooled = self.bert(input_ids, token_type_ids, attention_mask, rows=masked_positions)
+        position-wise part, see BertModel) then runs on those rows only. ``padded``: whether
+        any row is padded, if the caller knows (see ``_padding_mask``)."""
+        x, pooled = self.bert(input_ids, token_type_ids, attention_mask, rows=masked_positions, padded=padded)
         return PreTrainingOutput(self.mlm(x), self.nsp(pooled))
 
 

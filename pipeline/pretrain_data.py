@@ -5,12 +5,16 @@ Parquet row group of one shard. Per epoch:
 
 1. the list of all (shard, row group) units is permuted with an RNG seeded from
    ``(seed, epoch)`` (the same on every rank);
-2. unit ``i`` of that order goes to rank ``i % world_size``, so DDP ranks read disjoint data;
-3. each rank streams its units' rows through a shuffle buffer of ``shuffle_buffer`` rows
+2. the rows of the units in that order are cut into ``world_size`` contiguous slices of
+   ``rows // world_size`` rows, one per rank: DDP ranks read disjoint rows, equally many, and
+   together all of them but the last ``rows % world_size`` (a rank shares at most the two row
+   groups at its slice's ends with its neighbours, reading only its own rows of them). With one
+   process the slice is every unit, whole;
+3. each rank streams its slice's rows through a shuffle buffer of ``shuffle_buffer`` rows
    (the ``tf.data`` ``shuffle(buffer_size)`` algorithm: a full buffer emits a random row and
    takes the incoming one in its place; Google's ``run_pretraining.py`` shuffles files then
    uses a buffer the same way);
-4. rows are cut into batches; every rank yields ``min over ranks of rows // batch_size``
+4. rows are cut into batches; every rank yields ``(rows // world_size) // batch_size``
    batches, so all ranks run the same number of steps (no DDP hang) and the tail is dropped.
 
 The order of row *indices* in an epoch is a pure function of the manifest, the seed, the epoch
@@ -25,7 +29,9 @@ al. 2019, section 4.1) but never depend on ranks, batch size, threads or resumin
 Static masking uses the positions stored in the shards.
 
 Batches are padded to their longest sequence with ``[PAD]`` = 0; masked positions are flat
-indices into the ``B * T`` tokens (what ``BertForPreTraining.forward`` gathers).
+indices into the ``B * T`` tokens (what ``BertForPreTraining.forward`` gathers). Whether a
+batch has padding at all is decided here, on the host (``Batch.padded``), so the model never
+reads the mask back from the GPU to find out.
 
 Integrity: :func:`verify_shards` rehashes the shards against the sha256s in the manifest (the
 pretrain stage calls it before training). The loader itself checks each shard's columns when it
@@ -40,7 +46,7 @@ import hashlib
 import os
 import queue
 import threading
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -172,6 +178,10 @@ class Batch:
     masked_lm_labels: torch.Tensor  # [N] long, original ids at those positions
     next_sentence_labels: torch.Tensor  # [B] long, 0 = IsNext, 1 = NotNext
     example_ids: torch.Tensor  # [B] long, row index of each example in its split
+    # Host-side: False when no row is padded (the model then drops the mask, and SDPA may take
+    # its fused kernels), True when some is (the mask is used as is); None: unknown, the model
+    # checks the mask itself (a GPU→CPU sync). collate() always knows.
+    padded: bool | None = None
 
     @property
     def size(self) -> int:
@@ -182,11 +192,15 @@ class Batch:
         """Real (non-padding) tokens in the batch."""
         return int(self.attention_mask.sum())
 
+    def _tensors(self, fn) -> "Batch":
+        return replace(self, **{f.name: fn(getattr(self, f.name)) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
-        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
+        return self._tensors(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "Batch":
-        return Batch(**{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
+        return self._tensors(lambda t: t.pin_memory())
 
 
 # One example as held in the shuffle buffer: (input_ids, token_type_ids, nsp, positions, labels).
@@ -216,6 +230,7 @@ def collate(rows: list[_Row], example_ids: list[int]) -> Batch:
         masked_lm_labels=torch.from_numpy(np.concatenate(labels)),
         next_sentence_labels=torch.tensor([r[2] for r in rows], dtype=torch.long),
         example_ids=torch.tensor(example_ids, dtype=torch.long),
+        padded=any(len(r[0]) < T for r in rows),
     )
 
 
@@ -269,7 +284,6 @@ class PretrainingData:
         self.rows = sum(u.rows for u in self.units)
         self._starts = np.array([u.start for u in self.units], dtype=np.int64)
         self._pq_cache: tuple[int, pq.ParquetFile] | None = None
-        self._bpe_cache: dict[int, int] = {}
 
     # -- metadata --------------------------------------------------------------------------
     def _scan(self) -> tuple[list[Path], list[_Unit]]:
@@ -316,28 +330,29 @@ class PretrainingData:
                                     f"{'integer' if name == 'next_sentence_label' else 'list of integers'}; "
                                     "rerun the examples stage (dvc repro examples)")
 
-    def _epoch_units(self, epoch: int) -> list[_Unit]:
-        """This rank's units for ``epoch``, in reading order."""
+    def _epoch_units(self, epoch: int) -> list[tuple[_Unit, int, int]]:
+        """This rank's ``(unit, first, end)`` for ``epoch`` in reading order: the rows ``first <=
+        x < end`` (indices in the split) of each unit its slice covers (module docstring, step 2)."""
         order = np.random.default_rng([self.seed, self.split_id, epoch, 0]).permutation(len(self.units))
-        return [self.units[i] for i in order[self.rank :: self.world_size]]
+        per_rank = self.rows // self.world_size
+        lo, hi = self.rank * per_rank, (self.rank + 1) * per_rank  # this rank's slice of the epoch's rows
+        out, pos = [], 0
+        for i in order:
+            u = self.units[i]
+            a, b = max(lo, pos), min(hi, pos + u.rows)
+            if a < b:
+                out.append((u, u.start + a - pos, u.start + b - pos))
+            pos += u.rows
+        return out
 
     def batches_per_epoch(self, epoch: int = 0) -> int:
-        """Batches every rank yields in ``epoch`` (the least any rank can fill)."""
-        if epoch not in self._bpe_cache:
-            if len(self.units) < self.world_size:
-                raise BertraceError(
-                    f"{self.dir}: the {self.split} split has {len(self.units)} Parquet row groups, fewer than the "
-                    f"{self.world_size} ranks; lower examples.row_group_size or use fewer processes")
-            order = np.random.default_rng([self.seed, self.split_id, epoch, 0]).permutation(len(self.units))
-            rows = np.array([u.rows for u in self.units])[order]
-            per_rank = [int(rows[r :: self.world_size].sum()) for r in range(self.world_size)]
-            n = min(per_rank) // self.batch_size
-            if n == 0:
-                raise BertraceError(
-                    f"{self.dir}: a rank gets {min(per_rank)} {self.split} examples per epoch, fewer than the "
-                    f"per-rank batch size {self.batch_size}; lower pretrain.batch_size or make more examples")
-            self._bpe_cache[epoch] = n
-        return self._bpe_cache[epoch]
+        """Batches every rank yields in ``epoch`` (the same on every rank and in every epoch)."""
+        n = (self.rows // self.world_size) // self.batch_size
+        if n == 0:
+            raise BertraceError(
+                f"{self.dir}: a rank gets {self.rows // self.world_size} {self.split} examples per epoch, fewer "
+                f"than the per-rank batch size {self.batch_size}; lower pretrain.batch_size or make more examples")
+        return n
 
     # -- reading ---------------------------------------------------------------------------
     def _read_unit(self, unit: _Unit) -> dict[int, _Row]:
@@ -413,8 +428,9 @@ class PretrainingData:
         return self.units[int(np.searchsorted(self._starts, example, side="right")) - 1]
 
     # -- the shuffled index stream --------------------------------------------------------
-    def _index_stream(self, epoch: int) -> Iterator[tuple[_Unit | None, list[int], list[int]]]:
-        """Yield ``(unit, emitted, buffer)`` after each unit's rows entered the shuffle buffer.
+    def _index_stream(self, epoch: int) -> Iterator[tuple[tuple[_Unit, int, int] | None, list[int], list[int]]]:
+        """Yield ``((unit, first, end), emitted, buffer)`` after the unit's rows ``first <= x < end``
+        entered the shuffle buffer.
 
         ``emitted`` are the row indices the buffer gave out meanwhile (in order); ``buffer`` is
         the live buffer (read it before advancing). The last item has ``unit=None`` and holds
@@ -423,16 +439,16 @@ class PretrainingData:
         rng = np.random.default_rng([self.seed, self.split_id, epoch, 1 + self.rank])
         size = self.shuffle_buffer
         buf: list[int] = []
-        for unit in self._epoch_units(epoch):
+        for unit, first, end in self._epoch_units(epoch):
             emitted = []
-            draws = rng.integers(0, size, size=unit.rows).tolist()  # one draw per incoming row
-            for x, j in zip(range(unit.start, unit.start + unit.rows), draws):
+            draws = rng.integers(0, size, size=end - first).tolist()  # one draw per incoming row
+            for x, j in zip(range(first, end), draws):
                 if len(buf) < size:
                     buf.append(x)
                 else:
                     emitted.append(buf[j])
                     buf[j] = x
-            yield unit, emitted, buf
+            yield (unit, first, end), emitted, buf
         yield None, [buf[i] for i in rng.permutation(len(buf))], []
 
     def train_stream(self, epoch: int = 0, skip_batches: int = 0) -> Iterator[tuple[int, int, Batch]]:
@@ -454,10 +470,14 @@ class PretrainingData:
         live = skip == 0
         pending_rows: list[_Row] = []
         pending_ids: list[int] = []
-        for unit, emitted, buf in self._index_stream(epoch):
+        for part, emitted, buf in self._index_stream(epoch):
             if live:
-                if unit is not None:
-                    data.update(self._read_unit(unit))
+                if part is not None:
+                    unit, first, end = part
+                    rows = self._read_unit(unit)
+                    if end - first < unit.rows:  # a row group shared with a neighbouring rank
+                        rows = {x: rows[x] for x in range(first, end)}
+                    data.update(rows)
             elif seen + len(emitted) > skip:
                 # Resume point reached: read what the buffer and the rest of the epoch need.
                 live = True
@@ -480,11 +500,15 @@ class PretrainingData:
                     pending_rows, pending_ids = [], []
 
     # -- validation -----------------------------------------------------------------------
-    def eval_batches(self, max_batches: int | None = None) -> Iterator[Batch]:
-        """Fixed-order batches (file order; the last one may be short), batch ``i`` on rank
-        ``i % world_size``, at most ``max_batches`` in all ranks together. Dynamic masks are
-        seeded as epoch 0, so every evaluation sees the same masks."""
-        limit = self.rows if not max_batches else min(self.rows, max_batches * self.batch_size)
+    def eval_batches(self, max_batches: int | None = None, *, batch_rows: int | None = None) -> Iterator[Batch]:
+        """Fixed-order batches of ``batch_size`` (file order; the last one may be short), batch
+        ``i`` on rank ``i % world_size``, over the split's first ``max_batches * batch_rows``
+        examples (all of them for None/0) in all ranks together. ``batch_rows`` (default
+        ``batch_size * world_size``) is the global batch ``max_batches`` counts: pass the same
+        one on any number of ranks and they evaluate the same examples. Dynamic masks are seeded
+        as epoch 0, so every evaluation sees the same masks."""
+        per = batch_rows or self.batch_size * self.world_size
+        limit = self.rows if not max_batches else min(self.rows, max_batches * per)
         B, W, R = self.batch_size, self.world_size, self.rank
         rows: list[_Row] = []
         ids: list[int] = []

@@ -33,7 +33,16 @@ reads ``batch_size / (grad_accum * world_size)`` examples per micro-batch.
 Exact resume: a checkpoint holds the model, optimizer and scaler states, every rank's RNG
 states and the data position ``(epoch, batches consumed)``; the loader replays its shuffle
 from that position, so an interrupted run continues bit-for-bit like an uninterrupted one
-(same device, precision and world size).
+(same device, precision and world size). That is tested on the CPU. On CUDA it also needs
+``pretrain.deterministic: true`` (pipeline/device.py): otherwise the backward of the MLM gather
+(``index_select``) and of memory-efficient attention accumulate with atomics in no fixed order
+and a resumed run drifts from an uninterrupted one in the last bits. Under DDP only rank 0
+reads ``last.pt`` and it broadcasts the state, so nodes need no shared filesystem.
+
+``compile: true``: the first update of a session compiles the model; the clock (a
+``time_minutes`` budget, ``train_seconds``, throughput, MFU) starts after it, and shapes are
+dynamic from the start, so a step budget's schedule and a time budget's warm-up both belong to
+training, not to compilation.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import hashlib
+import io
 import json
 import math
 import random
@@ -56,8 +66,8 @@ from tqdm import tqdm
 
 from pipeline import checkpoint as ckpt_lib
 from pipeline.config import Bool, Float, Int, Section, Str, format_errors
-from pipeline.device import (mfu, precision_name, resolve_device, resolve_precision, restore_deterministic,
-                             set_deterministic)
+from pipeline.device import (fused_adamw, mfu, precision_name, resolve_device, resolve_precision,
+                             restore_deterministic, set_deterministic)
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_open, canonical_json, sha256_file
 from pipeline.model import config_from_params, num_parameters, param_groups
@@ -98,7 +108,7 @@ class PretrainConfig(Section):
     snapshot_steps: list[Int] = [500, 1000]  # keep the weights at these updates (snapshots/step-000500.pt)
     snapshot_minutes: list[Float] = []  # ... and/or at these elapsed minutes (snapshots/minute-015.pt; wall clock)
     eval_every: Int = 500  # updates between validations (0: only at the end)
-    eval_batches: Int | None = 20  # validation batches per evaluation (None/0: the whole split)
+    eval_batches: Int | None = 20  # validation batches of batch_size (global) examples per evaluation (None/0: all)
     log_every: Int = 20  # updates between training-metric logs
     checkpoint_every: Int | None = 500  # updates between checkpoints (None/0: off)
     checkpoint_minutes: Float | None = None  # and/or minutes between checkpoints (None/0: off; wall clock)
@@ -107,7 +117,7 @@ class PretrainConfig(Section):
     device: Str = "auto"  # auto (cuda -> mps -> cpu) | cpu | cuda | cuda:N | mps
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 (else fp16) on CUDA, fp32 otherwise
     tf32: Bool = True  # TensorFloat-32 matmuls on Ampere+ GPUs
-    compile: Bool = False  # torch.compile the model
+    compile: Bool = False  # torch.compile the model (dynamic shapes; compile time is not in time_minutes)
     num_threads: Int = 0  # torch CPU threads (0: torch's default, the number of cores)
     deterministic: Bool = True  # deterministic kernels (pipeline/device.py); no cost on the CPU
     verify_shards: Bool = True  # rehash the example shards against their manifest before training
@@ -309,12 +319,22 @@ def _all_reduce(t: torch.Tensor, world: int) -> torch.Tensor:
     return t
 
 
-def _broadcast_float(value: float, device: torch.device, world: int) -> float:
-    """Rank 0's value on every rank (clocks differ; decisions must not)."""
+def _cpu_group(world: int):
+    """A process group whose collectives run on the CPU: the default one under gloo, else a gloo
+    group over the same ranks (a collective call: every rank creates it). None for one process."""
+    if world == 1 or dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo")
+
+
+def _broadcast_float(value: float, device: torch.device, world: int, group=None) -> float:
+    """Rank 0's value on every rank (clocks differ; decisions must not). A CPU tensor over a CPU
+    group (:func:`_cpu_group`): no GPU→CPU synchronisation, so the host keeps running ahead of
+    the GPU (``device`` is not used; kept for callers)."""
     if world == 1:
         return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.broadcast(t, src=0)
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.broadcast(t, src=0, group=group)
     return float(t.item())
 
 
@@ -336,12 +356,16 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, objective: Objective, data: PretrainingData, device: torch.device,
-             autocast_dtype=None, max_batches: int | None = None, world: int = 1) -> dict[str, float]:
-    """The objective's validation metrics over ``data``'s validation batches (all ranks)."""
+             autocast_dtype=None, max_batches: int | None = None, world: int = 1,
+             batch_rows: int | None = None) -> dict[str, float]:
+    """The objective's validation metrics over ``data``'s validation batches (all ranks):
+    the first ``max_batches * batch_rows`` examples of the split (``batch_rows``: the global
+    ``pretrain.batch_size``, so the sample is the same on any number of processes), split
+    across the ranks in micro-batches; None/0: the whole split."""
     was_training = model.training
     model.eval()
     sums = None
-    for batch in data.eval_batches(max_batches or None):
+    for batch in data.eval_batches(max_batches or None, batch_rows=batch_rows):
         batch = batch.to(device)
         with _autocast(device, autocast_dtype):
             out = objective.forward(model, batch)
@@ -412,7 +436,7 @@ class Trainer:
         self.out_dir, self.curves_dir, self.provenance, self.on_log = out_dir, curves_dir, provenance, on_log
         self.last_path, self.best_path = out_dir / ckpt_lib.LAST, out_dir / ckpt_lib.BEST
         self.optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas),
-                                           eps=cfg.eps, **({"fused": True} if device.type == "cuda" else {}))
+                                           eps=cfg.eps, **({"fused": True} if fused_adamw(device) else {}))
         self.scaler = torch.amp.GradScaler(device.type, enabled=use_scaler)
         self.budget: Budget | None = None
         # progress
@@ -428,7 +452,16 @@ class Trainer:
     def restore(self, state: dict) -> None:
         """Continue from a ``last.pt`` state (weights, optimizer, position, RNG)."""
         self.raw_model.load_state_dict(state["model"])
+        # load_state_dict also restores the saved run's implementation flags (fused, foreach, ...):
+        # a checkpoint from an unfused run (CPU, or any other device) would turn fused AdamW off,
+        # while the GradScaler, which checked the optimizer when it was built, still passes it
+        # grad_scale / found_inf (plain AdamW then raises). Hyperparameters come from the
+        # checkpoint, the kernel choice from this run.
+        impl = {k: v for k, v in self.optimizer.defaults.items()
+                if k in ("fused", "foreach", "capturable", "differentiable")}
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:
+            group.update(impl)
         if self.use_scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step, self.tokens_seen, self.elapsed = state["step"], state["tokens_seen"], state["train_seconds"]
@@ -540,7 +573,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Validation metrics now; a new best (lowest ``objective.best_metric``) is saved as best.pt."""
         metrics = evaluate(self.raw_model, self.objective, self.valid_data, self.device, self.autocast_dtype,
-                           self.cfg.eval_batches, self.world)
+                           self.cfg.eval_batches, self.world, batch_rows=self.cfg.batch_size)
         self.last_val = metrics
         self.history.append({"step": self.step, "tokens": self.tokens_seen, "seconds": round(self.elapsed, 3),
                              **metrics})
@@ -581,14 +614,19 @@ class Trainer:
                    unit="step" if steps else "s", desc="pretrain", dynamic_ncols=True, mininterval=1.0,
                    disable=not (progress and self.main))
         clock = budget.seconds or cfg.checkpoint_minutes  # decisions taken on rank 0's clock
+        clock_group = _cpu_group(world) if clock else None
+        compiling = bool(cfg.compile)  # the first update of a session compiles the model
         self.model.train()
         try:
             while not budget.finished(self.step, self.elapsed) and not (
                     stop_at_step is not None and self.step >= stop_at_step):
                 lr = budget.lr(self.step, self.elapsed)
                 self.train_step(stream, lr)
+                if compiling:  # the clock starts after compilation: time_minutes, train_seconds,
+                    compiling = False  # throughput and MFU count training, not torch.compile
+                    t0 = self.t0 = self.win_t0 = time.perf_counter()
                 now = prior_seconds + time.perf_counter() - t0
-                self.elapsed = _broadcast_float(now, self.device, world) if clock else now
+                self.elapsed = _broadcast_float(now, self.device, world, clock_group) if clock else now
 
                 step = self.step
                 eval_due = self.valid_data is not None and cfg.eval_every and step % cfg.eval_every == 0
@@ -652,7 +690,7 @@ class Trainer:
             "model_sha256": weights_sha,
             "train_flops": float(flops_tok) * self.tokens_seen,
             "mfu": mfu(float(flops_tok) * (self.tokens_seen - self.start_tokens) / session_s, self.device,
-                       precision, self.world),
+                       precision, self.world, tf32=self.cfg.tf32),
             "batch_size": self.cfg.batch_size,
             "world_size": self.world,
             "device": str(self.device),
@@ -727,6 +765,50 @@ def pretrain(
         restore_deterministic(det)
 
 
+def _resume_state(resume: bool | str, last_path: Path, cfg: PretrainConfig, config, out_dir: Path,
+                  device: torch.device, rank: int, world: int, **data_hashes) -> dict | None:
+    """The ``last.pt`` state to continue, or None to start over: rank 0 decides and every rank
+    gets its decision and its state.
+
+    Only rank 0 writes ``last.pt``, so on nodes without a shared filesystem the other ranks have
+    no copy, or a stale one: had each rank looked on its own disk, rank 0 would resume while the
+    others started from step 0, their loops would differ in length and the collectives would
+    hang until the NCCL timeout. So rank 0 reads and checks its file and broadcasts the verdict
+    (an error is raised on every rank) and the file's bytes, which every rank loads
+    ``weights_only``."""
+    main = rank == 0
+    state, error, payload = None, None, b""
+    if main and resume and last_path.exists():
+        try:
+            state = ckpt_lib.load_checkpoint(last_path)
+            _check_resumable(state, last_path, cfg, config, out_dir, **data_hashes)
+        except BertraceError as why:
+            if resume != "auto" or state is None:
+                error = str(why)
+            else:
+                # `dvc repro` after a change upstream or in the recipe: a new run, not a resume.
+                # The previous checkpoint stays in DVC's cache (it was committed when its run ended).
+                print(f"pretrain: not resuming, starting over: {why}", flush=True)
+            state = None
+        if state is not None and world > 1:
+            payload = last_path.read_bytes()
+    if world > 1:
+        on = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        box = [{"error": error, "nbytes": len(payload)}]
+        dist.broadcast_object_list(box, src=0, device=on)
+        error, nbytes = box[0]["error"], box[0]["nbytes"]
+        if error is None and nbytes:
+            buf = (torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(on) if main
+                   else torch.empty(nbytes, dtype=torch.uint8, device=on))
+            dist.broadcast(buf, src=0)
+            if not main:
+                state = torch.load(io.BytesIO(buf.cpu().numpy().tobytes()), map_location="cpu", weights_only=True)
+            del buf
+    if error is not None:
+        raise BertraceError(error)
+    return state
+
+
 def _load_data(cfg: PretrainConfig, examples_dir: Path, tokenizer_json: Path | None, rank: int, world: int):
     """(manifest, its sha256, train data, valid data or None, per-rank micro-batch)."""
     manifest = load_manifest(examples_dir)
@@ -783,20 +865,8 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
     }))
 
     last_path, best_path = out_dir / ckpt_lib.LAST, out_dir / ckpt_lib.BEST
-    state = None
-    if resume and last_path.exists():
-        state = ckpt_lib.load_checkpoint(last_path)
-        try:
-            _check_resumable(state, last_path, cfg, config, out_dir, tokenizer_sha=tokenizer_sha,
-                             manifest_sha=manifest_sha, manifest_path=manifest_path)
-        except BertraceError as why:
-            if resume != "auto":
-                raise
-            # `dvc repro` after a change upstream or in the recipe: a new run, not a resume.
-            # The previous checkpoint stays in DVC's cache (it was committed when its run ended).
-            if main:
-                print(f"pretrain: not resuming, starting over: {why}", flush=True)
-            state = None
+    state = _resume_state(resume, last_path, cfg, config, out_dir, device, rank, world,
+                          tokenizer_sha=tokenizer_sha, manifest_sha=manifest_sha, manifest_path=manifest_path)
     if main:
         ckpt_lib.remove_stale_temporaries(out_dir)  # left by a run killed while writing
         ckpt_lib.remove_stale_temporaries(curves_dir, (TRAIN_CURVE, VAL_CURVE))
@@ -820,7 +890,9 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
         trainer.model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
     if cfg.compile:
-        trainer.model = torch.compile(trainer.model)
+        # dynamic: batches differ in length and masked count from the first one on; static
+        # shapes would recompile (tens of seconds) as soon as the second batch arrives
+        trainer.model = torch.compile(trainer.model, dynamic=True)
 
     budget = Budget(cfg, train_data)
     trainer.provenance = provenance = {**provenance, "budget": budget.record()}

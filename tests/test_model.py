@@ -499,3 +499,39 @@ def test_flops_per_token_matches_counted_matmul_flops():
     assert flops_per_token(config, T, mlm_fraction=len(positions) / (B * T)) == pytest.approx(counted, rel=1e-9)
     # the HF-style full-sequence head costs more
     assert flops_per_token(config, T, mlm_fraction=1.0) > flops_per_token(config, T)
+
+
+def test_padded_vocabulary_is_never_input_or_predicted():
+    """``pad_vocab_to_multiple_of`` rounds the embedding up (tensor-core shapes for the decoder
+    matmul; the gpu profile: 15,774 WordPiece ids -> 15,808); the MLM logits stop at the
+    tokenizer's ids, so the padding rows get no gradient, and an unpadded config is unchanged."""
+    tiny_params = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "max_position": 64}
+    assert config_from_params({"preset": "base", "pad_vocab_to_multiple_of": 64}, 15_774).vocab_size == 15_808
+    config = config_from_params({**tiny_params, "pad_vocab_to_multiple_of": 8}, 123)
+    assert (config.vocab_size, config.tokenizer_vocab_size, config.predicted_vocab_size) == (128, 123, 123)
+    assert BertConfig.from_dict(config.to_dict()) == config
+    plain = config_from_params(tiny_params, 123)
+    assert plain.tokenizer_vocab_size is None and "tokenizer_vocab_size" not in plain.to_dict()  # checkpoints as before
+    assert config_from_params({**tiny_params, "pad_vocab_to_multiple_of": 8}, 128).to_dict() == \
+        config_from_params(tiny_params, 128).to_dict()  # already a multiple: nothing to pad
+    for bad in (0, True, "64"):
+        with pytest.raises(BertraceError, match="pad_vocab_to_multiple_of"):
+            config_from_params({**tiny_params, "pad_vocab_to_multiple_of": bad}, 123)
+    with pytest.raises(BertraceError, match="tokenizer_vocab_size comes from the tokenizer"):
+        config_from_params({**tiny_params, "tokenizer_vocab_size": 100}, 123)
+    with pytest.raises(BertraceError, match="tokenizer_vocab_size must be"):
+        BertConfig(vocab_size=64, tokenizer_vocab_size=65)
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(config)
+    assert model.bert.embeddings.word.weight.shape == (128, 32)
+    ids = torch.randint(5, 123, (3, 16))
+    positions = torch.tensor([1, 5, 17, 40])
+    out = model(ids, masked_positions=positions)
+    assert out.mlm_logits.shape == (4, 123)  # never predicted
+    labels = torch.tensor([7, 99, 122, 5])
+    loss, _, _ = pretraining_loss(out, labels, torch.zeros(3, dtype=torch.long))
+    loss.backward()
+    grad = model.bert.embeddings.word.weight.grad
+    assert grad[123:].abs().sum() == 0 and grad[:123].abs().sum() > 0  # never input, never a target
+    assert model.mlm.decoder.bias.grad[123:].abs().sum() == 0

@@ -439,7 +439,8 @@ def test_a_failed_save_leaves_the_previous_checkpoint_intact(examples, tmp_path,
 
 def test_mlm_only_trains_no_nsp_and_reports_its_loss(examples, tmp_path):
     """pretrain.nsp_weight 0 (MLM only): the objective is the MLM loss, the NSP head and the
-    pooler (which only NSP trains) keep their initial weights, NSP loss/accuracy are still measured."""
+    pooler (which only NSP trains) get no gradient, so without weight decay they keep their
+    initial weights (with it they only shrink), NSP loss/accuracy are still measured."""
     def weights(nsp_weight, steps, out):
         cfg = tiny_cfg(nsp_weight=nsp_weight, weight_decay=0.0, max_steps=steps, eval_every=steps, log_every=4)
         metrics, logs = run(cfg, examples, tmp_path / out)
@@ -455,6 +456,13 @@ def test_mlm_only_trains_no_nsp_and_reports_its_loss(examples, tmp_path):
         assert torch.equal(mlm_only[name], first[name])
         assert not torch.equal(both[name], first[name])
     assert not torch.equal(mlm_only["bert.embeddings.word.weight"], first["bert.embeddings.word.weight"])
+    # weight decay (0.01, the default) still shrinks them: no gradient, but not untouched
+    cfg = tiny_cfg(nsp_weight=0.0, weight_decay=0.01, max_steps=12)
+    run(cfg, examples, tmp_path / "decayed")
+    decayed = ckpt_lib.load_checkpoint(tmp_path / "decayed" / "last.pt")["model"]
+    assert decayed["nsp.weight"].norm() < first["nsp.weight"].norm()
+    ratio = decayed["nsp.weight"] / first["nsp.weight"]
+    assert torch.allclose(ratio, ratio[0, 0])  # a uniform shrink: decay alone
 
 
 def test_probe_script_trains_each_variant_for_its_minutes(examples, tmp_path):
@@ -513,3 +521,17 @@ def test_an_objective_is_a_class_the_loop_does_not_know(examples, tmp_path, monk
     bert, _ = run(tiny_cfg(nsp_weight=0.0, max_steps=6, eval_every=3, log_every=2, weight_decay=0.0),
                   examples, tmp_path / "bert")
     assert metrics["model_sha256"] == bert["model_sha256"]
+
+
+def test_padded_vocabulary_trains_resumes_and_records_the_tokenizer_size(examples, tmp_path):
+    """``pretrain.model.pad_vocab_to_multiple_of`` (the gpu profile's 64): the checkpoint's model
+    config has the padded embedding and the tokenizer's size; a resume continues it exactly."""
+    model = {**TINY, "pad_vocab_to_multiple_of": 96}  # the test vocabulary has 128 ids -> 192 rows
+    cfg = tiny_cfg(model=model, max_steps=6)
+    full, _ = run(cfg, examples, tmp_path / "full")
+    run(cfg, examples, tmp_path / "parts", stop_at_step=3)
+    resumed, _ = run(cfg, examples, tmp_path / "parts")
+    assert resumed["model_sha256"] == full["model_sha256"] and resumed["step"] == 6
+    state = ckpt_lib.load_checkpoint(tmp_path / "full" / "last.pt")
+    assert state["model_config"]["vocab_size"] == 192 and state["model_config"]["tokenizer_vocab_size"] == 128
+    assert state["model"]["bert.embeddings.word.weight"].shape[0] == 192

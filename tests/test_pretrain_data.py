@@ -200,8 +200,8 @@ def test_memory_is_bounded_by_the_shuffle_buffer(static_dir, monkeypatch):
     assert read[0] == 512  # and each row group is read once per epoch
 
 
-def test_ddp_ranks_read_distinct_units_and_yield_equal_batch_counts(tmp_path):
-    # 5 shards of uneven size: per-rank row counts differ, batch counts must not
+def test_ddp_ranks_read_distinct_rows_and_yield_equal_batch_counts(tmp_path):
+    # 5 shards of uneven size, row groups of uneven size: every rank still gets as many rows
     d = make_examples(tmp_path, train_rows=300, rows_per_shard=70, row_group_size=32)
     for world in (2, 3):
         per_rank = [PretrainingData(d, batch_size=8, seed=0, rank=r, world_size=world) for r in range(world)]
@@ -209,12 +209,17 @@ def test_ddp_ranks_read_distinct_units_and_yield_equal_batch_counts(tmp_path):
             ids = [[x for b in p.epoch_batches(epoch) for x in b.example_ids.tolist()] for p in per_rank]
             counts = {len(x) for x in ids}
             assert len(counts) == 1, counts  # same number of batches on every rank
-            assert counts.pop() == per_rank[0].batches_per_epoch(epoch) * 8
-            units = [{per_rank[0]._unit_of(x).start for x in rank_ids} for rank_ids in ids]
+            assert counts.pop() == per_rank[0].batches_per_epoch(epoch) * 8 == (300 // world) // 8 * 8
             for i in range(world):
                 for j in range(i + 1, world):
-                    assert not units[i] & units[j]  # no row group shared between ranks
-        assert len(per_rank[0].units) == sum(1 for _ in per_rank[0].units)
+                    assert not set(ids[i]) & set(ids[j])  # no row shared between ranks
+            # a rank shares at most the row groups at the two ends of its slice
+            units = [{per_rank[0]._unit_of(x).start for x in rank_ids} for rank_ids in ids]
+            for i in range(world):
+                assert len(units[i] & set().union(*(units[j] for j in range(world) if j != i))) <= 2
+            # the same on resume: skipping batches replays the rank's slice
+            again = [x for b in per_rank[-1].epoch_batches(epoch, 3) for x in b.example_ids.tolist()]
+            assert again == ids[-1][3 * 8:]
 
 
 def test_dynamic_masking_rate_epochs_and_reruns(dynamic_dir):
@@ -259,8 +264,9 @@ def test_eval_batches_fixed_order_and_rank_split(static_dir, dynamic_dir):
         again = list(PretrainingData(d, "valid", batch_size=10, seed=0).eval_batches())
         assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(batches, again))
         assert len(list(one.eval_batches(max_batches=3))) == 3
-        r0 = list(PretrainingData(d, "valid", batch_size=10, seed=0, world_size=2).eval_batches(max_batches=5))
-        r1 = list(PretrainingData(d, "valid", batch_size=10, seed=0, rank=1, world_size=2).eval_batches(max_batches=5))
+        # max_batches counts batches of batch_rows examples, split across the ranks in per-rank batches
+        r0, r1 = (list(PretrainingData(d, "valid", batch_size=10, seed=0, rank=r, world_size=2)
+                       .eval_batches(5, batch_rows=10)) for r in (0, 1))
         assert len(r0) == 3 and len(r1) == 2
         split = sorted(x for b in r0 + r1 for x in b.example_ids.tolist())
         assert split == list(range(50))

@@ -48,7 +48,10 @@ if mode == "die-in-save":  # write half of the 3rd checkpoint file, then SIGKILL
         calls[0] += 1
         real(obj, f, *a, **k)
         if calls[0] == 3:
-            os.truncate(f, os.path.getsize(f) // 2)
+            path = getattr(f, "name", f)  # save_checkpoint passes a file object (or a wrapper of one)
+            if hasattr(f, "flush"):
+                f.flush()
+            os.truncate(path, os.path.getsize(path) // 2)
             os.kill(os.getpid(), signal.SIGKILL)
     torch.save = dying_save
 # a model big enough that writing a checkpoint takes longer than a training step

@@ -81,6 +81,13 @@ def test_gpu_profile_pretrains_on_cpu(tmp_path):
     section = dict(merged["pretrain"])
     assert section["model"]["preset"] == "base" and section["precision"] == "auto"
     assert section["time_minutes"] == 10 and section["max_steps"] is None and section["deterministic"] is False
+    # what the description says is what it sets; no snapshots that a 10-minute run may never reach
+    description = " ".join(yaml.safe_load((REPO / "profiles" / "gpu.yaml").read_text())["description"].split())
+    assert section["lr"] == 2e-4 and "peak lr 2e-4" in description and "1e-4 x batch" not in description
+    assert section["snapshot_steps"] == [] and section["snapshot_minutes"] == []
+    # the embedding padded to a multiple of 64 (tensor cores): the 16k WordPiece vocabulary's 15,774 -> 15,808
+    from pipeline.model import config_from_params
+    assert config_from_params(section["model"], 15_774).vocab_size == 15_808 and "15,808" in description
     section.update(time_minutes=None, max_steps=2, batch_size=4, grad_accum=1, eval_every=0, eval_batches=1,
                    checkpoint_every=None, checkpoint_minutes=None, snapshot_minutes=[], device="cpu", num_threads=1,
                    model={**section["model"], "max_position": 64})

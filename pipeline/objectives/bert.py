@@ -44,7 +44,9 @@ class BertPretraining(Objective):
         return flops_per_token(config, int(round(mean_len)), mlm_fraction=mlm_fraction)
 
     def forward(self, model: torch.nn.Module, batch) -> PreTrainingOutput:
-        return model(batch.input_ids, batch.token_type_ids, batch.attention_mask, batch.masked_positions)
+        # padded: decided on the host by the loader's collate (no GPU→CPU read of the mask)
+        return model(batch.input_ids, batch.token_type_ids, batch.attention_mask, batch.masked_positions,
+                     padded=batch.padded)
 
     def losses(self, out: PreTrainingOutput, batch) -> dict[str, torch.Tensor]:
         loss, mlm, nsp = pretraining_loss(out, batch.masked_lm_labels, batch.next_sentence_labels, self.nsp_weight)
