@@ -20,6 +20,7 @@ the new one, never a torn file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import pickle
 import random
 import zipfile
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 from pipeline.errors import BertraceError
-from pipeline.io import atomic_path
+from pipeline.io import DiskFull, atomic_path, free_bytes
 
 FORMAT = "bertrace-pretrain-checkpoint"
 VERSION = 1
@@ -71,13 +72,80 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
-    """Atomically write ``state`` (plus format tags) to ``path``."""
+    """Atomically write ``state`` (plus format tags) to ``path``.
+
+    A full disk (or quota) is a :class:`BertraceError` naming ``path``, the space the checkpoint
+    needs and the space free; the temporary file is removed and the previous ``path`` is left as
+    it was (``atomic_path``). torch reports a failed write of its zip records as ``RuntimeError:
+    [enforce fail at inline_container.cc] ... unexpected pos``: the file object below keeps the
+    ``OSError`` behind it."""
     path = Path(path)
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        # A file object, not a path: torch.save names the zip records after the file it writes,
-        # and the temporary name is random, so a path would give other bytes for the same state.
-        torch.save({"format": FORMAT, "version": VERSION, **state}, f)
+    try:
+        with atomic_path(path) as tmp, open(tmp, "wb") as raw:
+            # A file object, not a path: torch.save names the zip records after the file it writes,
+            # and the temporary name is random, so a path would give other bytes for the same state.
+            f = _WriteErrors(raw)
+            try:
+                torch.save({"format": FORMAT, "version": VERSION, **state}, f)
+            except RuntimeError as e:
+                if f.error is not None:
+                    raise f.error from e
+                raise
+    except DiskFull as e:
+        raise BertraceError(_no_space(path, state_bytes(state), e.error)) from None
+    except (OSError, RuntimeError) as e:
+        needed = state_bytes(state)
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+        # torch's write failure without the OSError behind it, or another error: a full disk if the
+        # space still free (the temporary is gone) could not hold the checkpoint
+        writing = isinstance(e, OSError) or "inline_container" in str(e) or "PytorchStreamWriter" in str(e)
+        if not (full or (writing and _nearly_full(path, needed))):
+            raise
+        raise BertraceError(_no_space(path, needed, e)) from None
     return path
+
+
+class _WriteErrors:
+    """A binary file that remembers the ``OSError`` its ``write`` raised (torch turns it into a
+    RuntimeError without the errno); everything else is the file's."""
+
+    def __init__(self, f):
+        self._f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+def state_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a (nested) state: about the size of its checkpoint file."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(state_bytes(v) for v in obj)
+    return 0
+
+
+def _nearly_full(path: Path, needed: int) -> bool:
+    free = free_bytes(path)
+    return free is not None and free < needed + (1 << 20)
+
+
+def _no_space(path: Path, needed: int, e: BaseException) -> str:
+    free = free_bytes(path)
+    old = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
+    return (f"{path}: no space left on the device to write the checkpoint (it needs about {needed / 2**20:,.1f} MiB, "
+            f"{'unknown' if free is None else f'{free / 2**20:,.1f} MiB'} free in {path.parent}; "
+            f"{type(e).__name__}: {' '.join(str(e).split())[:100]}); {old}. Free some space (or move "
+            f"{path.parent} to a larger disk) and rerun: training resumes from the last checkpoint")
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -98,6 +166,18 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise BertraceError(f"{path}: checkpoint version {ckpt.get('version')}, this code reads {VERSION}; "
                             "re-run pre-training with this version of bertrace")
     return ckpt
+
+
+def last_logged_metrics(path: str | Path, step: int) -> dict[str, Any]:
+    """The training metrics (lr, loss and its parts, grad norm) of the last logging window that
+    closed at ``step``, from the history of checkpoint ``path``: what a run that resumes from a
+    checkpoint already at the end of its budget (killed after the final save) reports, since it
+    trains no step of its own. {} when the history has no such row."""
+    state = load_checkpoint(path)
+    for row in reversed(state.get("history") or []):
+        if row.get("step") == step and "loss" in row:
+            return {k: v for k, v in row.items() if k not in ("step", "tokens", "seconds", "tokens_per_s")}
+    return {}
 
 
 def check_data_matches(

@@ -25,6 +25,7 @@ order and de-duplicates, splits and writes them, so the output bytes depend on n
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import unicodedata
@@ -50,6 +51,7 @@ class CleanConfig(EngineParams):
     valid_fraction: Annotated[Float, Field(ge=0, lt=1)] = 0.1  # document-level held-out share
     seed: Annotated[Int, Field(ge=0)] = 0  # keys the deterministic train/valid hash split
 
+log = logging.getLogger("bertrace.clean")
 _WS = re.compile(r"\s+")
 _BR = re.compile(r"<br\s*/?\s*>", re.IGNORECASE)
 _HEADING = re.compile(r"((?:= )+)(.*?)((?: =)+)")  # stripped WikiText heading: "= = Title = ="
@@ -273,17 +275,33 @@ def clean_corpus(raw_dir: Path, out_dir: Path, *, min_chars: int, valid_fraction
                     _count(stats, split, chars, words, +1)
 
         kept = stats["train_documents"] + stats["valid_documents"]
+        hint = _paragraphs_hint(manifest, stats)
         if kept == 0:
             raise BertraceError(
                 f"{raw_dir}: no documents left after cleaning ({stats['documents']} read, {stats['dropped_short']} "
                 f"shorter than clean.min_chars={min_chars}, {stats['dropped_duplicate']} duplicates); lower "
-                f"clean.min_chars or check the download stage's source (data/raw/manifest.json)")
+                f"clean.min_chars or check the download stage's source (data/raw/manifest.json){hint}")
+        if hint and stats["dropped_short"] > stats["documents"] // 2:
+            log.warning("clean: %d of %d documents are shorter than clean.min_chars=%d and were dropped%s",
+                        stats["dropped_short"], stats["documents"], min_chars, hint)
         # Guarantee one document on each side (deterministically: the one closest to the threshold).
         if kept >= 2 and stats["valid_documents"] == 0:
             _move_line(train_tmp, lowest_train[1], valid_tmp, stats, "train", "valid")
         elif kept >= 2 and stats["train_documents"] == 0:
             _move_line(valid_tmp, highest_valid[1], train_tmp, stats, "valid", "train")
     return stats
+
+
+def _paragraphs_hint(manifest: dict, stats: dict) -> str:
+    """When local text files were read as blank-line separated documents (``documents``), each
+    file may rather be one article whose paragraphs became documents: say how to read it so."""
+    source = manifest.get("source") or {}
+    files = [f for f in source.get("files") or [] if not str(f.get("path", "")).endswith((".parquet", ".jsonl", ".json"))]
+    if (manifest.get("format") != "documents" or source.get("type") != "local" or manifest.get("layout")
+            or len(files) < 2 or stats["documents"] < 2 * len(files)):
+        return ""
+    return (f"; {len(files)} text files gave {stats['documents']} documents: if each file is one article with "
+            "blank lines between its paragraphs, set download.local.format: document_per_file")
 
 
 def _count(stats: dict, split: str, chars: int, words: int, sign: int) -> None:

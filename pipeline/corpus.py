@@ -7,10 +7,14 @@ Sources:
   at local copies of the same dataset; see :mod:`pipeline.hub`.
 * ``local``: a file, a directory or a glob of WikiText files, WikiExtractor output, or
   document files (Parquet / JSON lines with a text column, plain text with blank lines
-  between documents).
+  between documents), or, with ``format: document_per_file``, text files that each hold one
+  document (an article per file, blank lines between its paragraphs; the file name may give
+  the title: ``title_from_filename``).
 
 Nothing is parsed here beyond splitting files into rows: WikiText and WikiExtractor sources are
-stored one raw line per row, documents one per row. The clean stage rebuilds articles.
+stored one raw line per row, documents one per row (a ``document_per_file`` file is one row, its
+paragraphs separated by a blank line, and the manifest's format is ``documents``). The clean
+stage rebuilds articles.
 The outputs carry no timestamps, so the same input gives byte-identical files.
 """
 
@@ -31,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from pipeline.config import Section, Str
+from pipeline.config import Bool, Section, Str
 from pipeline.errors import BertraceError
 from pipeline.hub import load_split, resolve_mirror, resolve_revision
 from pipeline.io import sha256_file, write_json
@@ -55,7 +59,9 @@ _SNIFF_BYTES = 64 << 10
 _WIKITEXT_TITLE = re.compile(r"= [^=](?:.*[^=])? =")  # stripped " = Title = " (one '=' each side)
 
 
-SourceFormat = Literal["auto", "wikitext", "wikiextractor", "documents"]
+SourceFormat = Literal["auto", "wikitext", "wikiextractor", "documents", "document_per_file"]
+PER_FILE = "document_per_file"  # a reading layout of local text files; the rows it gives are documents
+_SENTENCE_END = (".", "!", "?", "।", "॥", "。", "！", "？", "؟", "۔", "።", "։", "…")
 
 
 class HubSource(Section):
@@ -71,6 +77,7 @@ class LocalSource(Section):
     path: Str = "data/sources"  # file, directory or glob; a DVC dependency
     format: SourceFormat = "auto"
     text_column: Str = "text"  # for .parquet / .jsonl sources
+    title_from_filename: Bool = False  # document_per_file: the file name (without extension) opens the document
 
 
 class DownloadConfig(Section):
@@ -164,6 +171,9 @@ def _plan_hub(hub: dict, mirror: str | None) -> dict:
     text_column = hub.get("text_column") or "text"
     fmt = hub.get("format") or "auto"
     _check_format(fmt, "download.hub.format")
+    if fmt == PER_FILE:
+        raise BertraceError("params.yaml: download.hub.format is document_per_file, which reads local text files; "
+                            "a hub dataset has one document per row: use documents (or set download.source: local)")
     source: dict[str, Any] = {"type": "hub", "dataset": dataset, "config": config, "revision": revision,
                               "resolved_revision": None, "splits": splits, "missing_splits": []}
 
@@ -219,15 +229,30 @@ def _plan_local(local: dict) -> dict:
     _check_format(fmt, "download.local.format")
     text_column = local.get("text_column") or "text"
     files, skipped = list_source_files(raw_path)
-    formats = {str(f): (_sniff_file(f, text_column) if fmt == "auto" else _check_file(f, fmt, text_column))
-               for f in files}
-    fmt = _common_format(formats)
+    titles = bool(local.get("title_from_filename"))
+    if titles and fmt != PER_FILE:
+        raise BertraceError(f"params.yaml: download.local.title_from_filename is true but download.local.format is "
+                            f"{fmt}; titles from file names need format: {PER_FILE} (one document per file)")
+    if fmt == PER_FILE:
+        for f in files:
+            if not _is_table(f):
+                _head_text(f)  # binary or not UTF-8: a clear error now, not half-way through
+        inputs = [(f.as_posix(), f.as_posix(), _read_file(f, fmt, text_column, titles=titles)) for f in files]
+        layout, fmt = PER_FILE, "documents"
+    else:
+        formats = {str(f): (_sniff_file(f, text_column) if fmt == "auto" else _check_file(f, fmt, text_column))
+                   for f in files}
+        fmt = _common_format(formats)
+        layout = None
+        inputs = [(f.as_posix(), f.as_posix(), _read_file(f, fmt, text_column)) for f in files]
     source = {"type": "local", "path": str(raw_path),
               "files": [{"path": f.as_posix(), "sha256": sha256_file(f), "bytes": f.stat().st_size} for f in files],
               "skipped": [s.as_posix() for s in skipped]}
-    inputs = [(f.as_posix(), f.as_posix(), _read_file(f, fmt, text_column)) for f in files]
-    return {"inputs": inputs, "where": str(raw_path),
-            "manifest": {"format": fmt, "text_column": text_column, "source": source, "mirror": None}}
+    manifest = {"format": fmt, "text_column": text_column, "source": source, "mirror": None}
+    if layout:
+        manifest["layout"] = layout
+        manifest["titles_from_filenames"] = titles
+    return {"inputs": inputs, "where": str(raw_path), "manifest": manifest}
 
 
 def list_source_files(path: str | os.PathLike) -> tuple[list[Path], list[Path]]:
@@ -276,8 +301,8 @@ def _looks_like_ext(suffix: str) -> bool:
 
 
 def _check_format(fmt: str, key: str) -> None:
-    if fmt not in FORMATS + ("auto",):
-        raise BertraceError(f"params.yaml: {key} is {fmt!r}; use one of auto, {', '.join(FORMATS)}")
+    if fmt not in FORMATS + ("auto", PER_FILE):
+        raise BertraceError(f"params.yaml: {key} is {fmt!r}; use one of auto, {', '.join(FORMATS)}, {PER_FILE}")
 
 
 def _common_format(formats: dict[str, str]) -> str:
@@ -346,20 +371,39 @@ def _check_file(path: Path, fmt: str, text_column: str) -> str:
     return fmt
 
 
-def _read_file(path: Path, fmt: str, text_column: str) -> Iterator[str]:
-    """Rows of one source file: lines for wikitext/wikiextractor, documents otherwise."""
+def _read_file(path: Path, fmt: str, text_column: str, *, titles: bool = False) -> Iterator[str]:
+    """Rows of one source file: lines for wikitext/wikiextractor, documents otherwise (a whole
+    text file for document_per_file)."""
     if _is_table(path):
         rows = _iter_table(path, text_column)
-        if fmt == "documents":
+        if fmt in ("documents", PER_FILE):
             yield from rows
         else:
             for row in rows:
                 yield _line_row(row)
     elif fmt == "documents":
         yield from _blank_line_documents(_iter_lines(path))
+    elif fmt == PER_FILE:
+        paragraphs = list(_blank_line_documents(_iter_lines(path)))
+        if titles:
+            paragraphs.insert(0, file_title(path))
+        text = "\n\n".join(p for p in paragraphs if p.strip())
+        if text:
+            yield text
     else:
         for line in _iter_lines(path):
             yield _line_row(line)
+
+
+def file_title(path: Path) -> str:
+    """A document title from a file name: the name without its extension, ``_`` as spaces
+    (Wikipedia's convention), NFC, ending as a sentence (the clean stage's convention for titles),
+    e.g. ``অক্সিজেন.txt`` → ``অক্সিজেন.``."""
+    import unicodedata
+
+    stem = path.name[: -len(path.suffix)] if _looks_like_ext(path.suffix) else path.name
+    title = " ".join(unicodedata.normalize("NFC", stem.replace("_", " ")).split())
+    return title if not title or title.endswith(_SENTENCE_END) else title + "."
 
 
 def _line_row(line: str | None) -> str:

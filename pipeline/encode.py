@@ -10,8 +10,12 @@ greedy longest-match-first with ``##`` continuations, ``[UNK]`` for a word that 
 covered or is longer than ``max_input_chars_per_word``); the others through the tokenizer
 itself. Tests compare every path with ``Tokenizer.encode`` on the same text.
 
-A tokenizer that is not BERT's normalizer + pre-tokenizer (or that pads, truncates or has
-an added token containing a space) is used directly, one sentence at a time in a batch.
+The normaliser may also be the script-aware form of ``tokenizer.strip_accents: auto`` (a
+``Sequence`` of ``BertNormalizer``, ``NFD``, a ``Replace`` deleting characters of a class
+with no ASCII in it, ``NFC``): every step works character by character and leaves printable
+ASCII as ``BertNormalizer`` does. A tokenizer that is not BERT's normalizer + pre-tokenizer
+(or that pads, truncates or has an added token containing a space) is used directly, one
+sentence at a time in a batch.
 The chunk cache is per process and capped (``max_cache`` distinct chunks), so memory stays
 flat on any corpus; it changes speed only, never the ids.
 """
@@ -49,13 +53,14 @@ class SentenceEncoder:
         spec = json.loads(tok.to_str())
         norm, pre, model = spec.get("normalizer") or {}, spec.get("pre_tokenizer") or {}, spec.get("model") or {}
         added = [a["content"] for a in spec.get("added_tokens") or []]
-        self.chunked = (pre.get("type") == "BertPreTokenizer" and norm.get("type") in ("BertNormalizer", None)
+        bert_norm = bert_normalizer(norm)
+        self.chunked = (pre.get("type") == "BertPreTokenizer" and (bert_norm is not None or not norm)
                         and spec.get("truncation") is None and spec.get("padding") is None
                         and not any(" " in a or not a for a in added))
         # The Python WordPiece path: printable ASCII needs nothing from BertNormalizer but lowercasing.
-        self.python_wordpiece = self.chunked and model.get("type") == "WordPiece" and norm.get("type") == "BertNormalizer"
+        self.python_wordpiece = self.chunked and model.get("type") == "WordPiece" and bert_norm is not None
         if self.python_wordpiece:
-            self.lowercase = bool(norm.get("lowercase", True))
+            self.lowercase = bool(bert_norm.get("lowercase", True))
             self.vocab = tok.get_vocab(with_added_tokens=False)
             self.prefix = model.get("continuing_subword_prefix", "##")
             self.max_chars = int(model.get("max_input_chars_per_word", 100))
@@ -155,6 +160,38 @@ class SentenceEncoder:
                 start = end
             out.extend(sub)
         return out
+
+
+_ASCII_PRINTABLE = "".join(map(chr, range(0x20, 0x7F)))
+
+
+def bert_normalizer(norm: dict) -> dict | None:
+    """The ``BertNormalizer`` spec of a tokenizer.json normaliser that works character by character
+    and treats printable ASCII as that ``BertNormalizer`` alone does: the ``BertNormalizer``
+    itself, or a ``Sequence`` of one with ``NFD`` / ``NFC`` and ``Replace`` steps that delete
+    characters of a non-ASCII class (``tokenizer.strip_accents: auto``); None for anything else."""
+    if not norm:
+        return None
+    if norm.get("type") == "BertNormalizer":
+        return norm
+    if norm.get("type") != "Sequence":
+        return None
+    parts = norm.get("normalizers") or []
+    berts = [p for p in parts if p.get("type") == "BertNormalizer"]
+    if len(berts) != 1 or parts[0] is not berts[0]:
+        return None
+    for p in parts[1:]:
+        if p.get("type") in ("NFD", "NFC"):
+            continue
+        pattern = (p.get("pattern") or {}).get("Regex") if p.get("type") == "Replace" else None
+        if pattern is None or p.get("content") != "" or not re.fullmatch(r"\[[^\[\]]*\]", pattern):
+            return None
+        try:
+            if re.search(pattern, _ASCII_PRINTABLE) or re.search(pattern, " \t\n"):
+                return None
+        except re.error:
+            return None
+    return berts[0]
 
 
 def _gather_runs(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Sequence
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_serializer, field_validator
 
 from pipeline.config import Bool, Int, Section, Str
 from pipeline.errors import BertraceError
@@ -28,13 +28,35 @@ class EvaluateConfig(Section):
 
     SECTION: ClassVar[str] = "evaluate"
 
-    splits: list[Literal["train", "validation", "test"]] = Field(default_factory=lambda: ["validation", "test"],
-                                                                min_length=1)  # task roles to score
+    # task roles to score; auto: validation, and test when finetune.task.splits.test names a split
+    splits: Annotated[list[Literal["train", "validation", "test"]], Field(min_length=1)] = "auto"
     batch_size: Annotated[Int, Field(ge=1)] = 128
     device: Str = "auto"
     log_model: Bool = True  # the classifier as an MLflow pyfunc model
     registered_model_name: Str | None = None  # also register it in the MLflow Model Registry
     run_name: Str = "this run"  # this run's row in reports/scorecard.md
+
+    @field_validator("splits", mode="wrap")
+    @classmethod
+    def _auto(cls, value, handler):
+        if value == "auto":
+            return value
+        if isinstance(value, str):
+            raise ValueError("must be auto or a list of task roles, e.g. [validation, test]")
+        return handler(value)
+
+    @field_serializer("splits")
+    def _splits(self, value):
+        return value if value == "auto" else list(value)
+
+    @field_validator("registered_model_name")
+    @classmethod
+    def _model_name(cls, value):
+        if value is not None and (not value.strip() or any(c in value for c in "/:") or value.startswith(".")
+                                  or value != value.strip()):
+            raise ValueError("an MLflow model name cannot be empty, contain '/' or ':', start with '.' or "
+                             "space, or end with a space; choose another name")
+        return value
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,7 +3,10 @@
 * :func:`export_hf` writes a Hugging Face directory that ``transformers`` loads with
   ``BertForSequenceClassification.from_pretrained(DIR)`` (a fine-tuned ``model.pt``) or
   ``BertForPreTraining.from_pretrained(DIR)`` (a pre-training ``best.pt`` / ``last.pt``), and
-  ``BertTokenizerFast.from_pretrained(DIR)``. Weights are saved by transformers' own
+  ``AutoTokenizer.from_pretrained(DIR)`` (``BertTokenizerFast`` for a plain ``BertNormalizer``; the
+  script-aware normaliser of ``tokenizer.strip_accents: auto`` is kept exactly by writing
+  ``tokenizer_class: PreTrainedTokenizerFast``, since transformers' ``BertTokenizer`` rebuilds
+  its normaliser from ``do_lower_case`` / ``strip_accents``). Weights are saved by transformers' own
   ``save_pretrained`` (``model.safetensors``), so the files match the installed version. Before
   the directory is moved into place it is loaded back and checked: the tokenizer must encode
   probe texts to our ids and the logits must equal ours.
@@ -30,6 +33,10 @@ from pipeline.errors import BertraceError
 from pipeline.inference import (Classifier, check_tokenizer, is_finetuned, load_weights, read_checkpoint)
 from pipeline.io import sha256_file, write_json
 from pipeline.pyfunc import PROBE_TEXTS
+
+# Texts whose combining marks a normaliser may keep or strip: the export's tokenizer must agree on them.
+SCRIPT_PROBES = ["অক্সিজেন একটি মৌল।", "हिन्दी भाषा", "Αθήνα, Ελλάδα", "Tiếng Việt có dấu", "中文测试",
+                 "がギ 한국어", "مُحَمَّد", "ที่นี่"]
 
 SPECIAL_TOKENS_MAP = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                       "mask_token": "[MASK]"}
@@ -115,16 +122,26 @@ def load_for_export(model_pt: str | Path, tokenizer_path: str | Path | None = No
 
 
 def normalizer_settings(tokenizer_json: str | Path) -> dict[str, bool]:
-    """``do_lower_case`` / ``strip_accents`` / ``tokenize_chinese_chars`` of a BERT tokenizer.json."""
+    """``do_lower_case`` / ``strip_accents`` / ``tokenize_chinese_chars`` of a BERT tokenizer.json
+    (for the script-aware normaliser: those of its ``BertNormalizer`` step, which strips nothing)."""
+    from pipeline.encode import bert_normalizer
+
     data = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
-    norm = data.get("normalizer") or {}
-    if norm.get("type") != "BertNormalizer":
-        raise BertraceError(f"{tokenizer_json}: normalizer is {norm.get('type')!r}, not BertNormalizer; only BERT "
-                            "tokenizers (the tokenizer stage's) can be exported for BertTokenizerFast")
+    norm = bert_normalizer(data.get("normalizer") or {})
+    if norm is None:
+        raise BertraceError(f"{tokenizer_json}: normalizer is {(data.get('normalizer') or {}).get('type')!r}, not "
+                            "BERT's; only BERT tokenizers (the tokenizer stage's) can be exported")
     lower = bool(norm.get("lowercase", True))
     strip = norm.get("strip_accents")
     return {"do_lower_case": lower, "strip_accents": lower if strip is None else bool(strip),
             "tokenize_chinese_chars": bool(norm.get("handle_chinese_chars", True))}
+
+
+def bert_class_is_exact(tokenizer_json: str | Path) -> bool:
+    """Whether transformers' ``BertTokenizer`` (which builds a ``BertNormalizer`` from its config)
+    normalises as ``tokenizer_json`` does: only for a plain ``BertNormalizer``."""
+    data = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
+    return (data.get("normalizer") or {}).get("type") == "BertNormalizer"
 
 
 def write_tokenizer_files(tokenizer, tokenizer_json: Path, out_dir: Path, model_max_length: int) -> None:
@@ -140,7 +157,8 @@ def write_tokenizer_files(tokenizer, tokenizer_json: Path, out_dir: Path, model_
     (out_dir / "vocab.txt").write_text("".join(t + "\n" for t, _ in by_id), encoding="utf-8")
     shutil.copyfile(tokenizer_json, out_dir / "tokenizer.json")
     config = {
-        "tokenizer_class": "BertTokenizer",
+        # the generic class loads tokenizer.json as it is; BertTokenizer would rebuild the normaliser
+        "tokenizer_class": "BertTokenizer" if bert_class_is_exact(tokenizer_json) else "PreTrainedTokenizerFast",
         **normalizer_settings(tokenizer_json),
         "model_max_length": int(model_max_length),
         "padding_side": "right",
@@ -148,6 +166,8 @@ def write_tokenizer_files(tokenizer, tokenizer_json: Path, out_dir: Path, model_
         "clean_up_tokenization_spaces": False,
         **SPECIAL_TOKENS_MAP,
     }
+    if config["tokenizer_class"] != "BertTokenizer":  # the generic class returns no segment ids unless told
+        config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
     write_json(out_dir / "tokenizer_config.json", config)
     write_json(out_dir / "special_tokens_map.json", SPECIAL_TOKENS_MAP)
 
@@ -276,12 +296,14 @@ def _export_hf(tf, model_pt, out_dir, tokenizer_path, verify) -> dict[str, Any]:
 def _verify(loaded: dict[str, Any], tf, hf_cls, directory: Path) -> dict[str, Any]:
     """Load ``directory`` back with transformers; compare tokenization and logits with ours."""
     ids, types, a, b = _probe_batch(loaded)
-    hf_tok = tf.BertTokenizerFast.from_pretrained(str(directory))
+    hf_tok = tf.AutoTokenizer.from_pretrained(str(directory))
     enc = hf_tok(a, b) if b is not None else hf_tok(a)
     ours = loaded["tokenizer"].encode_batch(list(zip(a, b)) if b is not None else a)  # untruncated, with [CLS]/[SEP]
+    scripts = hf_tok(SCRIPT_PROBES)["input_ids"]  # the normaliser on marks, tones, CJK, Hangul
     if ([list(x) for x in enc["input_ids"]] != [e.ids for e in ours]
-            or [list(x) for x in enc["token_type_ids"]] != [e.type_ids for e in ours]):
-        raise BertraceError(f"export to {directory}: transformers' BertTokenizerFast encodes the probe texts "
+            or [list(x) for x in enc["token_type_ids"]] != [e.type_ids for e in ours]
+            or [list(x) for x in scripts] != [e.ids for e in loaded["tokenizer"].encode_batch(SCRIPT_PROBES)]):
+        raise BertraceError(f"export to {directory}: transformers' {type(hf_tok).__name__} encodes the probe texts "
                             f"differently from {loaded['tokenizer_path']}; the export is not faithful "
                             f"(transformers {tf.__version__})")
     hf_model = hf_cls.from_pretrained(str(directory))

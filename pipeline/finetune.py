@@ -38,7 +38,7 @@ from pipeline.errors import BertraceError
 from pipeline.io import atomic_path, sha256_file
 from pipeline.model import BertConfig, BertForSequenceClassification, param_groups
 from pipeline.task_data import DEFAULT_TASK, TaskData, TaskSplit, collate, task_params
-from pipeline.device import resolve_device
+from pipeline.device import amp_dtype, resolve_device
 
 MODES = ("full", "frozen", "scratch")
 FORMAT = "bertrace-finetune-checkpoint"
@@ -219,21 +219,28 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, split: TaskSplit, batch_size: int = 128,
              device: torch.device | str = "cpu") -> dict[str, float]:
-    """``{"accuracy", "loss", "n"}`` on a labelled split (batches of length-sorted examples)."""
+    """``{"accuracy", "loss", "n"}`` on a labelled split (batches of length-sorted examples).
+    On a GPU under autocast (:func:`pipeline.device.amp_dtype`); sums stay on the device until
+    the end (one sync per evaluation, not two per batch)."""
     if split.labels is None:
         raise BertraceError(f"{split.source}: the {split.role} split has no labels; accuracy needs a labelled split")
     was_training = model.training
     model.eval()
+    device = torch.device(device)
+    amp = amp_dtype(device)
     order = sorted(range(len(split)), key=lambda i: len(split.input_ids[i]))
-    correct, loss_sum = 0, 0.0
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for s in range(0, len(order), batch_size):
-        batch = {k: v.to(device) for k, v in collate([split[i] for i in order[s:s + batch_size]]).items()}
-        logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
-        loss_sum += F.cross_entropy(logits, batch["labels"], reduction="sum").item()
-        correct += (logits.argmax(-1) == batch["labels"]).sum().item()
+        batch = {k: v.to(device, non_blocking=True)
+                 for k, v in collate([split[i] for i in order[s:s + batch_size]]).items()}
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
+        loss_sum += F.cross_entropy(logits, batch["labels"], reduction="sum").double()
+        correct += (logits.argmax(-1) == batch["labels"]).sum()
     model.train(was_training)
     n = len(order)
-    return {"accuracy": correct / n, "loss": loss_sum / n, "n": n}
+    return {"accuracy": correct.item() / n, "loss": loss_sum.item() / n, "n": n}
 
 
 @dataclass
@@ -274,6 +281,13 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
                             "roles=('train', 'validation')")
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     device = resolve_device(cfg.device, param="finetune.device")
+    # On a GPU: autocast (bf16; fp16 + GradScaler where bf16 is only emulated), TF32 matmuls and
+    # pinned batches; on the CPU all three are off and results are those of plain fp32.
+    amp = amp_dtype(device)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
+    pin = device.type == "cuda"
+    if pin:
+        torch.set_float32_matmul_precision("high")
     model = build_model(ckpt, data.num_labels, cfg.mode, dropout=cfg.dropout, encoder_dropout=cfg.encoder_dropout,
                         seed=seed, source=source).to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -282,10 +296,10 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
     generator = torch.Generator().manual_seed(seed)
     if cfg.group_by_length:
         sampler = LengthGroupedBatches([len(x) for x in train.input_ids], cfg.batch_size, generator)
-        loader = torch.utils.data.DataLoader(train, batch_sampler=sampler, collate_fn=collate)
+        loader = torch.utils.data.DataLoader(train, batch_sampler=sampler, collate_fn=collate, pin_memory=pin)
     else:
         loader = torch.utils.data.DataLoader(train, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate,
-                                             generator=generator)
+                                             generator=generator, pin_memory=pin)
     steps_per_epoch = len(loader)
     planned = cfg.epochs * steps_per_epoch
     warmup = int(round(cfg.warmup * planned))
@@ -298,32 +312,38 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
     history: list[dict[str, float]] = []
     best = {"accuracy": -1.0, "loss": math.inf, "step": 0, "epoch": 0.0}
     best_state = snapshot()
-    bad_checks, step, stopped, epoch_losses = 0, 0, False, []
+    bad_checks, step, stopped = 0, 0, False
+    # the epoch's loss sum stays on the device (float64, the same sums as Python floats would give)
+    epoch_loss, epoch_steps = torch.zeros((), dtype=torch.float64, device=device), 0
     bar = tqdm(total=planned, desc=f"finetune seed {seed}", unit="step", disable=not progress, mininterval=1.0)
     _set_train_mode(model, cfg.mode)
     for epoch in range(cfg.epochs):
-        epoch_losses = []
+        epoch_loss, epoch_steps = torch.zeros((), dtype=torch.float64, device=device), 0
         for batch in loader:
-            batch = {k: v.to(device) for k, v in batch.items()}
-            logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-            loss = F.cross_entropy(logits.float(), batch["labels"])
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+                loss = F.cross_entropy(logits.float(), batch["labels"])
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            scaler.scale(loss).backward()
             if cfg.clip_grad_norm:
+                scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(trainable, cfg.clip_grad_norm)
-            optimizer.step()
+            scaler.step(optimizer)
+            scaler.update()
             scheduler.step()
             step += 1
-            epoch_losses.append(loss.item())
+            epoch_loss += loss.detach().double()
+            epoch_steps += 1
             bar.update(1)
             if log and step % max(1, cfg.log_every_steps) == 0:
-                log({"train_loss": epoch_losses[-1], "lr": scheduler.get_last_lr()[0]}, step)
+                log({"train_loss": loss.item(), "lr": scheduler.get_last_lr()[0]}, step)
             if step % eval_every == 0 or step == planned:
                 ev = evaluate(model, valid, cfg.eval_batch_size, device)
                 _set_train_mode(model, cfg.mode)
                 point = {"step": step, "epoch": round(step / steps_per_epoch, 4),
                          "validation_accuracy": ev["accuracy"], "validation_loss": ev["loss"],
-                         "train_loss": sum(epoch_losses) / len(epoch_losses)}
+                         "train_loss": epoch_loss.item() / epoch_steps}
                 history.append(point)
                 bar.set_postfix(val_acc=f"{ev['accuracy']:.4f}")
                 if log:
@@ -343,7 +363,7 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
     result = SeedResult(
         seed=seed, validation_accuracy=best["accuracy"], validation_loss=best["loss"], best_step=best["step"],
         best_epoch=best["epoch"], steps=step, planned_steps=planned, epochs_run=round(step / steps_per_epoch, 4),
-        stopped_early=stopped, train_loss=sum(epoch_losses) / max(1, len(epoch_losses)), history=history,
+        stopped_early=stopped, train_loss=epoch_loss.item() / max(1, epoch_steps), history=history,
         cpu_seconds=time.process_time() - t_cpu, wall_seconds=time.perf_counter() - t_wall, state_dict=best_state,
     )
     if log:

@@ -1,20 +1,51 @@
 """Small file utilities: atomic writes and content hashes.
 
 Every output of bertrace is written to a temporary file in the destination's directory
-and renamed into place, so a crash or kill never leaves a half-written file behind.
+and renamed into place, so a crash or kill never leaves a half-written file behind. A full
+disk while writing one is a :class:`DiskFull` error naming the file and the space free (the
+previous file is left as it was).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from pipeline.errors import BertraceError
+
 _CHUNK = 1 << 20
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(BertraceError):
+    """No space left (or quota exceeded) while writing ``path``; ``error`` is the OSError."""
+
+    def __init__(self, path: Path, error: OSError, existed: bool):
+        self.path, self.error = Path(path), error
+        free = free_bytes(self.path)
+        where = "unknown" if free is None else f"{free / 2**20:,.1f} MiB"
+        kept = f"the previous {self.path.name} is unchanged" if existed else "nothing was written"
+        super().__init__(f"{self.path}: no space left on the device while writing it ({where} free in "
+                         f"{self.path.parent}; {error.strerror or error}); {kept}. Free some space (or point the "
+                         "output at a larger disk) and rerun the stage")
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Free bytes on the filesystem of ``path`` (or of its nearest existing parent)."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return None
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -49,11 +80,17 @@ def _umask() -> int:
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success fsync and rename it into place.
 
-    On any exception the temporary file is removed and ``path`` is left untouched.
+    On any exception the temporary file is removed and ``path`` is left untouched; a full disk
+    (``ENOSPC`` / ``EDQUOT``) becomes :class:`DiskFull`.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        if e.errno in _FULL:
+            raise DiskFull(path, e, path.exists()) from None
+        raise
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -62,9 +99,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual mode
         os.replace(tmp_path, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
+        if isinstance(e, OSError) and e.errno in _FULL:
+            raise DiskFull(path, e, path.exists()) from None
         raise
 
 
@@ -85,8 +124,6 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    from pipeline.errors import BertraceError
-
     path = Path(path)
     if not path.exists():
         raise BertraceError(f"{path}: file not found")

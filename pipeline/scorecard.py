@@ -106,6 +106,18 @@ def run_row(name: str, *, records: dict[str, dict[str, Any]], finetune_metrics: 
     }
 
 
+def task_name(source: dict[str, Any] | None) -> str | None:
+    """The task a fine-tuned checkpoint was trained on, as rows and goals name it: ``dataset/config``
+    for a hub task (``nyu-mll/glue/sst2``, also through a mirror), ``local: <train file>`` for local
+    files; None when unknown."""
+    source = source or {}
+    if source.get("type") == "local":
+        files = source.get("files") or {}
+        first = files.get("train") or next(iter(files.values()), None)
+        return f"local: {first}" if first else "local"
+    return "/".join(str(x) for x in (source.get("dataset"), source.get("config")) if x) or None
+
+
 def read_profiles(directory: str | Path) -> list[dict[str, Any]]:
     """Rows recorded in ``directory/*.json``, sorted by name; a clear error for a broken file."""
     rows = []
@@ -150,6 +162,8 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
         if str(r.get("pretrain_budget") or "").startswith("time_minutes"):
             pre += " (wall-clock budget: not reproducible)"
         dev = f"**{r['dev_mean']:.2f}** ± {r['dev_std']:.2f} ({r['seeds']} seed{'s' if r['seeds'] != 1 else ''})"
+        if r.get("task") != task and task != "the task":
+            dev += f" on {r.get('task') or 'another task'}"  # a recorded row of another task
         commit = _fmt(r.get("git_commit")) + (" (dirty)" if r.get("git_dirty") else "")
         dag = _fmt(r.get("dag_minutes"), ".1f") + (" min" if r.get("dag_minutes") is not None else "")
         lines.append(f"| {r['name']} | {_fmt(r.get('corpus'))} | {_fmt(r.get('model'))} | {pre} | {dev} | "
@@ -159,7 +173,8 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
     if notes:
         lines += [""] + notes
     if goal:
-        met = [r["name"] for r in rows if r["dev_mean"] >= goal["dev_mean"] and r.get("seeds", 0) >= 3
+        same_task = [r for r in rows if not goal.get("task") or r.get("task") == goal["task"]]
+        met = [r["name"] for r in same_task if r["dev_mean"] >= goal["dev_mean"] and r.get("seeds", 0) >= 3
                and (r.get("dag_minutes") or 1e9) <= goal["dag_minutes"]]
         lines += ["", f"Goal met by: {', '.join(met) if met else 'none of these rows'}."]
     anchors = list(anchors)
@@ -205,14 +220,25 @@ def write_scorecard(row: dict[str, Any] | None, *, references: dict[str, Any], t
                     profiles_dir: str | Path = PROFILES_DIR, md_path: str | Path = SCORECARD_MD) -> list[dict[str, Any]]:
     """Write ``md_path`` from ``row`` (the run in ``data/``, or None), the rows recorded in
     ``profiles_dir`` (a recorded row named like ``row`` is that run's older copy and is left out) and
-    ``references`` (:func:`read_references`; the goal is shown only for runs of its own task).
-    Returns the rows shown."""
+    ``references`` (:func:`read_references`; the goal, the anchors and the published numbers are
+    shown only when ``task`` is theirs: the goal's ``task``, or references.yaml's top-level ``task``,
+    and "Goal met by" counts only rows of that task). Returns the rows shown."""
     profiles = [r for r in read_profiles(profiles_dir) if row is None or r["name"] != row["name"]]
     rows = [r for r in (row, *profiles) if r]
     goal = references.get("goal")
     if goal and goal.get("task") and goal["task"] != task:
         goal = None  # another task's goal says nothing about this one
+    # anchors and published numbers were measured on one task: references.yaml's `task`, else the goal's
+    ref_task = references.get("task") or (references.get("goal") or {}).get("task")
+    anchors, baselines = references.get("anchors") or [], references.get("baselines") or {}
+    note = None
+    if ref_task and ref_task != task and (anchors or baselines):
+        anchors, baselines = [], {}
+        note = (f"The anchors and published numbers of {REFERENCES} are for {ref_task}, not for this run's task "
+                f"({task or 'unknown'}): not shown.")
+    text = render_scorecard(rows, anchors=anchors, baselines=baselines, goal=goal, task=task)
+    if note:
+        text += "\n" + note + "\n"
     with atomic_open(md_path) as f:
-        f.write(render_scorecard(rows, anchors=references.get("anchors") or [],
-                                 baselines=references.get("baselines") or {}, goal=goal, task=task))
+        f.write(text)
     return rows

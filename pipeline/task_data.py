@@ -16,6 +16,11 @@ holds ints (indices into ``label_names``) or strings (mapped through ``label_nam
 ``splits`` says which split plays train / validation / test; a ``null`` validation split is
 carved out of train (``validation_fraction``).
 
+``.csv`` / ``.tsv`` files: ``delimiter`` (``auto``: tab for ``.tsv``; for ``.csv`` sniffed among
+``, ; tab |`` from the file's head) and ``quoting`` (``auto``: none for ``.tsv``, as GLUE writes
+them, standard double quotes for ``.csv``; or ``minimal`` / ``none``); the choice made for each
+file is recorded in the task's ``source.tables`` (checkpoint and provenance).
+
 Sequences are ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` (run_classifier.py
 ``convert_single_example``), cut to ``max_len`` by ``head`` (keep the start) or ``head_tail``
 (keep the start and the end: Sun et al. 2019, "How to Fine-Tune BERT for Text
@@ -53,7 +58,11 @@ DEFAULT_TASK: dict[str, Any] = {
     "validation_fraction": 0.1,
     "max_examples": {"train": None, "validation": None, "test": None},
     "sample_seed": 0,
+    "delimiter": "auto",
+    "quoting": "auto",
 }
+QUOTINGS = {"minimal": csv.QUOTE_MINIMAL, "none": csv.QUOTE_NONE}
+SNIFF_DELIMITERS = ",;\t|"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,6 +207,10 @@ class _Rows:
 def task_params(params: dict | None) -> dict[str, Any]:
     """``finetune.task`` with defaults filled in (nested ``hub``/``splits`` merged)."""
     params = dict(params or {})
+    unknown = sorted(str(k) for k in params if k not in DEFAULT_TASK)
+    if unknown:
+        raise BertraceError(f"params.yaml: finetune.task.{unknown[0]}: unknown key; valid keys: "
+                            f"{', '.join(sorted(DEFAULT_TASK))} (a typo? fix it in params.yaml)")
     out = {**DEFAULT_TASK, **params}
     out["hub"] = {**DEFAULT_TASK["hub"], **(params.get("hub") or {})}
     out["splits"] = {**DEFAULT_TASK["splits"], **(params.get("splits") or {})}
@@ -213,12 +226,43 @@ def task_params(params: dict | None) -> dict[str, Any]:
     out["text_columns"] = [str(c) for c in text_columns]
     if out["source"] not in ("hub", "local"):
         raise BertraceError(f"params.yaml: finetune.task.source is {out['source']!r}; use 'hub' or 'local'")
+    delimiter = out["delimiter"]
+    if not (delimiter == "auto" or (isinstance(delimiter, str) and len(delimiter) == 1 and delimiter not in "\"\r\n")):
+        raise BertraceError(f"params.yaml: finetune.task.delimiter = {delimiter!r}: use auto or one character, e.g. "
+                            "';' or \"\\t\" (double quotes in YAML for a tab)")
+    if out["quoting"] not in ("auto", *QUOTINGS):
+        raise BertraceError(f"params.yaml: finetune.task.quoting = {out['quoting']!r}: use auto, minimal (standard "
+                            "double quotes) or none")
     return out
 
 
-def read_table(path: Path) -> dict[str, list]:
+def csv_dialect(path: Path, delimiter: str = "auto", quoting: str = "auto") -> dict[str, Any]:
+    """``{delimiter, quoting, sniffed}`` for a ``.csv`` / ``.tsv`` file (see the module docstring)."""
+    suffix = Path(path).suffix.lower()
+    sniffed = False
+    if delimiter == "auto":
+        delimiter = "\t" if suffix == ".tsv" else ","
+        if suffix != ".tsv":
+            with open(path, "rb") as f:
+                head = f.read(64 << 10).decode("utf-8", errors="ignore")
+            lines = head.splitlines()[:50]
+            if len(lines) > 1 and not head.endswith("\n"):
+                lines = lines[:-1]  # a line cut by the window would mislead the sniffer
+            try:
+                delimiter = csv.Sniffer().sniff("\n".join(lines), delimiters=SNIFF_DELIMITERS).delimiter
+                sniffed = True
+            except csv.Error:
+                pass  # one column, or too irregular: the default
+    if quoting == "auto":
+        quoting = "none" if suffix == ".tsv" else "minimal"
+    return {"delimiter": delimiter, "quoting": quoting, "sniffed": sniffed}
+
+
+def read_table(path: Path, *, delimiter: str = "auto", quoting: str = "auto",
+               dialect: dict[str, Any] | None = None) -> dict[str, list]:
     """Columns of a ``.tsv`` / ``.csv`` / ``.parquet`` / ``.jsonl`` file (first line = header
-    for tsv/csv; CRLF line endings are fine)."""
+    for tsv/csv; CRLF line endings are fine). ``dialect`` (if given) receives what
+    :func:`csv_dialect` chose for a csv/tsv file."""
     path = Path(path)
     if not path.is_file():
         raise BertraceError(f"{path}: file not found; fix the path in params.yaml (finetune.task) or the mirror")
@@ -228,8 +272,11 @@ def read_table(path: Path) -> dict[str, list]:
     try:
         if suffix in (".tsv", ".csv"):
             # TSV as GLUE writes it: no quoting (sentences contain '"'); CSV: standard quoting.
-            df = pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", dtype=str, keep_default_na=False,
-                             encoding="utf-8", quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL)
+            chosen = csv_dialect(path, delimiter, quoting)
+            if dialect is not None:
+                dialect.update(chosen)
+            df = pd.read_csv(path, sep=chosen["delimiter"], dtype=str, keep_default_na=False, encoding="utf-8",
+                             quoting=QUOTINGS[chosen["quoting"]])
             df.columns = [str(c).strip() for c in df.columns]
             return {c: [v.rstrip("\r") if isinstance(v, str) else v for v in df[c].tolist()] for c in df.columns}
         if suffix == ".parquet":
@@ -244,8 +291,13 @@ def read_table(path: Path) -> dict[str, list]:
     except UnicodeDecodeError as e:
         raise BertraceError(f"{path}: not valid UTF-8 ({e.reason}); convert it to UTF-8") from None
     except Exception as e:  # noqa: BLE001 - pandas/pyarrow parse errors of many types
-        raise BertraceError(f"{path}: cannot be read as {suffix[1:]} ({type(e).__name__}: {str(e)[:200]}); "
-                            "fix or replace the file") from None
+        how = ""
+        if suffix in (".tsv", ".csv"):
+            chosen = csv_dialect(path, delimiter, quoting)
+            how = (f" with delimiter {chosen['delimiter']!r}{' (sniffed)' if chosen['sniffed'] else ''} and quoting "
+                   f"{chosen['quoting']}; set finetune.task.delimiter / finetune.task.quoting, or")
+        raise BertraceError(f"{path}: cannot be read as {suffix[1:]}{how} ({type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:200]}); fix or replace the file") from None
     raise BertraceError(f"{path}: unsupported file type {suffix or '(none)'}; use one of {list(FILE_SUFFIXES)}")
 
 
@@ -254,8 +306,12 @@ def _rename(columns: dict[str, list], renames: dict[str, str]) -> dict[str, list
 
 
 def _file_rows(path: Path, renames: dict[str, str], global_renames: dict[str, str], hint: str,
-               files: dict[str, str]) -> _Rows:
-    columns = read_table(path)
+               files: dict[str, str], p: dict[str, Any] | None = None, tables: dict[str, Any] | None = None) -> _Rows:
+    p = p or DEFAULT_TASK
+    dialect: dict[str, Any] = {}
+    columns = read_table(path, delimiter=p["delimiter"], quoting=p["quoting"], dialect=dialect)
+    if dialect and tables is not None:
+        tables[path.as_posix()] = dialect
     files[path.as_posix()] = sha256_file(path)
     original = list(columns)
     columns = _rename(_rename(columns, renames), global_renames)
@@ -343,6 +399,7 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
     label_names = [str(n) for n in (p["label_names"] or [])]
     global_renames = {str(k): str(v) for k, v in p["columns"].items()}
     files: dict[str, str] = {}
+    tables: dict[str, Any] = {}  # csv/tsv file -> the delimiter and quoting it was read with
     roles = list(roles)
     bad_roles = [r for r in roles if r not in ROLES]
     if bad_roles:
@@ -357,7 +414,9 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
             split_of["train"] = p["splits"].get("train")
     for role, split in split_of.items():
         if not split:
-            raise BertraceError(f"params.yaml: finetune.task.splits.{role} is empty; name the split that serves as {role}")
+            raise BertraceError(f"params.yaml: finetune.task.splits.{role} is empty; name the split that serves as {role}"
+                                + (" (or let the evaluate stage score only the task's roles: evaluate.splits: auto)"
+                                   if role == "test" else ""))
     wanted = sorted({str(s) for s in split_of.values()})
 
     rows_by_split: dict[str, _Rows] = {}
@@ -368,7 +427,8 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
                                     f"{sorted(p['local'])}); add '{split}: path/to/file' or fix finetune.task.splits")
             rel, renames = entry(p["local"][split], f"params.yaml: finetune.task.local.{split}")
             hint = f"finetune.task.local.{split}: {{path: ..., columns: {{old: new}}}}"
-            rows_by_split[split] = _file_rows(Path(os.path.expanduser(rel)), renames, global_renames, hint, files)
+            rows_by_split[split] = _file_rows(Path(os.path.expanduser(rel)), renames, global_renames, hint, files,
+                                              p, tables)
         source = {"type": "local", "files": {s: Path(entry(p["local"][s], "")[0]).as_posix() for s in wanted}}
     else:
         hub = p["hub"]
@@ -380,7 +440,7 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
         if mirror:
             for split, (path, renames) in resolve_mirror_entries(mirror, dataset, config, wanted).items():
                 hint = "a 'columns: {old: new}' map in the mirror entry or finetune.task.columns"
-                rows_by_split[split] = _file_rows(path, renames, global_renames, hint, files)
+                rows_by_split[split] = _file_rows(path, renames, global_renames, hint, files, p, tables)
         else:
             pinned = resolve_revision(dataset, config, revision, key="finetune.task.hub")
             source["resolved_revision"] = pinned
@@ -388,6 +448,8 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
                 rows_by_split[split] = _hub_rows(dataset, config, pinned or revision, split, global_renames,
                                                  label_column, files)
 
+    if tables:
+        source["tables"] = tables
     if not label_names:
         names = next((r.class_names for r in rows_by_split.values() if r.class_names), None)
         if not names:
@@ -432,6 +494,16 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
     return TaskData(splits, label_names, text_columns, label_column, max_len, truncation, files, source)
 
 
+def evaluate_roles(params: dict | None, splits: Any) -> list[str]:
+    """The roles the evaluate stage scores: ``splits`` when it is a list, else (``auto``) validation
+    (carved from train when ``finetune.task.splits.validation`` is null, as fine-tuning did) and
+    test when ``finetune.task.splits.test`` names a split."""
+    if splits != "auto":
+        return list(splits)
+    p = task_params(params)
+    return ["validation"] + (["test"] if p["splits"].get("test") else [])
+
+
 def _text(v: Any) -> str:
     if v is None or (isinstance(v, float) and np.isnan(v)):
         return ""
@@ -439,4 +511,4 @@ def _text(v: Any) -> str:
 
 
 __all__ = ["TaskSplit", "TaskData", "load_task_data", "task_params", "collate", "encode_examples", "cut",
-           "head_tail_split", "pair_budget", "read_table", "DEFAULT_TASK"]
+           "head_tail_split", "pair_budget", "read_table", "csv_dialect", "evaluate_roles", "DEFAULT_TASK"]

@@ -53,6 +53,7 @@ class ValidateConfig(Section):
     nsp_tolerance: Annotated[Float, Field(ge=0, le=0.5)] = 0.08  # NSP label mean in 0.5 ± this
     mask_rate_tolerance: Annotated[Float, Field(ge=0, le=1)] = 0.03  # static masking: masked share ± this
     corpus_max_chars: Annotated[Int, Field(ge=1)] | None = None  # optional upper bound on article length
+    max_chars_altered: Annotated[Float, Field(ge=0, le=1)] = 0.05  # share of letters the tokenizer's normaliser may alter
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,6 +267,46 @@ def _to_check(r, target: str, sample: Callable[[int, Any], dict] | None = None) 
     }
     return CheckResult(target, name, bool(r.success), _jsonable(observed), int(res.get("unexpected_count") or 0),
                        _jsonable(sample_rows), why)
+
+
+# ---------------------------------------------------------------------------------------------
+# The tokenizer's normaliser on the corpus
+
+NORMALIZER_CHECK = "normalizer_keeps_letters"
+
+
+def validate_normalizer(tokenizer_json: Path, corpus: Path, *, max_chars_altered: float) -> CheckResult:
+    """The share of the corpus's letters (and marks, digits) that the tokenizer's normaliser
+    removes or changes, case folding aside, must stay at most ``max_chars_altered``: uncased
+    BERT's accent stripping deletes letters in scripts whose combining marks are letters
+    (Bengali ``অক্সিজেন`` → ``অকসিজেন``) while UNK rate and tokens per word look excellent."""
+    from pipeline.tokenizer import describe_alterations, normalizer_report, normalizer_settings, words_altered
+
+    tokenizer_json, corpus = Path(tokenizer_json), Path(corpus)
+    for path in (tokenizer_json, corpus):
+        if not path.is_file():
+            return _fail(tokenizer_json, NORMALIZER_CHECK, f"{path}: not found; run the tokenizer stage first")
+    try:
+        report = normalizer_report(tokenizer_json, corpus)
+        setting = normalizer_settings(tokenizer_json)
+    except BertraceError as e:
+        return _fail(tokenizer_json, NORMALIZER_CHECK, str(e))
+    observed = {k: report[k] for k in ("chars_altered", "chars_removed", "chars_changed", "letters")}
+    observed.update(setting)
+    ok = report["chars_altered"] <= max_chars_altered
+    if ok:
+        return CheckResult(str(tokenizer_json), NORMALIZER_CHECK, True, observed, 0, report["top"],
+                           f"the normaliser alters at most validate.max_chars_altered {max_chars_altered} of the "
+                           f"letters of {corpus}")
+    report.update(words_altered(tokenizer_json, corpus, report["altered_chars"]))
+    fix = ("set tokenizer.strip_accents: auto (strips only Latin, Greek and Cyrillic accents) or false, or "
+           "tokenizer.lowercase: false (cased)" if setting["strip_accents"] is True else
+           "set tokenizer.strip_accents: false (keeps every accent) or tokenizer.lowercase: false (cased)")
+    message = (f"{tokenizer_json}: {describe_alterations(report, corpus)}, above validate.max_chars_altered "
+               f"{max_chars_altered} (tokenizer.lowercase: {str(setting['lowercase']).lower()}, "
+               f"strip_accents: {str(setting['strip_accents']).lower()}); {fix}, then dvc repro; or raise "
+               "validate.max_chars_altered to accept it")
+    return CheckResult(str(tokenizer_json), NORMALIZER_CHECK, False, observed, 0, report["top"], message)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -902,6 +943,13 @@ def _check_split(target: str, info: dict, parts: list, spec: _ShardSpec, split_s
             if len(frame) < NSP_MIN_ROWS:
                 check.success = True
                 check.message = f"skipped: only {len(frame)} rows (< {NSP_MIN_ROWS}); NSP mean reported, not judged"
+            elif not check.success and isinstance(check.observed, (int, float)) and check.observed > 0.5:
+                check.message += (
+                    f". A mean above 0.5 + {nsp_tolerance} usually means short documents: a chunk of one segment "
+                    "always gets a random B (label 1), so a corpus of one- or two-sentence documents (e.g. the "
+                    "paragraphs of one-article-per-file sources read as documents: set download.local.format: "
+                    "document_per_file) leans to 1. Lengthen the documents (clean.min_chars) or raise "
+                    "validate.nsp_tolerance for a corpus of short articles")
         elif col == "masked_count":
             rate = float(masked.sum(dtype=np.int64)) / max(tokens, 1)
             check.observed = {"masked": int(masked.sum(dtype=np.int64)), "tokens": tokens, "rate": round(rate, 5),

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import datetime as _dt
+import errno
+import json
 import os
 import resource
+import shutil
+import signal
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -23,6 +28,7 @@ PROVENANCE_DIR = Path("data/provenance")
 METRICS_DIR = Path("metrics")
 PROVENANCE_ARTIFACT_DIR = "provenance"  # MLflow artifact folder of the provenance record
 CHILD_TAGS = ("bertrace.git_", "bertrace.params_hash", "bertrace.pipeline_run_id", prov.CHAIN_TAG_PREFIX)
+MAX_FILE_TAGS = 16  # per-file bertrace.input.* / bertrace.output.* tags per run; all files: the files.json artifact
 
 
 def load_params(section: str, params_file: str | os.PathLike = PARAMS_FILE) -> dict[str, Any]:
@@ -60,7 +66,14 @@ class StageRun:
     for the provenance record (and the upstream stages' ``dvc.lock`` entries as they are when
     the stage starts); keeps the ``bertrace.chain.*`` tags (tokenizer, examples, checkpoint
     hashes, see :func:`pipeline.provenance.chain_ids`) current on the run and its child runs;
-    on exit logs wall time and peak memory and closes the run (FAILED when an exception escapes).
+    on exit logs wall time and peak memory and closes the run (FAILED when an exception escapes,
+    KILLED when interrupted or terminated).
+
+    Every name that reaches MLflow (param, tag and metric keys, artifact folders) goes through
+    :func:`pipeline.tracking.mlflow_name`; renamed ones are listed with their originals in the
+    ``names.json`` artifact, and every input and output file (path → sha256) in ``files.json``
+    (per-file tags only for the first ``MAX_FILE_TAGS`` files). On start, runs of this stage that
+    a killed process left ``RUNNING`` are marked ``KILLED`` (:func:`pipeline.tracking.close_stale_runs`).
     """
 
     def __init__(self, stage: str, params: dict[str, Any], *, log_mlflow: bool = True, run_name: str | None = None,
@@ -81,6 +94,9 @@ class StageRun:
         self._mlflow = None
         self._chain_tags: dict[str, str] = {}
         self._dag_records: dict[str, Any] | None = None
+        self._renamed: dict[str, str] = {}  # MLflow name -> original, for names.json
+        self._file_tags = {"input": 0, "output": 0}
+        self.stale_runs: list[str] = []  # runs of this stage a killed process had left RUNNING
 
     # -- lifecycle ------------------------------------------------------------------------
     def __enter__(self) -> "StageRun":
@@ -90,11 +106,20 @@ class StageRun:
             import mlflow
 
             experiment_id = tracking.setup_mlflow()
+            try:
+                self.stale_runs = tracking.close_stale_runs(mlflow.tracking.MlflowClient(), experiment_id,
+                                                            self.stage, self.run_id)
+            except Exception as e:  # noqa: BLE001 - housekeeping must never stop the stage
+                print(f"{self.stage}: could not check for stale MLflow runs ({type(e).__name__}: {e})", file=sys.stderr)
+            if self.stale_runs:
+                print(f"{self.stage}: marked {len(self.stale_runs)} MLflow run(s) left RUNNING by a killed earlier "
+                      f"attempt as KILLED: {', '.join(self.stale_runs[:5])}", file=sys.stderr)
             tags = {
                 "bertrace.stage": self.stage,
                 "bertrace.pipeline_run_id": self.run_id,
                 "bertrace.params_hash": prov.params_hash(self.params),
                 "bertrace.git_dirty": str(self.git["dirty"]),
+                tracking.PROCESS_TAG: tracking.process_id(),
             }
             if self.git["dirty"]:
                 tags["bertrace.git_dirty_paths"] = ", ".join(self.git["dirty_paths"])[:500]
@@ -102,11 +127,19 @@ class StageRun:
                 tags["mlflow.source.git.commit"] = self.git["commit"]
                 tags["bertrace.git_commit"] = self.git["commit"]
             tags.update(_system_tags())
-            run = mlflow.start_run(experiment_id=experiment_id, run_name=self.run_name, tags=tags,
+            run = mlflow.start_run(experiment_id=experiment_id, run_name=tracking.mlflow_name(self.run_name),
+                                   tags=tracking.mlflow_tags(tags, self._renamed),
                                    log_system_metrics=self.system_metrics or None)
             self.mlflow_run_id = run.info.run_id
-            mlflow.log_params(tracking.mlflow_params(self.params))
             self._mlflow = mlflow
+            try:
+                params = tracking.mlflow_params(self.params, self._renamed)
+                items = sorted(params.items())
+                for i in range(0, len(items), 100):  # MLflow takes at most 100 params per request
+                    mlflow.log_params(dict(items[i:i + 100]))
+            except BaseException:  # __exit__ will not run: close the run here, not leave it RUNNING
+                mlflow.end_run(status="FAILED")
+                raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -114,18 +147,23 @@ class StageRun:
             try:
                 if exc_type is None:
                     self._tag_child_runs()
+                self._log_lists()
                 self._mlflow.log_metrics(
                     {"stage_seconds": time.perf_counter() - self._t0, "peak_rss_mb": peak_rss_mb()}
                 )
             finally:
-                self._mlflow.end_run(status="FAILED" if exc_type else "FINISHED")
+                interrupted = exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit))
+                self._mlflow.end_run(status="KILLED" if interrupted else "FAILED" if exc_type else "FINISHED")
 
     @property
     def seconds(self) -> float:
         return time.perf_counter() - self._t0
 
     # -- recording ------------------------------------------------------------------------
-    def add_input(self, path: str | os.PathLike, sha256: str | None = None) -> str:
+    def add_input(self, path: str | os.PathLike, sha256: str | None = None, *, tag: bool = True) -> str:
+        """Record an input (hashed unless ``sha256`` is given); ``tag``: also as a
+        ``bertrace.input.<file name>`` tag (for the first ``MAX_FILE_TAGS`` files; a corpus of
+        many files passes False: its list is the ``files.json`` artifact)."""
         if sha256 is None and not Path(path).exists():
             raise BertraceError(
                 f"{path}: input of stage '{self.stage}' not found; run `dvc repro {self.stage}` "
@@ -133,16 +171,23 @@ class StageRun:
             )
         digest = sha256 or prov.hash_path(path)
         self.inputs[Path(path).as_posix()] = digest
-        self.set_tags({f"bertrace.input.{Path(path).name}": digest})
+        self._file_tag("input", path, digest, tag)
         self._update_chain_tags()
         return digest
 
-    def add_output(self, path: str | os.PathLike, sha256: str | None = None) -> str:
+    def add_output(self, path: str | os.PathLike, sha256: str | None = None, *, tag: bool = True) -> str:
         digest = sha256 or prov.hash_path(path)
         self.outputs[Path(path).as_posix()] = digest
-        self.set_tags({f"bertrace.output.{Path(path).name}": digest})
+        self._file_tag("output", path, digest, tag)
         self._update_chain_tags()
         return digest
+
+    def _file_tag(self, kind: str, path: str | os.PathLike, digest: str, tag: bool) -> None:
+        if self._mlflow is None:
+            return
+        if tag and self._file_tags[kind] < MAX_FILE_TAGS:
+            self._file_tags[kind] += 1
+            self.set_tags({f"bertrace.{kind}.{Path(path).name}": digest})
 
     def add_upstream(self, stage: str) -> dict[str, Any] | None:
         record = upstream_record(stage)
@@ -153,16 +198,49 @@ class StageRun:
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         if self._mlflow is not None:
-            self._mlflow.set_tags({k: str(v) for k, v in tags.items()})
+            self._mlflow.set_tags(tracking.mlflow_tags(tags, self._renamed))
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """The numbers of a (nested) dict; names may hold any character (label names ...)."""
         if self._mlflow is not None:
-            numeric = {k: float(v) for k, v in tracking.flatten(metrics).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            self._mlflow.log_metrics(numeric, step=step)
+            numeric = tracking.mlflow_metrics(metrics, self._renamed)
+            if numeric:
+                self._mlflow.log_metrics(numeric, step=step)
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
-        if self._mlflow is not None and Path(path).exists():
-            self._mlflow.log_artifact(str(path), artifact_path=artifact_path)
+        if self._mlflow is None or not Path(path).exists():
+            return
+        path = Path(path)
+        folder = tracking.mlflow_artifact_path(artifact_path)
+        name = tracking.mlflow_name(path.name)
+        if name == path.name or path.is_dir():
+            self._mlflow.log_artifact(str(path), artifact_path=folder)
+            return
+        self._renamed[name] = path.name
+        with tempfile.TemporaryDirectory() as tmp:  # the file under a name the artifact store takes
+            shutil.copyfile(path, Path(tmp) / name)
+            self._mlflow.log_artifact(str(Path(tmp) / name), artifact_path=folder)
+
+    def log_dict(self, obj: Any, name: str) -> None:
+        """``obj`` as the JSON artifact ``name`` of the run."""
+        if self._mlflow is not None:
+            self._mlflow.log_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n",
+                                  tracking.mlflow_name(name))
+
+    def _log_lists(self) -> None:
+        """``files.json`` (every input and output, path → sha256) and ``names.json`` (MLflow names
+        that differ from the original strings); best effort, as the run is being closed."""
+        try:
+            if self.inputs or self.outputs:
+                self.log_dict({"inputs": self.inputs, "outputs": self.outputs}, "files.json")
+            self.set_tags({f"bertrace.{kind}s": f"{len(files)} files (path -> sha256: artifact files.json)"
+                           for kind, files in (("input", self.inputs), ("output", self.outputs))
+                           if len(files) > self._file_tags[kind]})  # some files have no tag of their own
+            if self._renamed:
+                self.log_dict(dict(sorted(self._renamed.items())), "names.json")
+        except Exception as e:  # noqa: BLE001
+            print(f"{self.stage}: could not log files.json / names.json to MLflow ({type(e).__name__}: {e})",
+                  file=sys.stderr)
 
     def provenance(self) -> dict[str, Any]:
         return prov.build_record(
@@ -258,7 +336,15 @@ def _system_tags() -> dict[str, str]:
 
 
 def run_stage(main: Callable[[], Any]) -> None:
-    """Run a stage's ``main``; user errors print one line and exit 2, no traceback."""
+    """Run a stage's ``main``; user errors print one line and exit 2, no traceback.
+
+    A full disk (``ENOSPC``, or torch's ``inline_container`` write failure) is a user error too:
+    it names the path and the free space. SIGTERM (``kill``, a scheduler's timeout) ends the
+    stage like Ctrl-C, so its MLflow run is closed as KILLED."""
+    global _MAIN_PID
+    _MAIN_PID = os.getpid()
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         main()
     except BertraceError as e:
@@ -267,7 +353,52 @@ def run_stage(main: Callable[[], Any]) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception:
-        traceback.print_exc()
-        print("error: unexpected failure (a bug in bertrace, please report it with the traceback above)", file=sys.stderr)
-        sys.exit(1)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            _unexpected()
+        print(f"error: {disk_full_message(e.filename, e)}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as e:
+        if is_disk_full(e):
+            print(f"error: {disk_full_message(None, e)}", file=sys.stderr)
+            sys.exit(2)
+        _unexpected()
+
+
+_MAIN_PID = -1
+
+
+def _terminate(signum, frame):  # noqa: ARG001
+    if os.getpid() != _MAIN_PID:  # a forked worker: die as it would have without the handler
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    raise KeyboardInterrupt
+
+
+def _unexpected() -> None:
+    traceback.print_exc()
+    print("error: unexpected failure (a bug in bertrace, please report it with the traceback above)", file=sys.stderr)
+    sys.exit(1)
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """ENOSPC / EDQUOT, or torch's zip writer failing the way it does on a full disk."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("inline_container" in text or "PytorchStreamWriter failed" in text)
+
+
+def disk_full_message(path: str | os.PathLike | None, e: BaseException) -> str:
+    """One line: the path being written, the free space there, what to do."""
+    where = Path(path) if path else Path.cwd()
+    probe = where if where.is_dir() else where.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = f"{shutil.disk_usage(probe).free / 2**20:,.0f} MiB free there"
+    except OSError:
+        free = "free space unknown"
+    return (f"{where}: no space left on the device while writing ({type(e).__name__}: {str(e).strip()[:120]}; "
+            f"{free}); free some space (or point the output elsewhere) and rerun the stage")

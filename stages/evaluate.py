@@ -11,18 +11,17 @@ The MLflow run gets the same numbers, the files, and the model as an MLflow pyfu
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 
 from pipeline.errors import BertraceError
 from pipeline.evaluate import (EvaluateConfig, evaluate_logits, metrics_for_dvc, plot_confusion, provenance_chain, render_report,
                                write_confusion_csv, write_report)
-from pipeline.scorecard import SCORECARD_JSON, run_row, write_run_row
+from pipeline.scorecard import SCORECARD_JSON, run_row, task_name as scorecard_task, write_run_row
 from pipeline.device import resolve_device
 from pipeline.inference import Classifier
 from pipeline.io import read_json, write_json
-from pipeline.task_data import load_task_data
+from pipeline.task_data import evaluate_roles, load_task_data
 from stages.common import PROVENANCE_DIR, StageRun, load_params, run_stage
 
 MODEL = Path("data/finetune/model.pt")
@@ -47,15 +46,6 @@ def _metrics_file(stage: str) -> dict:
     return read_json(path) if path.exists() else {}
 
 
-def mlflow_safe(metrics: dict) -> dict:
-    """Metric names MLflow accepts: label names may hold any character, so others become '_'."""
-    out = {}
-    for key, value in metrics.items():
-        key = re.sub(r"[^\w\-. :/]", "_", str(key))
-        out[key] = mlflow_safe(value) if isinstance(value, dict) else value
-    return out
-
-
 def main(progress: bool = True) -> dict:
     t0 = time.perf_counter()
     params = load_params("evaluate")
@@ -64,7 +54,7 @@ def main(progress: bool = True) -> dict:
     task = finetune_params.get("task")
     mirror = finetune_params.get("mirror") or os.environ.get("BERTRACE_HUB_MIRROR") or None
     model_path = MODEL
-    splits, batch_size = list(cfg.splits), cfg.batch_size
+    splits, batch_size = evaluate_roles(task, cfg.splits), cfg.batch_size  # auto: the task's own roles
     run_params = {**params, "task": task}
 
     with StageRun("evaluate", run_params) as run:
@@ -115,7 +105,7 @@ def main(progress: bool = True) -> dict:
         chain = provenance_chain(clf.checkpoint.get("provenance"), "finetune", _provenance_records())
         t = clf.checkpoint.get("task") or {}
         source = t.get("source") or {}
-        task_name = "/".join(str(x) for x in (source.get("dataset"), source.get("config")) if x) or None
+        task_name = scorecard_task(source)  # the scorecard compares the run with its own task's goal only
         arch = clf.model.config
         facts = {
             "path": model_path.as_posix(), "sha256": ckpt_sha, "tokenizer_sha256": tok_sha,
@@ -143,7 +133,7 @@ def main(progress: bool = True) -> dict:
             print(f"evaluate: no scorecard row for this run: {why}")
             row = None
         write_run_row(row)
-        run.log_metrics(mlflow_safe(metrics))
+        run.log_metrics(metrics)  # per-class names are label names: StageRun makes them valid MLflow keys
         for path in (CONFUSION_CSV, CONFUSION_PNG, REPORT, SCORECARD_JSON):
             run.add_output(path)
             run.log_artifact(path, "evaluation")

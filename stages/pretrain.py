@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from pipeline.checkpoint import last_logged_metrics
 from pipeline.errors import BertraceError
 from pipeline.io import sha256_file, write_json
 from pipeline.pretrain_data import load_manifest, verify_shards
@@ -38,9 +39,16 @@ def _init_distributed(cfg: PretrainConfig) -> tuple[int, int]:
         return 0, 1
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available() and not cfg.device.startswith(("cpu", "mps"))
+    backend = "nccl" if use_cuda else "gloo"
     if use_cuda:
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+        gpus = torch.cuda.device_count()
+        torch.cuda.set_device(local_rank % gpus)  # the GPU pipeline.device.resolve_device gives this rank
+        if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > gpus:  # NCCL refuses two ranks on one GPU
+            backend = "gloo"
+            if rank == 0:
+                print(f"pretrain: {os.environ['LOCAL_WORLD_SIZE']} processes share {gpus} GPU(s): gloo instead of "
+                      "NCCL (a test setup; for speed run one process per GPU)", flush=True)
+    dist.init_process_group(backend)
     return rank, world
 
 
@@ -116,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
             )
             if not main_rank:
                 return
+            if "loss" not in metrics and (OUT / "last.pt").exists():  # resumed at the end: no window of its own
+                metrics = {**last_logged_metrics(OUT / "last.pt", metrics["step"]), **metrics}
             for name in ("last.pt", "best.pt"):
                 if (OUT / name).exists():
                     run.add_output(OUT / name)

@@ -2,7 +2,9 @@
 
 In the pipeline: ``python -m stages.validate`` (params from params.yaml). On any directory
 of shards, e.g. in CI: ``python -m stages.validate --shards path/to/examples`` (or
-``bertrace validate path/to/examples``). Exit status 1 when an expectation fails.
+``bertrace validate path/to/examples``). Exit status 1 when an expectation fails; 2 (one
+``error:`` line naming the params to change) when the tokenizer's normaliser alters more than
+``validate.max_chars_altered`` of the corpus's letters (a params problem, not a data one).
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipeline.errors import BertraceError
 from pipeline.io import write_json
-from pipeline.validate import ValidateConfig, ValidationReport, validate_corpus, validate_shards
+from pipeline.validate import (ValidateConfig, ValidationReport, validate_corpus, validate_normalizer,
+                               validate_shards)
 from stages.common import METRICS_DIR, StageRun, load_params, run_stage
 
 CLEAN = Path("data/clean")
 EXAMPLES = Path("data/examples")
+TOKENIZER = Path("data/tokenizer/tokenizer.json")
 REPORT = Path("reports/validate.json")  # every check with observed values and sample rows
 
 
@@ -56,6 +61,12 @@ def main(argv: list[str] | None = None) -> None:
             if (shards_dir / "manifest.json").exists():
                 run.add_input(shards_dir / "manifest.json")
             results += validate_shards(shards_dir, nsp_tolerance=nsp_tol, mask_rate_tolerance=mask_tol).results
+        normalizer = None
+        if not standalone:  # what the tokenizer's normaliser does to the corpus's letters
+            if TOKENIZER.exists():
+                run.add_input(TOKENIZER)
+            normalizer = validate_normalizer(TOKENIZER, CLEAN / "train.txt", max_chars_altered=cfg.max_chars_altered)
+            results.append(normalizer)
         report = ValidationReport(results)
         report_path = args.report or (None if standalone else REPORT)
         full = report.to_dict()
@@ -68,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
         if report_path:
             run.log_artifact(report_path)
         print(report.format_text())
+    if normalizer is not None and not normalizer.success:
+        raise BertraceError(normalizer.message)
     if not report.success:
         sys.exit(1)
 

@@ -67,7 +67,7 @@ def test_unknown_keys_list_the_valid_ones():
     from pipeline.tokenizer import TokenizerConfig
 
     with pytest.raises(BertraceError, match=r"tokenizer.vocab: unknown key; valid keys: limit_alphabet, lowercase, "
-                                            r"min_frequency, vocab_size"):
+                                            r"min_frequency, strip_accents, vocab_size, warn_chars_altered"):
         TokenizerConfig.from_params({"vocab": 100})
 
 

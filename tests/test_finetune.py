@@ -256,6 +256,38 @@ def test_missing_file_and_empty_split_errors(env, tmp_path):
                        env["tokenizer"], max_len=32)
 
 
+def test_csv_delimiter_is_sniffed_or_set_and_recorded(env, tmp_path):
+    """A semicolon CSV (a spreadsheet export in many locales) no longer fails with a pandas ParserError:
+    `delimiter: auto` sniffs it; an explicit delimiter / quoting wins; the choice is in source.tables."""
+    rows = [(f"{t}; really, \"{i}\"", y) for i, (t, y) in enumerate(synthetic_rows(40, 3))]
+    semi = tmp_path / "semi.csv"
+    with open(semi, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f, delimiter=";").writerows([("text", "label"), *rows])
+    pipe = tmp_path / "pipe.csv"
+    pipe.write_text("text|label\n" + "".join(f"{t}|{y}\n" for t, y in synthetic_rows(40, 4)), encoding="utf-8")
+    task = {"source": "local", "local": {"train": str(semi), "validation": str(pipe)}, "text_columns": ["text"],
+            "label_names": ["neg", "pos"]}
+    data = load_task_data(task, env["tokenizer"], max_len=64)
+    assert len(data.splits["train"]) == len(data.splits["validation"]) == 40
+    assert data.source["tables"] == {semi.as_posix(): {"delimiter": ";", "quoting": "minimal", "sniffed": True},
+                                     pipe.as_posix(): {"delimiter": "|", "quoting": "minimal", "sniffed": True}}
+    first = env["tokenizer"].encode(rows[0][0], add_special_tokens=False).ids  # the quoted ';' and '"' kept
+    assert data.splits["train"].input_ids[0] == [2, *first, 3]
+    # explicit: a tab-separated file named .csv, quotes as plain characters
+    tab = tmp_path / "tab.csv"
+    tab.write_text("text\tlabel\n" + "".join(f'"{t}\t{y}\n' for t, y in synthetic_rows(10, 5)), encoding="utf-8")
+    explicit = {**task, "local": {"train": str(tab), "validation": str(tab)}, "delimiter": "\t", "quoting": "none"}
+    data = load_task_data(explicit, env["tokenizer"], max_len=64)
+    assert data.source["tables"][tab.as_posix()] == {"delimiter": "\t", "quoting": "none", "sniffed": False}
+    assert len(data.splits["train"]) == 10
+    # GLUE's .tsv keeps its rule (tab, no quoting) under auto
+    from pipeline.task_data import csv_dialect
+
+    assert csv_dialect(shared_file("sst2", "dev.tsv")) == {"delimiter": "\t", "quoting": "none", "sniffed": False}
+    with pytest.raises(BertraceError, match="finetune.task.delimiter"):
+        load_task_data({**task, "delimiter": "ab"}, env["tokenizer"], max_len=64)
+
+
 # ---------------------------------------------------------------------------------------------
 # Transplant and modes
 # ---------------------------------------------------------------------------------------------

@@ -202,3 +202,24 @@ def test_stage_run_on_a_dirty_tree_says_so_in_mlflow_and_trace(tmp_path, monkeyp
     text = trace.format_tree(trace.lineage(path))
     assert f"tokenizer  commit {tags['bertrace.git_commit'][:12]} (dirty)" in text
     assert "uncommitted: code.py" in text and "the tree was dirty" in text
+
+
+def test_a_failure_while_opening_the_run_does_not_leave_it_running(tmp_path, monkeypatch):
+    """An error after MLflow started the run but before the stage got it (logging the params) closes the
+    run as FAILED instead of leaving it RUNNING (and active, which broke the next run in the process)."""
+    import mlflow
+
+    from stages.common import StageRun
+
+    monkeypatch.chdir(tmp_path)
+
+    def refuse(params):
+        raise RuntimeError("the tracking server went away")
+
+    monkeypatch.setattr(mlflow, "log_params", refuse)
+    with pytest.raises(RuntimeError, match="went away"):
+        with StageRun("clean", {"min_chars": 1}):
+            pass
+    assert mlflow.active_run() is None
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert [r.info.status for r in runs] == ["FAILED"]

@@ -126,3 +126,34 @@ def test_render_rewrites_the_markdown_from_the_json_and_recorded_rows(tmp_path, 
         bertrace(["scorecard", "render"])
     assert exit_.value.code == 0 and "1 row (this run)" in capsys.readouterr().out
     assert "in-domain" not in (tmp_path / "reports" / "scorecard.md").read_text()
+
+
+def test_a_custom_task_is_never_scored_against_another_tasks_goal(tmp_path):
+    """A 5-class local task: no SST-2 goal, anchors or published numbers beside it; with the goal shown
+    (an SST-2 run), rows of other tasks neither meet nor miss it."""
+    from pipeline.scorecard import task_name, write_scorecard
+
+    refs = {"goal": {"task": "nyu-mll/glue/sst2", "dev_mean": 84.0, "dag_minutes": 60},
+            "anchors": [{"name": "HF", "model": "2L/128", "pretrain": "30 min", "dev": "82.45"}],
+            "baselines": {"BERT-Tiny": 83.2}}
+    five = task_name({"type": "local", "files": {"train": "data/reviews/train.csv", "validation": "dev.csv"}})
+    assert five == "local: data/reviews/train.csv"
+    assert task_name({"type": "hub", "dataset": "nyu-mll/glue", "config": "sst2"}) == "nyu-mll/glue/sst2"
+    assert task_name(None) is None
+    row = {**run_row("5-class", records=_records(), finetune_metrics={"validation_accuracy": {"mean": 0.9, "std": 0.0},
+                                                                       "n_seeds": 3},
+                     eval_metrics=EV, pretrain_metrics=PT), "task": five, "dag_minutes": 10.0}
+    md_path = tmp_path / "scorecard.md"
+    write_scorecard(row, references=refs, task=five, profiles_dir=tmp_path / "none", md_path=md_path)
+    md = md_path.read_text()
+    assert "Goal" not in md and "BERT-Tiny" not in md and "| HF |" not in md
+    assert f"Validation accuracy on {five}" in md and "are for nyu-mll/glue/sst2, not for this run's task" in md
+    # an SST-2 run beside a recorded 5-class row: the goal is SST-2's, only SST-2 rows can meet it
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "5-class.json").write_text(json.dumps(row))
+    sst2 = {**row, "name": "this run", "task": "nyu-mll/glue/sst2", "dev_mean": 80.0}
+    write_scorecard(sst2, references=refs, task="nyu-mll/glue/sst2", profiles_dir=tmp_path / "profiles",
+                    md_path=md_path)
+    md = md_path.read_text()
+    assert "Goal met by: none of these rows." in md and "| BERT-Tiny | 83.2 |" in md
+    assert f"**90.00** ± 0.00 (3 seeds) on {five}" in md  # the other task's row says which task it is

@@ -288,6 +288,40 @@ def test_nsp_imbalance(ex):
     assert r.observed == pytest.approx(0.25, abs=0.01)
     assert r.sample_rows and r.sample_rows[0]["shard"].endswith(".parquet")
     assert r.sample_rows[0]["nsp_label_mean"] == pytest.approx(0.25, abs=0.02)
+    assert "document_per_file" not in r.message  # too few random Bs: not the short-documents case
+
+
+def test_nsp_mean_too_high_says_what_short_documents_do(ex):
+    for rel in ["train/shard-00000.parquet", "train/shard-00001.parquet"]:
+        rewrite(ex, rel, lambda rows: [r.update(next_sentence_label=1 if i % 4 else 0) for i, r in enumerate(rows)])
+    r = assert_only_failure(validate_shards(ex), "expect_column_mean_to_be_between(next_sentence_label)", "train")
+    assert r.observed == pytest.approx(0.75, abs=0.01)
+    assert "document_per_file" in r.message and "validate.nsp_tolerance" in r.message  # what to do about it
+
+
+def test_normalizer_check_fails_when_uncased_stripping_deletes_letters(tmp_path):
+    """The tokenizer's normaliser on the corpus: Google's uncased rule deletes Bengali viramas and vowel
+    signs (a failure naming the params to change); strip_accents: auto keeps them; English passes."""
+    from pipeline.tokenizer import SPECIAL_TOKENS, build_tokenizer
+    from pipeline.validate import NORMALIZER_CHECK, validate_normalizer
+
+    corpus = tmp_path / "train.txt"
+    corpus.write_text("অক্সিজেন একটি রাসায়নিক মৌল। পৃথিবীর বায়ুমণ্ডলে অক্সিজেন দ্বিতীয় সর্বাধিক গ্যাস।\n" * 5,
+                      encoding="utf-8")
+    for strip, ok in ((True, False), ("auto", True), (False, True)):
+        path = tmp_path / f"tok-{strip}.json"
+        tok = build_tokenizer(lowercase=True, strip_accents=strip)
+        tok.add_special_tokens(list(SPECIAL_TOKENS))  # ids 0..4, as the tokenizer stage's
+        path.write_text(tok.to_str(), encoding="utf-8")
+        r = validate_normalizer(path, corpus, max_chars_altered=0.05)
+        assert r.expectation == NORMALIZER_CHECK and r.success is ok, r.message
+        assert r.observed["strip_accents"] == strip and r.observed["lowercase"] is True
+    assert r.observed["chars_altered"] == 0
+    bad = validate_normalizer(tmp_path / "tok-True.json", corpus, max_chars_altered=0.05)
+    assert bad.observed["chars_altered"] > 0.1 and bad.sample_rows[0]["name"] == "BENGALI SIGN VIRAMA"
+    assert "\n" not in bad.message and "অক্সিজেন → অকসিজেন" in bad.message
+    assert "tokenizer.strip_accents: auto" in bad.message and "validate.max_chars_altered" in bad.message
+    assert not validate_normalizer(tmp_path / "absent.json", corpus, max_chars_altered=0.05).success
 
 
 def test_mask_rate_off(ex):
