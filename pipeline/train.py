@@ -84,6 +84,10 @@ TRAIN_CURVE = "pretrain_loss.csv"
 VAL_CURVE = "pretrain_val.csv"
 
 
+_NOT_NEGATIVE_HINTS = {"nsp_weight": " (1.0: BERT's MLM + NSP; 0.0: MLM only)",
+                       "warmup": " (a fraction < 1 of the budget, or a number of updates)"}
+
+
 class PretrainConfig(Section):
     """The ``pretrain`` section of params.yaml; the defaults are params.yaml's values."""
 
@@ -158,11 +162,11 @@ class PretrainConfig(Section):
         return v
 
     @field_validator("max_steps", "epochs", "time_minutes", "eval_every", "eval_batches", "checkpoint_every",
-                     "checkpoint_minutes", "num_threads", "weight_decay", "clip_grad_norm")
+                     "checkpoint_minutes", "num_threads", "weight_decay", "clip_grad_norm", "nsp_weight", "warmup")
     @classmethod
-    def _not_negative(cls, v):
+    def _not_negative(cls, v, info):
         if v is not None and v < 0:
-            raise ValueError("must be >= 0")
+            raise ValueError("must be >= 0" + _NOT_NEGATIVE_HINTS.get(info.field_name, ""))
         return v
 
     @field_validator("lr", "eps")
@@ -170,20 +174,6 @@ class PretrainConfig(Section):
     def _above_zero(cls, v: float) -> float:
         if v <= 0:
             raise ValueError("must be > 0")
-        return v
-
-    @field_validator("nsp_weight")
-    @classmethod
-    def _nsp_weight(cls, v: float) -> float:
-        if v < 0:
-            raise ValueError("must be >= 0 (1.0: BERT's MLM + NSP; 0.0: MLM only)")
-        return v
-
-    @field_validator("warmup")
-    @classmethod
-    def _warmup(cls, v: float) -> float:
-        if v < 0:
-            raise ValueError("must be >= 0 (a fraction < 1 of the budget, or a number of updates)")
         return v
 
     @field_validator("betas", mode="before")
