@@ -61,9 +61,6 @@ EXCLUDED: dict[str, dict[str, str]] = {
         "train_seconds": "wall-clock training time (the resume point of a time budget)",
         "history/*/seconds": "loss curve: wall-clock time of each row",
         "history/*/tokens_per_s": "loss curve: throughput",
-        "rng/*/python": "python `random` state: never seeded, unused by pre-training (pipeline/train.py seeds "
-                        "torch only); holds OS entropy",
-        "rng/*/numpy": "numpy global RNG state: never seeded, unused (data order uses seeded Generators)",
     },
     "data/finetune/model.pt": _RUN,  # in the embedded provenance records
     "metrics/download.json": {"seconds": "stage wall time"},
