@@ -39,8 +39,7 @@ from pipeline.model import (  # noqa: E402
 )
 from pipeline.hf import hf_config, to_hf_state_dict  # noqa: E402
 from pipeline.device import peak_flops  # noqa: E402
-
-MASK_ID = 4
+from pipeline.formats import MASK_ID  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -39,10 +39,10 @@ import numpy as np
 import torch
 
 from pipeline.errors import BertraceError
+from pipeline.formats import CLS_ID, PAD_ID, SEP_ID
 from pipeline.hub import entry, load_split, resolve_mirror_entries, resolve_revision
 from pipeline.io import sha256_file
 
-CLS_ID, SEP_ID, PAD_ID = 2, 3, 0
 ROLES = ("train", "validation", "test")
 TRUNCATIONS = ("head", "head_tail")
 FILE_SUFFIXES = (".tsv", ".csv", ".parquet", ".jsonl", ".json")
