@@ -168,18 +168,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return ckpt
 
 
-def last_logged_metrics(path: str | Path, step: int) -> dict[str, Any]:
-    """The training metrics (lr, loss and its parts, grad norm) of the last logging window that
-    closed at ``step``, from the history of checkpoint ``path``: what a run that resumes from a
-    checkpoint already at the end of its budget (killed after the final save) reports, since it
-    trains no step of its own. {} when the history has no such row."""
-    state = load_checkpoint(path)
-    for row in reversed(state.get("history") or []):
-        if row.get("step") == step and "loss" in row:
-            return {k: v for k, v in row.items() if k not in ("step", "tokens", "seconds", "tokens_per_s")}
-    return {}
-
-
 def check_data_matches(
     ckpt: dict[str, Any], path: str | Path, *, tokenizer_sha256: str, manifest_sha256: str,
     manifest_path: str | Path = "data/examples/manifest.json",

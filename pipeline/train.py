@@ -465,6 +465,11 @@ class Trainer:
             self.best = min(self.best, ckpt_lib.load_checkpoint(self.best_path).get(key) or math.inf)
         self.history = list(state.get("history", []))
         self.last_val = dict(state.get("metrics") or {})
+        # The training metrics of the window that closed at the saved step: what a run resumed at
+        # the end of its budget (killed after the final save) reports, as it trains no step itself.
+        row = next((r for r in reversed(self.history) if r.get("step") == self.step and "loss" in r), None)
+        if row is not None:
+            self.train_metrics = {k: v for k, v in row.items() if k not in ("step", "tokens", "seconds")}
         rngs = state["rng"]
         if len(rngs) == self.world:
             ckpt_lib.set_rng_state(rngs[self.rank])

@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pipeline.checkpoint import last_logged_metrics
 from pipeline.errors import BertraceError
 from pipeline.io import sha256_file, write_json
 from pipeline.pretrain_data import load_manifest, verify_shards
@@ -124,8 +123,6 @@ def main(argv: list[str] | None = None) -> None:
             )
             if not main_rank:
                 return
-            if "loss" not in metrics and (OUT / "last.pt").exists():  # resumed at the end: no window of its own
-                metrics = {**last_logged_metrics(OUT / "last.pt", metrics["step"]), **metrics}
             for name in ("last.pt", "best.pt"):
                 if (OUT / name).exists():
                     run.add_output(OUT / name)
