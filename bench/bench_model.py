@@ -12,6 +12,15 @@ above its RSS after imports.
 
     .venv/bin/python bench/bench_model.py                       # CPU, 4 layers / 256 hidden, 32 x 128
     .venv/bin/python bench/bench_model.py --device cuda --dtype bf16 --compile --batch 256
+
+``--variants`` times several set-ups against each other in one process, the steps rotating
+among them (the first is the reference of the ratios): ``hf`` (transformers.BertForPreTraining,
+MLM + NSP), ``ours`` (BertForPreTraining, MLM + NSP), ``mlm`` (ours, MLM only as
+``pretrain.objective: mlm``), ``electra`` (pipeline/objectives/electra.py: generator at 1/4
+width, sampling, discriminator on every position), each with ``-bf16`` (CPU/CUDA autocast) and/or
+``-compile`` suffixes:
+
+    .venv/bin/python bench/bench_model.py --variants hf,ours,ours-bf16,ours-bf16-compile,mlm-bf16,electra-bf16
 """
 
 from __future__ import annotations
@@ -62,6 +71,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="accelerator peak for MFU (default: pipeline.device.PEAK_FLOPS for this GPU and --dtype)")
     p.add_argument("--no-memory", action="store_true", help="skip the CPU peak-RSS probes")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated set-ups to time against the first, e.g. hf,ours,ours-bf16,electra-bf16 "
+                        "(see the module docstring); --dtype/--compile are then ignored")
+    p.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout (BERT: 0.1)")
+    p.add_argument("--json", default=None, help="--variants: also write the results to this JSON file")
     p.add_argument("--only", choices=["ours", "hf"], default=None, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -71,7 +85,7 @@ def make_config(args) -> BertConfig:
     return BertConfig(
         vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
         num_heads=args.heads or max(1, args.hidden // 64), intermediate_size=args.intermediate or 4 * args.hidden,
-        gelu=args.gelu,
+        gelu=args.gelu, dropout=args.dropout, attention_dropout=args.dropout,
     )
 
 
@@ -137,6 +151,100 @@ def build(args, which: str):
     return model, step
 
 
+def build_variant(args, name: str):
+    """(model, step_fn) for a ``--variants`` entry: hf | ours | mlm | electra, then -bf16 / -compile."""
+    kind, *flags = name.split("-")
+    unknown = set(flags) - {"bf16", "compile"}
+    if kind not in ("hf", "ours", "mlm", "electra") or unknown:
+        raise SystemExit(f"--variants: {name!r} is not <hf|ours|mlm|electra>[-bf16][-compile]")
+    bf16, compiled = "bf16" in flags, "compile" in flags
+    torch.manual_seed(args.seed)
+    config = make_config(args)
+    device_type = args.device.split(":")[0]
+    if kind == "electra":
+        from pipeline.objectives.electra import ElectraForPreTraining, electra_losses, generator_config, uniform_noise
+
+        model = ElectraForPreTraining(config, generator_config(config))
+    else:
+        model = BertForPreTraining(config)
+    if kind == "hf":
+        import transformers
+
+        hf = transformers.BertForPreTraining(transformers.BertConfig(**hf_config(config)))
+        hf.load_state_dict(to_hf_state_dict(model))
+        model = hf
+    model.to(args.device).train()
+    opt = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-4, **({"fused": True} if device_type == "cuda" else {}))
+    fwd = torch.compile(model, dynamic=True) if compiled else model
+
+    def step(b):
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+            if kind == "hf":
+                loss = fwd(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"],
+                           attention_mask=b["attention_mask"], labels=b["hf_labels"],
+                           next_sentence_label=b["nsp_labels"]).loss
+            elif kind == "electra":
+                noise = uniform_noise(b["masked_positions"].numel(), args.device)
+                out = fwd(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["masked_positions"],
+                          b["mlm_labels"], noise, padded=False)
+                loss = electra_losses(out, b["mlm_labels"], b["attention_mask"])["loss"]
+            else:
+                out = fwd(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["masked_positions"], padded=False)
+                loss = pretraining_loss(out, b["mlm_labels"], b["nsp_labels"], 0.0 if kind == "mlm" else 1.0)[0]
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return model, step
+
+
+def run_variants(args) -> dict:
+    """Time ``args.variants`` against each other (rotating order), print and return the table."""
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    B, T = args.batch, args.seq
+    config = make_config(args)
+    print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, cpu capability "
+          f"{torch.backends.cpu.get_cpu_capability()}, load average {os.getloadavg()[0]:.2f}")
+    print(f"config: {config.num_layers} layers / {config.hidden_size} hidden / vocab {config.vocab_size}, dropout "
+          f"{args.dropout}; batch {B} x seq {T}, {args.masked} masked per sequence; {args.steps} timed steps each")
+    batches = make_batches(args)
+    steps = {}
+    for name in names:
+        t0 = time.perf_counter()
+        _, step = build_variant(args, name)
+        for i in range(args.warmup):
+            step(batches[i % len(batches)])
+        sync(args.device)
+        steps[name] = step
+        print(f"  {name}: built and warmed up in {time.perf_counter() - t0:.1f} s", flush=True)
+    times = {n: [] for n in names}
+    for i in range(args.steps):
+        order = names[i % len(names):] + names[: i % len(names)]
+        for name in order:
+            sync(args.device)
+            t0 = time.perf_counter()
+            steps[name](batches[i % len(batches)])
+            sync(args.device)
+            times[name].append(time.perf_counter() - t0)
+    ref = names[0]
+    rows = {}
+    print(f"\n{'variant':<22} {'tokens/s':>10} {'ms/step':>9} {'vs ' + ref:>12}")
+    for name in names:
+        ratio = statistics.median(r / t for r, t in zip(times[ref], times[name]))  # paired: same round
+        rows[name] = {"tokens_per_s": B * T / statistics.median(times[name]),
+                      "ms_per_step": 1000 * statistics.median(times[name]), f"ratio_vs_{ref}": ratio}
+        print(f"{name:<22} {rows[name]['tokens_per_s']:10.0f} {rows[name]['ms_per_step']:9.1f} {ratio:11.2f}x")
+    print(f"(ratios: median over {args.steps} rounds of this round's {ref} step time / the variant's; "
+          f"load average now {os.getloadavg()[0]:.2f})")
+    result = {"config": config.to_dict(), "batch": B, "seq": T, "masked": args.masked, "steps": args.steps,
+              "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "cpu_capability": torch.backends.cpu.get_cpu_capability(), "variants": rows}
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -176,6 +284,9 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     if args.only:
         probe_memory(args)
+        return
+    if args.variants:
+        run_variants(args)
         return
     cuda = args.device.startswith("cuda")
     config = make_config(args)

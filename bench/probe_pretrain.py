@@ -10,7 +10,7 @@ meanwhile, since the budget is wall time (a wall-clock budget on purpose: the qu
 per minute; the rows are not reproducible, unlike the default ``max_steps`` pipeline).
 
     python bench/probe_pretrain.py --minutes 4 --variant "" --variant lr=2e-3 \\
-        --variant lr=2e-3,nsp_weight=0 --variant lr=5e-3 --variant batch_size=128,lr=3e-3
+        --variant lr=2e-3,objective=mlm --variant lr=5e-3 --variant batch_size=128,lr=3e-3
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pipeline.train import PretrainConfig, pretrain  # noqa: E402
 
 
 def parse_variant(text: str) -> dict:
-    """``"lr=2e-3,nsp_weight=0"`` -> ``{"lr": 0.002, "nsp_weight": 0}`` (YAML-typed values)."""
+    """``"lr=2e-3,objective=mlm"`` -> ``{"lr": 0.002, "objective": "mlm"}`` (YAML-typed values)."""
     out = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, sep, value = item.partition("=")

@@ -91,9 +91,33 @@ def bf16_native() -> bool:
         return bool(torch.cuda.is_bf16_supported())
 
 
+def cpu_bf16_native() -> bool:
+    """Whether this CPU has bf16 matmul instructions, which oneDNN uses for CPU autocast's bf16
+    matmuls: x86 AVX512-BF16 or AMX-BF16 (Cooper Lake, Sapphire Rapids and later Xeons; Zen 4
+    and later EPYC), Arm BF16 / SVE-BF16 (Graviton 3 and later). Without them bf16 is emulated
+    with fp32 arithmetic plus conversions: slower than fp32. ``BERTRACE_CPU_BF16=0`` (or 1)
+    overrides the detection (e.g. to keep a run's fp32 results on a newer machine)."""
+    forced = os.environ.get("BERTRACE_CPU_BF16")
+    if forced in ("0", "1"):
+        return forced == "1"
+    caps = getattr(torch.cpu, "get_capabilities", None)
+    if caps is not None:
+        c = caps()
+        return bool(c.get("avx512_bf16") or c.get("amx_bf16") or c.get("bf16") or c.get("sve_bf16"))
+    return bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())
+
+
 def resolve_precision(name: str, device: torch.device) -> tuple[torch.dtype | None, bool]:
-    """``(autocast dtype or None for fp32, use a GradScaler)``."""
+    """``(autocast dtype or None for fp32, use a GradScaler)``. ``auto``: bf16 on a GPU with native
+    bf16, else fp16 + GradScaler; on a CPU bf16 autocast where it is native (:func:`cpu_bf16_native`),
+    else fp32; fp32 on MPS. On this project's Xeon (AMX-BF16), 4 layers / 256 hidden, dropout 0.1,
+    batch 32 x 128, one thread (bench/bench_model.py --variants): the training step 1.65x faster
+    than fp32 (898 vs 1483 ms), and 300 updates of a tiny model follow fp32's loss curve (final MLM
+    loss 3.486 vs 3.502; validation 3.519 vs 3.534). Still bit-reproducible: two bf16 runs give the
+    same weights (tests/test_electra.py), but not fp32's."""
     if name == "auto":
+        if device.type == "cpu":
+            return (torch.bfloat16, False) if cpu_bf16_native() else (None, False)
         if device.type != "cuda":
             return None, False
         name = "bf16" if bf16_native() else "fp16"

@@ -9,7 +9,8 @@
   its normaliser from ``do_lower_case`` / ``strip_accents``). Weights are saved by transformers' own
   ``save_pretrained`` (``model.safetensors``), so the files match the installed version. Before
   the directory is moved into place it is loaded back and checked: the tokenizer must encode
-  probe texts to our ids and the logits must equal ours.
+  probe texts to our ids and the logits must equal ours. A causal checkpoint (``pretrain.objective:
+  clm`` or a classifier fine-tuned from one) becomes a GPT-2 directory instead: :mod:`pipeline.export_gpt`.
 * the MLflow ``pyfunc`` model the evaluate stage logs is :mod:`pipeline.pyfunc` (a stage's code,
   so kept apart: editing this file reruns no stage).
 
@@ -103,16 +104,28 @@ def load_for_export(model_pt: str | Path, tokenizer_path: str | Path | None = No
     tok_path, expected = _find_tokenizer(path, ckpt, tokenizer_path)
     if is_finetuned(ckpt):
         clf = Classifier.from_checkpoint(ckpt, path, tok_path)
+        electra = clf.model.config.pooler_activation == "gelu"  # ELECTRA's classification head
         return {"kind": "classifier", "model": clf.model, "config": clf.model.config, "tokenizer": clf.tokenizer,
+                "electra": electra, "task_type": clf.task_type,
                 "tokenizer_path": tok_path, "tokenizer_sha256": sha256_file(tok_path), "label_names": clf.label_names,
                 "max_len": clf.max_len, "truncation": clf.truncation, "text_columns": clf.text_columns,
                 "checkpoint": clf.checkpoint}
     sha = check_tokenizer(tok_path, expected, path)
     config = BertConfig.from_dict(ckpt["model_config"])
-    model = BertForPreTraining(config)
+    train_config = ckpt.get("train_config") or {}
+    electra = train_config.get("objective") == "electra"
+    if electra:  # the discriminator is exported (ElectraForPreTraining); see pipeline/objectives/electra.py
+        from pipeline.objectives.electra import ElectraForPreTraining, generator_config
+
+        e = train_config.get("electra") or {}
+        model = ElectraForPreTraining(config, generator_config(config, e.get("generator_size", 0.25),
+                                                               e.get("generator_layers", 1.0)))
+    else:
+        model = BertForPreTraining(config)
     load_weights(model, ckpt["model"], path)
     model.eval()
     return {"kind": "pretraining", "model": model, "config": config, "tokenizer": Tokenizer.from_file(str(tok_path)),
+            "electra": electra,
             "tokenizer_path": tok_path, "tokenizer_sha256": sha, "label_names": None, "max_len": config.max_position,
             "truncation": "head", "text_columns": None, "checkpoint": {k: v for k, v in ckpt.items() if k != "model"}}
 
@@ -205,9 +218,15 @@ def _compare(loaded: dict[str, Any], hf_model, ids, types) -> float:
                       attention_mask=batch["attention_mask"])
     if loaded["kind"] == "classifier":
         a = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        if a.dim() == 3:  # token classification: the real (unpadded) positions
+            mask = batch["attention_mask"].bool()
+            return float((a[mask] - hf_out.logits[mask]).abs().max())
         return float((a - hf_out.logits).abs().max())
-    out = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
     valid = batch["attention_mask"].bool()
+    if loaded.get("electra"):  # the discriminator's replaced-token logits
+        disc = ours.discriminator_logits(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        return float((disc[valid] - hf_out.logits[valid]).abs().max())
+    out = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
     mlm = float((out.mlm_logits[valid] - hf_out.prediction_logits[valid]).abs().max())
     nsp = float((out.nsp_logits - hf_out.seq_relationship_logits).abs().max())
     return max(mlm, nsp)
@@ -218,7 +237,12 @@ def export_hf(model_pt: str | Path, out_dir: str | Path, tokenizer_path: str | P
     """Write ``out_dir`` as a Hugging Face model + tokenizer directory; returns what it wrote.
 
     A fine-tuned checkpoint becomes ``BertForSequenceClassification`` (config with
-    ``id2label`` / ``label2id``), a pre-training one ``BertForPreTraining``. Also written:
+    ``id2label`` / ``label2id``; a regression model ``num_labels`` 1 and ``problem_type:
+    regression``) or ``BertForTokenClassification`` (task type token_classification; no pooler,
+    as transformers' class), a pre-training one ``BertForPreTraining``. From ELECTRA
+    (``pretrain.objective: electra``) the pre-training checkpoint's discriminator becomes
+    ``ElectraForPreTraining`` and a classifier fine-tuned from it (ELECTRA's classification head,
+    ``pooler_activation: gelu``) ``ElectraForSequenceClassification``. Also written:
     ``bertrace_export.json`` (source checkpoint and tokenizer sha256, task, provenance). With
     ``verify`` the directory is loaded back with transformers first: a tokenizer that encodes the
     probe texts differently, or logits further than 1e-4 (relative to the logit scale) from ours,
@@ -231,28 +255,55 @@ def export_hf(model_pt: str | Path, out_dir: str | Path, tokenizer_path: str | P
 
 
 def _export_hf(tf, model_pt, out_dir, tokenizer_path, verify) -> dict[str, Any]:
-    from pipeline.hf import hf_config, to_hf_state_dict
+    from pipeline.hf import electra_hf_config, hf_config, to_hf_electra_state_dict, to_hf_state_dict
 
     src = Path(model_pt)
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / EXPORT_INFO).exists())):
         raise BertraceError(f"{out_dir}: exists and is not a bertrace export; choose a new directory or remove it")
+    from pipeline.export_gpt import export_gpt2, is_causal_checkpoint
+
+    if is_causal_checkpoint(src):  # pretrain.objective: clm, or a classifier fine-tuned from it: GPT-2 layout
+        return export_gpt2(tf, src, out_dir, tokenizer_path, verify)
     loaded = load_for_export(src, tokenizer_path)
     config, kind = loaded["config"], loaded["kind"]
 
-    fields = hf_config(config, len(loaded["label_names"]) if kind == "classifier" else None)
-    if kind == "classifier":
+    electra = bool(loaded.get("electra"))
+    if not electra and config.embedding_dim != config.hidden_size:
+        raise BertraceError(f"{src}: embedding_size {config.embedding_dim} differs from hidden_size "
+                            f"{config.hidden_size}, which transformers' BERT cannot express; only ELECTRA "
+                            "checkpoints (pretrain.objective: electra) export with it")
+    family = "Electra" if electra else "Bert"
+    fields = (electra_hf_config if electra else hf_config)(config, len(loaded["label_names"])
+                                                           if kind == "classifier" else None)
+    task_type = loaded.get("task_type") or "classification"
+    if kind == "classifier" and task_type != "classification" and electra:
+        raise BertraceError(f"{src}: exporting an ELECTRA {task_type} model is not supported yet; only BERT's "
+                            "token classification and regression heads export")
+    if kind == "classifier" and task_type == "regression":  # one output, MSE: transformers' problem_type
+        fields.update(num_labels=1, problem_type="regression", architectures=[f"{family}ForSequenceClassification"])
+        hf_cls = getattr(tf, f"{family}ForSequenceClassification")
+    elif kind == "classifier" and task_type == "token_classification":
         names = loaded["label_names"]
         fields.update(id2label={i: n for i, n in enumerate(names)}, label2id={n: i for i, n in enumerate(names)},
-                      problem_type="single_label_classification", architectures=["BertForSequenceClassification"])
-        hf_cls = tf.BertForSequenceClassification
+                      architectures=[f"{family}ForTokenClassification"])
+        hf_cls = getattr(tf, f"{family}ForTokenClassification")
+    elif kind == "classifier":
+        names = loaded["label_names"]
+        fields.update(id2label={i: n for i, n in enumerate(names)}, label2id={n: i for i, n in enumerate(names)},
+                      problem_type="single_label_classification",
+                      architectures=[f"{family}ForSequenceClassification"])
+        hf_cls = getattr(tf, f"{family}ForSequenceClassification")
     else:
-        fields.update(architectures=["BertForPreTraining"])
-        hf_cls = tf.BertForPreTraining
-    hf_model = hf_cls(tf.BertConfig(**fields))
-    result = hf_model.load_state_dict(to_hf_state_dict(loaded["model"]), strict=False)
+        fields.update(architectures=[f"{family}ForPreTraining"])
+        hf_cls = getattr(tf, f"{family}ForPreTraining")
+    hf_model = hf_cls(getattr(tf, f"{family}Config")(**fields))
+    sd = (to_hf_electra_state_dict(loaded["model"], "classifier" if kind == "classifier" else "discriminator")
+          if electra else to_hf_state_dict(loaded["model"]))
+    result = hf_model.load_state_dict(sd, strict=False)
     allowed_missing = {"bert.embeddings.position_ids", "bert.embeddings.token_type_ids",
-                       "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
+                       "cls.predictions.decoder.weight", "cls.predictions.decoder.bias",
+                       "electra.embeddings.position_ids", "electra.embeddings.token_type_ids"}
     bad_missing = [k for k in result.missing_keys if k not in allowed_missing]
     if bad_missing or result.unexpected_keys:
         raise BertraceError(f"{src}: weights do not map onto transformers.{hf_cls.__name__} (missing {bad_missing[:6]}, "
@@ -318,5 +369,8 @@ def _verify(loaded: dict[str, Any], tf, hf_cls, directory: Path) -> dict[str, An
 @torch.no_grad()
 def _pad_logits(loaded: dict[str, Any], ids, types) -> np.ndarray:
     batch = _pad(ids, types)
+    if loaded.get("electra") and loaded["kind"] == "pretraining":
+        return loaded["model"].discriminator_logits(batch["input_ids"], batch["token_type_ids"],
+                                                    batch["attention_mask"]).numpy()
     out = loaded["model"](batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
     return (out if loaded["kind"] == "classifier" else out.nsp_logits).numpy()

@@ -64,6 +64,12 @@ class BertConfig:
     # ids the tokenizer has, when vocab_size pads the embedding beyond them (None: all of vocab_size);
     # the MLM head predicts only these
     tokenizer_vocab_size: int | None = None
+    # width of the token/position/segment embeddings (None: hidden_size); a smaller one adds a
+    # Linear(embedding_size, hidden_size) after them, as ELECTRA's `embedding_size` / embeddings_project
+    embedding_size: int | None = None
+    # the [CLS] head: "tanh" (BERT's pooler, dense + tanh) | "gelu" (ELECTRA's classification head:
+    # dropout, dense, exact GELU; HF ElectraClassificationHead)
+    pooler_activation: str = "tanh"
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -82,6 +88,12 @@ class BertConfig:
             )
         if self.gelu not in ("tanh", "exact"):
             raise BertraceError(f"model config: gelu must be 'tanh' or 'exact', got {self.gelu!r}")
+        e = self.embedding_size
+        if e is not None and (not isinstance(e, int) or isinstance(e, bool) or e < 1):
+            raise BertraceError(f"model config: embedding_size must be a positive integer or null, got {e!r}")
+        if self.pooler_activation not in ("tanh", "gelu"):
+            raise BertraceError(f"model config: pooler_activation must be 'tanh' (BERT) or 'gelu' (ELECTRA), "
+                                f"got {self.pooler_activation!r}")
         t = self.tokenizer_vocab_size
         if t is not None and (not isinstance(t, int) or isinstance(t, bool) or not 1 <= t <= self.vocab_size):
             raise BertraceError(f"model config: tokenizer_vocab_size must be an integer in [1, vocab_size "
@@ -92,10 +104,17 @@ class BertConfig:
         """Width of the MLM logits: the tokenizer's ids (the padding rows are never predicted)."""
         return self.tokenizer_vocab_size or self.vocab_size
 
+    @property
+    def embedding_dim(self) -> int:
+        """Width of the embedding tables (``embedding_size``, else ``hidden_size``)."""
+        return self.embedding_size or self.hidden_size
+
     def to_dict(self) -> dict:
         d = asdict(self)
-        if d["tokenizer_vocab_size"] is None:  # an unpadded config reads as before (checkpoints, resume)
-            del d["tokenizer_vocab_size"]
+        # fields at their defaults are left out, so older configs read as before (checkpoints, resume)
+        for key, default in (("tokenizer_vocab_size", None), ("embedding_size", None), ("pooler_activation", "tanh")):
+            if d[key] == default:
+                del d[key]
         return d
 
     @classmethod
@@ -176,10 +195,11 @@ class Embeddings(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.word = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.position = nn.Embedding(config.max_position, config.hidden_size)
-        self.segment = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.ln = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        E = config.embedding_dim
+        self.word = nn.Embedding(config.vocab_size, E)
+        self.position = nn.Embedding(config.max_position, E)
+        self.segment = nn.Embedding(config.type_vocab_size, E)
+        self.ln = nn.LayerNorm(E, eps=config.layer_norm_eps)
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
@@ -296,12 +316,18 @@ class BertModel(nn.Module):
     passes the masked positions, classification an empty tensor (it reads [CLS] only).
     """
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, pooler: bool = True):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
+        # ELECTRA's embeddings_project (modeling.py): embeddings narrower than the encoder
+        self.embeddings_project = (nn.Linear(config.embedding_dim, config.hidden_size)
+                                   if config.embedding_dim != config.hidden_size else None)
         self.layers = nn.ModuleList([EncoderLayer(config) for _ in range(config.num_layers)])
-        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        # pooler=False (ELECTRA's generator): no [CLS] head, pooled_output is None
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if pooler else None
+        # ELECTRA's classification head drops out [CLS] before its dense layer (HF ElectraClassificationHead)
+        self.pooler_drop = nn.Dropout(config.dropout) if config.pooler_activation == "gelu" else None
         self.apply(lambda m: init_weights(m, config.initializer_range))
 
     def forward(
@@ -326,6 +352,8 @@ class BertModel(nn.Module):
             )
         mask = _padding_mask(attention_mask, padded)
         x = self.embeddings(input_ids, token_type_ids)
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)
         for layer in self.layers[:-1]:
             x = layer(x, mask)
         if rows is None:
@@ -335,6 +363,10 @@ class BertModel(nn.Module):
             cls_rows = torch.arange(B, device=rows.device) * T
             x = self.layers[-1](x, mask, torch.cat([rows, cls_rows]))
             seq, cls = x[: len(rows)], x[len(rows):]
+        if self.pooler is None:
+            return seq, None
+        if self.pooler_drop is not None:  # ELECTRA: dropout, dense, GELU (erf, as HF's "gelu")
+            return seq, F.gelu(self.pooler(self.pooler_drop(cls)))
         pooled = torch.tanh(self.pooler(cls))  # modeling.py get_pooled_output: dense + tanh on [CLS]
         return seq, pooled
 
@@ -349,9 +381,10 @@ class MLMHead(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.ln = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)  # weight tied by the owner
+        # to the embedding width, whose table the decoder shares (ELECTRA's get_token_logits)
+        self.dense = nn.Linear(config.hidden_size, config.embedding_dim)
+        self.ln = nn.LayerNorm(config.embedding_dim, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.embedding_dim, config.vocab_size)  # weight tied by the owner
         self.gelu = config.gelu
         self.predicted = config.predicted_vocab_size
 
@@ -456,6 +489,36 @@ class BertForSequenceClassification(nn.Module):
         if not encoder:
             raise BertraceError(f"{source}: no 'bert.*' weights found; is it a BertForPreTraining state dict?")
         _load_strict(self.bert, encoder, source)
+
+
+class BertForTokenClassification(nn.Module):
+    """BertModel -> dropout -> Linear at every position (transformers' BertForTokenClassification;
+    BERT paper section 5.3 for NER). ``forward -> logits [B, T, num_labels]``. The encoder's
+    pooler is kept (so a pre-training checkpoint loads strictly) but unused; the HF export drops it
+    (transformers' class has none)."""
+
+    def __init__(self, config: BertConfig, num_labels: int, classifier_dropout: float | None = None):
+        super().__init__()
+        self.config = config
+        self.num_labels = num_labels
+        self.bert = BertModel(config)
+        self.drop = nn.Dropout(config.dropout if classifier_dropout is None else classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        init_weights(self.classifier, config.initializer_range)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        seq, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        return self.classifier(self.drop(seq))
+
+    def load_pretrained_encoder(self, pretraining_state_dict: dict, source: str = "checkpoint") -> None:
+        """As :meth:`BertForSequenceClassification.load_pretrained_encoder`: the encoder (``bert.*``)
+        from a BertForPreTraining state dict; the classifier keeps its fresh init."""
+        BertForSequenceClassification.load_pretrained_encoder(self, pretraining_state_dict, source)
 
 
 def _strip_wrappers(key: str) -> str:

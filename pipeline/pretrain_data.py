@@ -28,6 +28,11 @@ where ``row`` is the example's index in its split: masks change every epoch (RoB
 al. 2019, section 4.1) but never depend on ranks, batch size, threads or resuming.
 Static masking uses the positions stored in the shards.
 
+Packed causal-LM shards (manifest ``mode: causal``, :mod:`pipeline.packing`) go through the same
+units, shuffle, DDP split and resume arithmetic; their rows are blocks of exactly ``max_seq_len``
+ids (checked as read) and :func:`collate_packed` makes them a :class:`Batch` with an all-ones
+attention mask and empty MLM/NSP fields.
+
 Batches are padded to their longest sequence with ``[PAD]`` = 0; masked positions are flat
 indices into the ``B * T`` tokens (what ``BertForPreTraining.forward`` gathers). Whether a
 batch has padding at all is decided here, on the host (``Batch.padded``), so the model never
@@ -56,7 +61,8 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.errors import BertraceError
-from pipeline.formats import COLUMNS, MANIFEST, MASK_ID, SCHEMA_VERSION, SPECIAL_IDS, SPLIT_IDS, STATIC_COLUMNS
+from pipeline.formats import (COLUMNS, EXAMPLE_MODES, MANIFEST, MASK_ID, PACKED_COLUMNS, SCHEMA_VERSION, SPECIAL_IDS,
+                              SPLIT_IDS, STATIC_COLUMNS)
 from pipeline.io import read_json
 from pipeline.masking import MaskingSpec, mask_sequence
 
@@ -77,9 +83,19 @@ def load_manifest(examples_dir: str | Path) -> dict:
     for key in ("masking", "vocab_size", "splits", "tokenizer_sha256", "max_seq_len"):
         if key not in manifest:
             raise BertraceError(f"{path}: has no '{key}' field; rerun the examples stage (dvc repro examples)")
+    if manifest_mode(manifest) not in EXAMPLE_MODES:
+        raise BertraceError(f"{path}: mode {manifest.get('mode')!r} is not one of {', '.join(EXAMPLE_MODES)}; "
+                            "rerun the examples stage (dvc repro examples)")
+    if manifest_mode(manifest) == "causal":  # packed blocks (pipeline/packing.py): nothing is masked
+        return manifest
     if manifest["masking"] not in ("static", "dynamic"):
         raise BertraceError(f"{path}: masking {manifest['masking']!r} is neither 'static' nor 'dynamic'")
     return manifest
+
+
+def manifest_mode(manifest: dict) -> str:
+    """``examples.mode`` the shards were made with: ``mlm_nsp`` or ``causal`` (absent: ``mlm_nsp``)."""
+    return manifest.get("mode", "mlm_nsp")
 
 
 def _sha256_counted(path: Path, update) -> str:
@@ -209,6 +225,8 @@ _Row = tuple
 
 def collate(rows: list[_Row], example_ids: list[int]) -> Batch:
     """Pad ``rows`` (already masked) to the longest one and flatten the masked positions."""
+    if rows and rows[0][1] is None:  # packed causal-LM blocks
+        return collate_packed(rows, example_ids)
     B = len(rows)
     T = max(len(r[0]) for r in rows)
     ids = np.zeros((B, T), dtype=np.int64)
@@ -232,6 +250,16 @@ def collate(rows: list[_Row], example_ids: list[int]) -> Batch:
         example_ids=torch.tensor(example_ids, dtype=torch.long),
         padded=any(len(r[0]) < T for r in rows),
     )
+
+
+def collate_packed(rows: list[_Row], example_ids: list[int]) -> Batch:
+    """Packed causal-LM blocks (``examples.mode: causal``), all ``max_seq_len`` long: the attention
+    mask is all ones and the MLM/NSP fields are empty (the ``clm`` objective reads ``input_ids`` only)."""
+    ids = torch.from_numpy(np.stack([np.asarray(r[0], dtype=np.int64) for r in rows]))
+    empty = torch.zeros(0, dtype=torch.long)
+    return Batch(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=torch.ones_like(ids),
+                 masked_positions=empty, masked_lm_labels=empty, next_sentence_labels=empty,
+                 example_ids=torch.tensor(example_ids, dtype=torch.long), padded=False)
 
 
 # ----------------------------------------------------------------------------- the loader
@@ -278,6 +306,7 @@ class PretrainingData:
         self.seed = int(seed)
         self.rank, self.world_size = rank, world_size
         self.shuffle_buffer = max(1, int(shuffle_buffer))
+        self.mode = manifest_mode(self.manifest)  # causal: packed blocks, rows (ids, None, 0, None, None)
         self.dynamic = self.manifest["masking"] == "dynamic"
         self.spec = masking_spec(self.manifest, is_continuation) if self.dynamic else None
         self.shards, self.units = self._scan()
@@ -317,7 +346,8 @@ class PretrainingData:
 
     def _check_schema(self, path: Path, schema: pa.Schema, manifest_path: Path) -> None:
         """The columns the loader reads are there, as (lists of) integers."""
-        for name in COLUMNS + (() if self.dynamic else STATIC_COLUMNS):
+        wanted = PACKED_COLUMNS if self.mode == "causal" else COLUMNS + (() if self.dynamic else STATIC_COLUMNS)
+        for name in wanted:
             if name not in schema.names:
                 why = f" (masking: {self.manifest['masking']} in {manifest_path})" if name in STATIC_COLUMNS else ""
                 raise BertraceError(f"{path}: has no column '{name}'{why}; the shard is not one the examples stage "
@@ -370,6 +400,8 @@ class PretrainingData:
             col = table.column(name).combine_chunks()
             return col.values.to_numpy(zero_copy_only=False), col.offsets.to_numpy()
 
+        if self.mode == "causal":
+            return self._read_packed(unit, table)
         static = not self.dynamic
         for name in COLUMNS + (STATIC_COLUMNS if static else ()):
             if table.column(name).null_count:
@@ -401,6 +433,18 @@ class PretrainingData:
                 row[4] = lbl[loffs[r]:loffs[r + 1]].copy()
             rows[unit.start + r] = row
         return rows
+
+    def _read_packed(self, unit: _Unit, table: pa.Table) -> dict[int, _Row]:
+        """The rows of one row group of packed blocks: each exactly ``max_seq_len`` ids."""
+        if table.column("input_ids").null_count:
+            self._bad_rows(unit, "nulls in column 'input_ids'")
+        col = table.column("input_ids").combine_chunks()
+        ids, offs = col.values.to_numpy(zero_copy_only=False), col.offsets.to_numpy()
+        width = int(self.manifest["max_seq_len"])
+        if len(offs) > 1 and not (np.diff(offs) == width).all():
+            self._bad_rows(unit, f"blocks that are not max_seq_len {width} tokens long")
+        self._check_ids(unit, ids, "input_ids")
+        return {unit.start + r: (ids[offs[r]:offs[r + 1]].copy(), None, 0, None, None) for r in range(unit.rows)}
 
     def _check_ids(self, unit: _Unit, ids: np.ndarray, column: str) -> None:
         """Every token id is in ``[0, vocab_size)`` (else the embedding lookup fails much later)."""

@@ -29,7 +29,9 @@ REFERENCES = Path("reports/references.yaml")  # anchors, published numbers, goal
 PROFILES_DIR = Path("reports/profiles")  # recorded rows of other profiles
 PIPELINE_STAGES = tuple(reversed(STAGE_ORDER[1:]))  # download … finetune: the stages before evaluate
 ROW_KEYS = ("name", "corpus", "model", "pretrain_minutes", "device", "tokens_seen", "pretrain_budget", "task",
-            "dev_mean", "dev_std", "seeds", "test", "imdb_test", "dag_minutes", "params_hash", "git_commit", "git_dirty", "date", "note")
+            "dev_mean", "dev_std", "seeds", "test", "imdb_test", "dag_minutes", "params_hash", "git_commit", "git_dirty", "date", "note",
+            "warning",  # warning: evaluate's collapse check (pipeline.evaluate.collapse_warnings)
+            "objective")  # pretrain.objective (mlm_nsp | mlm | electra ...); None without pre-training
 
 
 def _minutes(record: dict[str, Any]) -> float | None:
@@ -63,28 +65,32 @@ def _budget(pretrain_metrics: dict[str, Any]) -> str | None:
 def run_row(name: str, *, records: dict[str, dict[str, Any]], finetune_metrics: dict[str, Any],
             eval_metrics: dict[str, Any], pretrain_metrics: dict[str, Any] | None = None,
             model_config: dict[str, Any] | None = None, task: str | None = None,
-            extra_minutes: float = 0.0) -> dict[str, Any]:
+            extra_minutes: float = 0.0, warnings: Sequence[str] = ()) -> dict[str, Any]:
     """The scorecard row of one pipeline run.
 
     ``records``: provenance records by stage (data/provenance/<stage>.json);
-    ``finetune_metrics`` / ``eval_metrics`` / ``pretrain_metrics``: the stages' metrics files;
-    ``extra_minutes``: time not in any record yet (the evaluate stage's own, while it runs).
+    ``finetune_metrics`` / ``eval_metrics`` / ``pretrain_metrics``: all the stages' numbers (reports/<stage>.json);
+    ``extra_minutes``: time not in any record yet (the evaluate stage's own, while it runs);
+    ``warnings``: :func:`pipeline.evaluate.collapse_warnings` (the row is marked ⚠).
     """
-    missing = [s for s in ("download", "finetune") if s not in records]
+    # a published encoder (pipeline/hf_import.py): no corpus or pre-training of ours behind the row
+    imported = ((records.get("finetune") or {}).get("upstream") or {}).get("imported")
+    missing = [s for s in ("finetune",) + (() if imported else ("download",)) if s not in records]
     if missing:
         raise BertraceError(f"data/provenance: no record for {missing}; run the whole pipeline (dvc repro) "
                             "before making the scorecard")
     acc = finetune_metrics.get("validation_accuracy") or {}
     if not isinstance(acc, dict) or "mean" not in acc:
-        raise BertraceError("metrics/finetune.json: no validation_accuracy mean; rerun dvc repro finetune")
-    minutes = [_minutes(records[s]) for s in PIPELINE_STAGES if s in records]
+        raise BertraceError("reports/finetune.json: no validation_accuracy mean; rerun dvc repro finetune")
+    minutes = [_minutes(records[s]) for s in (("finetune",) if imported else PIPELINE_STAGES) if s in records]
     dag = sum(m for m in minutes if m is not None) + extra_minutes
     git = records["finetune"].get("git") or {}
-    pretrain_metrics = pretrain_metrics or {}
+    pretrain_metrics = {} if imported else pretrain_metrics or {}
     mode = (records["finetune"].get("params") or {}).get("mode", "full")
     return {
         "name": name,
-        "corpus": _corpus(records["download"].get("params") or {}),
+        "corpus": (f"published: {imported.get('source')}@{str(imported.get('resolved_revision') or 'local')[:10]}"
+                   if imported else _corpus(records["download"].get("params") or {})),
         "model": _model(model_config) + ("" if mode == "full" else f" ({mode})"),
         "pretrain_minutes": (round(pretrain_metrics["train_seconds"] / 60.0, 2)
                              if mode != "scratch" and "train_seconds" in pretrain_metrics else None),
@@ -103,6 +109,8 @@ def run_row(name: str, *, records: dict[str, dict[str, Any]], finetune_metrics: 
         "git_dirty": git.get("dirty"),
         "date": str(records["finetune"].get("finished") or "")[:10] or None,
         "note": "",
+        "warning": "; ".join(warnings) or None,
+        "objective": ((records.get("pretrain") or {}).get("params") or {}).get("objective") if mode != "scratch" else None,
     }
 
 
@@ -159,9 +167,13 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
     for r in rows:
         pre = ("none" if r.get("pretrain_minutes") is None
                else f"{r['pretrain_minutes']:.1f} min {r.get('device') or ''}".strip())
+        if r.get("objective") and r.get("pretrain_minutes") is not None:
+            pre = f"{r['objective']}, {pre}"
         if str(r.get("pretrain_budget") or "").startswith("time_minutes"):
             pre += " (wall-clock budget: not reproducible)"
         dev = f"**{r['dev_mean']:.2f}** ± {r['dev_std']:.2f} ({r['seeds']} seed{'s' if r['seeds'] != 1 else ''})"
+        if r.get("warning"):
+            dev = "⚠ " + dev  # predictions collapsed / at the majority baseline: see the note below
         if r.get("task") != task and task != "the task":
             dev += f" on {r.get('task') or 'another task'}"  # a recorded row of another task
         commit = _fmt(r.get("git_commit")) + (" (dirty)" if r.get("git_dirty") else "")
@@ -170,6 +182,7 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
                      f"{_fmt(r.get('test'), '.2f')} | {_fmt(r.get('imdb_test'), '.2f')} | "
                      f"{dag} | `{_fmt(r.get('params_hash'))}` | {commit} |")
     notes = [f"- **{r['name']}**: {r['note']}" for r in rows if r.get("note")]
+    notes += [f"- ⚠ **{r['name']}**: {r['warning']}" for r in rows if r.get("warning")]
     if notes:
         lines += [""] + notes
     if goal:

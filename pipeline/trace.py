@@ -5,7 +5,8 @@ a chain, newest first::
 
     evaluate → finetune → pretrain → examples → tokenizer → clean → download
 
-(whichever are present). ``target`` may be
+(whichever are present); a fine-tuned published checkpoint (``pipeline/hf_import.py``) ends in an
+``imported`` record instead: "imported from <source>@<revision>" and the sha256 of every file read. ``target`` may be
 
 * a checkpoint (fine-tuned ``model.pt``, pre-training ``best.pt`` / ``last.pt``): the chain is
   embedded in it, so this works on a machine that has nothing but the checkpoint;
@@ -238,6 +239,12 @@ def _source(rec: dict[str, Any]) -> str | None:
     return None
 
 
+def _imported(rec: dict[str, Any]) -> str:
+    """``<source>@<revision>`` of a published checkpoint's root record (pipeline/hf_import.py)."""
+    rev = rec.get("resolved_revision") or rec.get("revision")
+    return f"{rec.get('source')}@{rev}" if rev else f"{rec.get('source')} (local directory)"
+
+
 def _node(name: str, rec: dict[str, Any]) -> dict[str, Any]:
     git = rec.get("git") if isinstance(rec.get("git"), dict) else {}
     return {
@@ -245,13 +252,14 @@ def _node(name: str, rec: dict[str, Any]) -> dict[str, Any]:
         "git_commit": git.get("commit"),
         "git_dirty": git.get("dirty"),
         "dirty_paths": list(git.get("dirty_paths") or []),
+        "experiment": git.get("experiment") if isinstance(git.get("experiment"), dict) else None,  # dvc exp run
         "params_hash": rec.get("params_hash"),
         "params": rec.get("params") if isinstance(rec.get("params"), dict) else None,
         "started": rec.get("started"),
         "finished": rec.get("finished"),
         "pipeline_run_id": rec.get("pipeline_run_id"),
         "mlflow_run_id": rec.get("mlflow_run_id"),
-        "source": _source(rec) if name == "download" else None,
+        "source": _source(rec) if name == "download" else _imported(rec) if name == "imported" else None,
         "inputs": {str(k): v for k, v in (rec.get("inputs") or {}).items() if isinstance(v, str)},
         "outputs": {str(k): v for k, v in (rec.get("outputs") or {}).items() if isinstance(v, str)},
         "dvc_outs": {},  # path -> md5 in dvc.lock, as a downstream stage saw it
@@ -536,15 +544,22 @@ def format_tree(lin: dict[str, Any], verification: list[dict[str, Any]] | None =
         pv = by_key.get((node["stage"], "params", f"params.yaml:{node['stage']}"))
         if pv is not None and pv["status"] == CHANGED:
             params += f" (params.yaml now {_short(pv['actual'])})"
-        lines.append(f"{pad}└─ {node['stage']}  commit {commit}{dirty}  {params}  finished {node.get('finished') or '-'}")
+        if node["stage"] == "imported":  # a published checkpoint: no commit or params of ours
+            lines.append(f"{pad}└─ imported  read {node.get('finished') or '-'}")
+        else:
+            lines.append(f"{pad}└─ {node['stage']}  commit {commit}{dirty}  {params}  finished {node.get('finished') or '-'}")
         body = pad + ("     " if depth == len(chain) - 1 else "   │ ")
         if node["stage"] == "pretrain" and (node.get("params") or {}).get("time_minutes"):
             lines.append(f"{body} wall-clock budget: not reproducible from its commit "
                          f"(pretrain.time_minutes = {node['params']['time_minutes']}; set max_steps instead)")
+        if node["stage"] == "pretrain" and (node.get("params") or {}).get("objective"):
+            lines.append(f"{body} objective {node['params']['objective']}")  # mlm_nsp | mlm | electra ...
         if node.get("git_dirty") and node.get("dirty_paths"):
             lines.append(f"{body} uncommitted: {', '.join(node['dirty_paths'])}")
+        if node.get("experiment"):
+            lines.append(f"{body} {experiment_line(node['experiment'])}")
         if node.get("source"):
-            lines.append(f"{body} source {node['source']}")
+            lines.append(f"{body} {'imported from' if node['stage'] == 'imported' else 'source'} {node['source']}")
         rows = [("in ", "input", p, h) for p, h in sorted(node.get("inputs", {}).items())]
         rows += [("out", "output", p, h) for p, h in sorted(node.get("outputs", {}).items())]
         rows += [("dvc", "dvc", p, h) for p, h in sorted((node.get("dvc_outs") or {}).items())]
@@ -580,12 +595,28 @@ def format_tree(lin: dict[str, Any], verification: list[dict[str, Any]] | None =
     return "\n".join(lines)
 
 
+def experiment_line(exp: dict[str, Any]) -> str:
+    """``DVC experiment <name> (baseline <rev>): a.b 1 -> 2, …`` for a record made by ``dvc exp run``."""
+    diff = exp.get("params_diff") or {}
+    changes = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in list(diff.items())[:6])
+    more = f", … ({len(diff)} params)" if len(diff) > 6 else ""
+    return (f"DVC experiment {exp.get('name')} (baseline {_short(exp.get('baseline_rev'), 10)})"
+            + (f": {changes}{more}" if changes else ""))
+
+
 def reproduce_hint(lin: dict[str, Any]) -> list[str]:
-    """How to get this run's code and inputs back (README "Reproduce a checkpoint")."""
+    """How to get this run's code and inputs back (docs/provenance.md "Reproduce a checkpoint")."""
     chain = lin.get("chain") or []
     if not chain or not chain[0].get("git_commit"):
         return []
     head = chain[0]
+    exp = head.get("experiment")
+    if exp and exp.get("name"):
+        lines = [f"reproduce: dvc exp apply {exp['name']} && dvc repro   (the experiment's code and params; "
+                 f"or git checkout {exp.get('ref') or exp['name']})"]
+        if any(n.get("dvc_outs") for n in chain):
+            lines.append(f"   inputs: dvc exp apply {exp['name']} && dvc checkout   (the experiment's dvc.lock)")
+        return lines
     lines = [f"reproduce: git checkout {_short(head['git_commit'])} && dvc repro   (code and params of {head['stage']})"
              + ("; the tree was dirty: uncommitted changes are in no commit" if head.get("git_dirty") else "")]
     md5 = next((m for n in chain for m in (n.get("dvc_outs") or {}).values()), None)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import datetime as _dt
 import hashlib
 import io
 import json
@@ -70,8 +71,8 @@ from pipeline.device import (fused_adamw, mfu, precision_name, resolve_device, r
                              restore_deterministic, set_deterministic)
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_open, canonical_json, sha256_file
-from pipeline.model import config_from_params, num_parameters, param_groups
-from pipeline.objectives import OBJECTIVES, Objective, make_objective
+from pipeline.model import BertConfig, config_from_params, num_parameters, param_groups
+from pipeline.objectives import OBJECTIVES, ElectraParams, Objective, make_objective
 from pipeline.pretrain_data import PretrainingData, continuation_table, load_manifest, prefetch
 
 # Keys a resumed run may change: the budget (to extend the schedule), cadence and hardware.
@@ -84,8 +85,7 @@ TRAIN_CURVE = "pretrain_loss.csv"
 VAL_CURVE = "pretrain_val.csv"
 
 
-_NOT_NEGATIVE_HINTS = {"nsp_weight": " (1.0: BERT's MLM + NSP; 0.0: MLM only)",
-                       "warmup": " (a fraction < 1 of the budget, or a number of updates)"}
+_NOT_NEGATIVE_HINTS = {"warmup": " (a fraction < 1 of the budget, or a number of updates)"}
 
 
 class PretrainConfig(Section):
@@ -93,9 +93,13 @@ class PretrainConfig(Section):
 
     SECTION = "pretrain"
 
-    objective: Str = "bert"  # what is learnt: an OBJECTIVES name (pipeline/objectives/<name>.py)
+    objective: Str = "mlm_nsp"  # what is learnt: an OBJECTIVES name (pipeline/objectives/<name>.py)
     # a preset (tiny|mini|small|medium|base|large) and BertConfig overrides
     model: dict[str, Any] = {"preset": "tiny", "dropout": 0.0, "attention_dropout": 0.0}
+    # continued pre-training: start from these weights (our .pt, or a Hugging Face model directory / hub
+    # pointer file, pipeline/hf_import.py) instead of a random init; its architecture wins over `model`
+    # (whose dropout / attention_dropout still apply); null: random init
+    init: Str | None = None
     batch_size: Int = 32  # examples per optimizer update, all ranks and accumulation steps together
     grad_accum: Int = 1  # micro-batches per update
     lr: Float = 5e-4  # peak learning rate
@@ -104,7 +108,7 @@ class PretrainConfig(Section):
     betas: tuple[Float, Float] = (0.9, 0.999)
     eps: Float = 1e-6
     clip_grad_norm: Float = 1.0  # 0 disables clipping
-    nsp_weight: Float = 1.0  # loss = MLM + nsp_weight * NSP; BERT 1.0, 0.0 = MLM only (RoBERTa)
+    electra: ElectraParams = ElectraParams()  # objective electra: generator size, discriminator loss weight
     # budget: exactly one of these
     max_steps: Int | None = 2000  # optimizer updates (reproducible)
     epochs: Float | None = None  # passes over the training shards, may be fractional (reproducible)
@@ -119,7 +123,7 @@ class PretrainConfig(Section):
     shuffle_buffer: Int = 10_000  # examples in each rank's shuffle buffer
     seed: Int = 0
     device: Str = "auto"  # auto (cuda -> mps -> cpu) | cpu | cuda | cuda:N | mps
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 (else fp16) on CUDA, fp32 otherwise
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 (else fp16) on CUDA; bf16 on CPUs with bf16 instructions, else fp32
     tf32: Bool = True  # TensorFloat-32 matmuls on Ampere+ GPUs
     compile: Bool = False  # torch.compile the model (dynamic shapes; compile time is not in time_minutes)
     num_threads: Int = 0  # torch CPU threads (0: torch's default, the number of cores)
@@ -143,9 +147,20 @@ class PretrainConfig(Section):
     @field_validator("objective")
     @classmethod
     def _objective(cls, v: str) -> str:
+        if v == "bert":
+            raise ValueError("'bert' is now called mlm_nsp (MLM + NSP, as BERT); use objective: mlm_nsp, or mlm "
+                             "for the masked LM alone (the former nsp_weight: 0)")
         if v not in OBJECTIVES:
             raise ValueError(f"must be one of {', '.join(sorted(OBJECTIVES))} (pipeline/objectives/)")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data):
+        if isinstance(data, dict) and "nsp_weight" in data:
+            raise ValueError(f"nsp_weight = {data['nsp_weight']!r} is gone: remove it and set objective: mlm_nsp "
+                             "(MLM + NSP, the former nsp_weight: 1) or objective: mlm (the former nsp_weight: 0)")
+        return data
 
     @field_validator("resume", mode="before")
     @classmethod
@@ -162,7 +177,7 @@ class PretrainConfig(Section):
         return v
 
     @field_validator("max_steps", "epochs", "time_minutes", "eval_every", "eval_batches", "checkpoint_every",
-                     "checkpoint_minutes", "num_threads", "weight_decay", "clip_grad_norm", "nsp_weight", "warmup")
+                     "checkpoint_minutes", "num_threads", "weight_decay", "clip_grad_norm", "warmup")
     @classmethod
     def _not_negative(cls, v, info):
         if v is not None and v < 0:
@@ -484,7 +499,10 @@ class Trainer:
             "train_config": self.cfg.to_dict(),
             "step": self.step, "tokens_seen": self.tokens_seen, "train_seconds": self.elapsed,
             f"best_{self.objective.best_metric}": None if self.best == math.inf else self.best,
-            "metrics": dict(self.last_val), "provenance": self.provenance,
+            "metrics": dict(self.last_val),
+            # the record was made when the stage started: "finished" is when these weights were written
+            "provenance": {**self.provenance,
+                           "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
         }
         if full:
             s.update({
@@ -699,6 +717,42 @@ class Trainer:
 # ----------------------------------------------------------------------------- entry point
 
 
+def _init_checkpoint(cfg: PretrainConfig, tokenizer_sha: str, tokenizer_json: Path | None) -> dict[str, Any]:
+    """``{model, model_config, provenance, record}`` of ``pretrain.init``: our checkpoint, or a published
+    one (pipeline/hf_import.py), checked to share the examples' vocabulary (same ids, same tokens)."""
+    from pipeline.hf_import import is_hf_source
+
+    if is_hf_source(cfg.init):
+        from pipeline.hf_import import describe, import_checkpoint
+
+        init = import_checkpoint(cfg.init, param="pretrain.init")
+        record = {"path": str(cfg.init), "imported_from": describe(init["provenance"])}
+    else:
+        path = Path(cfg.init)
+        if not path.is_file():
+            raise BertraceError(f"params.yaml: pretrain.init {path}: not found; give a checkpoint (.pt) or a Hugging "
+                                "Face model directory / hub pointer file, or null for a random init")
+        init = ckpt_lib.load_checkpoint(path)
+        if "model" not in init or "model_config" not in init:
+            raise BertraceError(f"params.yaml: pretrain.init {path}: not a pre-training checkpoint (no model weights)")
+        record = {"path": path.as_posix(), "sha256": sha256_file(path), "step": init.get("step")}
+    init_sha = (init.get("provenance") or {}).get("tokenizer_sha256")
+    if init_sha != tokenizer_sha:
+        same_vocab = False
+        if tokenizer_json is not None and "tokenizer_json" in init:
+            from tokenizers import Tokenizer
+
+            same_vocab = (Tokenizer.from_file(str(tokenizer_json)).get_vocab()
+                          == Tokenizer.from_str(init["tokenizer_json"]).get_vocab())
+        if not same_vocab:
+            raise BertraceError(
+                f"params.yaml: pretrain.init {cfg.init} was trained with another tokenizer (sha256 {init_sha}) than "
+                f"the examples (sha256 {tokenizer_sha}): its token ids would mean other tokens. Continue pre-training "
+                "on examples made with the checkpoint's own tokenizer, or set pretrain.init: null")
+    record["tokenizer_sha256"] = init_sha
+    return {**init, "record": record}
+
+
 def _check_resumable(state: dict, last_path: Path, cfg: PretrainConfig, config, out_dir: Path, *,
                      tokenizer_sha: str, manifest_sha: str, manifest_path: Path) -> None:
     """Raise BertraceError when ``state`` cannot be continued with the current data and params."""
@@ -710,7 +764,9 @@ def _check_resumable(state: dict, last_path: Path, cfg: PretrainConfig, config, 
         raise BertraceError(
             f"{last_path}: model config differs from params.yaml pretrain.model (checkpoint, now): {diff}; "
             f"delete {out_dir} to start over, or restore the params the checkpoint was trained with")
-    old, new = state.get("train_config") or {}, cfg.to_dict()
+    old, new = dict(state.get("train_config") or {}), cfg.to_dict()
+    if old.get("objective") == "bert":  # named so before mlm_nsp / mlm; nsp_weight 0 was MLM only
+        old["objective"] = "mlm" if old.pop("nsp_weight", 1.0) == 0 else "mlm_nsp"
     defaults = PretrainConfig().to_dict()  # for keys added since the checkpoint was written
     changed = {k: (old.get(k, defaults.get(k)), new[k]) for k in new if k not in RESUMABLE_CHANGES and k != "model"
                and old.get(k, defaults.get(k)) != new[k]}
@@ -845,10 +901,15 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
         torch.set_float32_matmul_precision("high" if cfg.tf32 else "highest")
     precision = precision_name(autocast_dtype)
 
+    objective.prepare(load_manifest(examples_dir), examples_dir)  # shards of its kind (examples.mode)?
     manifest, manifest_sha, train_data, valid_data, micro = _load_data(cfg, examples_dir, tokenizer_json, rank, world)
     manifest_path = examples_dir / "manifest.json"
     tokenizer_sha = manifest["tokenizer_sha256"]
-    config = config_from_params(dict(cfg.model), vocab_size=int(manifest["vocab_size"]))
+    config = objective.model_config(config_from_params(dict(cfg.model), vocab_size=int(manifest["vocab_size"])))
+    init = _init_checkpoint(cfg, tokenizer_sha, tokenizer_json) if cfg.init else None
+    if init is not None:
+        drop = {k: float(cfg.model[k]) for k in ("dropout", "attention_dropout") if cfg.model.get(k) is not None}
+        config = objective.model_config(BertConfig.from_dict({**init["model_config"], **drop}))
     if manifest["max_seq_len"] > config.max_position:
         raise BertraceError(
             f"{manifest_path}: max_seq_len {manifest['max_seq_len']} exceeds the model's max_position "
@@ -856,8 +917,10 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
     provenance = json.loads(canonical_json({
         **provenance, "tokenizer_sha256": tokenizer_sha, "examples_manifest_sha256": manifest_sha,
         "torch": torch.__version__, "device": str(device), "precision": precision, "world_size": world,
-        "determinism": determinism,
+        "determinism": determinism, "objective": cfg.objective, **({"init": init["record"]} if init else {}),
     }))
+    if init is not None and init["provenance"].get("stage") == "imported":  # trace: "imported from ..." at the root
+        provenance["upstream"] = {**(provenance.get("upstream") or {}), "imported": init["provenance"]}
 
     last_path, best_path = out_dir / ckpt_lib.LAST, out_dir / ckpt_lib.BEST
     state = _resume_state(resume, last_path, cfg, config, out_dir, device, rank, world,
@@ -873,7 +936,15 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
     torch.manual_seed(cfg.seed)  # identical initialisation on every rank
     random.seed(cfg.seed)  # unused by training, but saved in last.pt: seeded, so the file is the same too
     np.random.seed(cfg.seed)
-    model = objective.build_model(config).to(device)
+    model = objective.build_model(config)
+    if init is not None and state is None:  # a resumed run continues its own weights
+        try:
+            model.load_state_dict(init["model"])
+        except RuntimeError as e:
+            raise BertraceError(f"params.yaml: pretrain.init {cfg.init}: its weights do not fit the "
+                                f"{type(model).__name__} of objective {cfg.objective} ({str(e).splitlines()[0][:300]} "
+                                "...); continue pre-training with the objective it was trained with") from None
+    model = model.to(device)
     trainer = Trainer(cfg, objective, model=model, config=config, train_data=train_data, valid_data=valid_data,
                       device=device, autocast_dtype=autocast_dtype, use_scaler=use_scaler, world=world, rank=rank,
                       micro=micro, out_dir=out_dir, curves_dir=curves_dir, provenance=provenance, on_log=on_log)

@@ -23,7 +23,7 @@ from pipeline.errors import BertraceError
 from pipeline.io import sha256_file, write_json
 from pipeline.pretrain_data import load_manifest, verify_shards
 from pipeline.train import TRAIN_CURVE, VAL_CURVE, PretrainConfig, pretrain
-from stages.common import METRICS_DIR, StageRun, load_params, run_stage
+from stages.common import DETAILS_DIR, METRICS_DIR, StageRun, load_params, run_stage
 
 EXAMPLES = Path("data/examples")
 TOKENIZER = Path("data/tokenizer/tokenizer.json")
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> None:
             verified = check_shards(cfg, manifest, rank, world)
             run.extra.update({"tokenizer_sha256": manifest["tokenizer_sha256"],
                               "examples_manifest_sha256": manifest_sha, "world_size": world,
-                              "shards_verified": verified})
-            run.set_tags({"bertrace.tokenizer_sha256": manifest["tokenizer_sha256"],
+                              "shards_verified": verified, "objective": cfg.objective})
+            run.set_tags({"bertrace.objective": cfg.objective, "bertrace.tokenizer_sha256": manifest["tokenizer_sha256"],
                           "bertrace.examples_manifest_sha256": manifest_sha, "bertrace.world_size": world,
                           "bertrace.shards_verified": verified})
 
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
                     run.add_output(OUT / name)
             run.set_tags({"bertrace.model_sha256": metrics["model_sha256"]})
             run.extra.update({k: metrics[k] for k in ("budget", "deterministic", "num_threads") if k in metrics})
-            write_json(METRICS_DIR / "pretrain.json", metrics)  # the DVC metrics file
+            write_json(DETAILS_DIR / "pretrain.json", metrics)  # every number
+            write_json(METRICS_DIR / "pretrain.json", metrics_summary(metrics))  # the DVC metrics file: the few compared
             run.log_metrics({"final": metrics}, step=metrics["step"])  # final.* (per-step curves stay clean)
             run.log_artifact(PLOTS / TRAIN_CURVE, "plots")
             run.log_artifact(PLOTS / VAL_CURVE, "plots")
@@ -136,11 +137,29 @@ def main(argv: list[str] | None = None) -> None:
             run.write_provenance()
             val = f", val MLM loss {metrics['val_mlm_loss']:.4f} (ppl {metrics['val_perplexity']:.1f})" \
                 if "val_mlm_loss" in metrics else ""
+            if "val_disc_loss" in metrics:  # electra
+                val = (f", val discriminator loss {metrics['val_disc_loss']:.4f} (acc {metrics['val_disc_acc']:.3f}), "
+                       f"generator MLM loss {metrics['val_gen_loss']:.4f}")
+            if "val_bits_per_byte" in metrics:  # clm
+                val = (f", val loss {metrics['val_loss']:.4f} (ppl {metrics['val_perplexity']:.1f}, "
+                       f"{metrics['val_bits_per_byte']:.3f} bits/byte; unigram {metrics['val_unigram_loss']:.4f})")
             print(f"pretrain: step {metrics['step']}, {metrics['tokens_seen']:,} tokens, "
                   f"{metrics['train_seconds'] / 60:.1f} min{val} -> {OUT}")
     finally:
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def metrics_summary(metrics: dict) -> dict:
+    """The numbers ``metrics/pretrain.json`` holds (``dvc exp show`` columns): tokens seen, validation
+    loss and each objective's validation accuracy (``val_mlm_acc`` → ``mlm_acc``), throughput."""
+    out = {"tokens": metrics.get("tokens_seen"), "val_loss": metrics.get("val_loss")}
+    out.update({k[len("val_"):]: v for k, v in sorted(metrics.items())
+                if k.startswith("val_") and k.endswith("_acc") and v is not None})
+    for k in ("val_bits_per_byte", "val_unigram_bits_per_byte"):  # clm: comparable across tokenizers
+        out[k[len("val_"):]] = metrics.get(k)
+    out["tok_per_s"] = metrics.get("tokens_per_s")
+    return {k: v for k, v in out.items() if v is not None}
 
 
 if __name__ == "__main__":

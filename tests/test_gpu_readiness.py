@@ -249,7 +249,7 @@ train.PretrainingData.epoch_batches, train.PretrainingData.eval_batches = epoch_
 # one epoch over 3 row groups on 2 ranks; validation at the end on eval_batches=2 global batches of 8
 cfg = PretrainConfig(model=model, batch_size=8, lr=2e-3, warmup=0.1, max_steps=None, epochs=1, eval_every=0,
                      eval_batches=2, log_every=1, checkpoint_every=None, checkpoint_minutes=None, num_threads=1,
-                     snapshot_steps=[])
+                     snapshot_steps=[], precision="fp32")  # fp32: the test compares with a one-process fp32 evaluate
 metrics = pretrain(cfg, examples_dir=examples, out_dir=base / "out", provenance={}, progress=False)
 (base / f"report{rank}.json").write_text(json.dumps({"metrics": metrics, "seen": seen, "evaluated": evaluated}))
 dist.destroy_process_group()

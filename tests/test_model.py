@@ -9,7 +9,6 @@ import torch.nn as nn
 
 from pipeline.errors import BertraceError
 from pipeline.model import (
-    PRESETS,
     BertConfig,
     BertForPreTraining,
     BertForSequenceClassification,
@@ -119,8 +118,8 @@ def test_pretraining_loss_and_gradients_match_hugging_face():
 
 
 def test_nsp_weight_scales_the_nsp_term_and_zero_leaves_the_nsp_head_untrained():
-    """pretrain.nsp_weight: 1 is BERT's sum; 0 is MLM only (no gradient reaches the NSP head
-    or the pooler, which only NSP trains); the reported parts stay the same."""
+    """nsp_weight 1 is BERT's sum (objective mlm_nsp); 0 is MLM only (objective mlm: no gradient
+    reaches the NSP head or the pooler, which only NSP trains); the reported parts stay the same."""
     torch.manual_seed(0)
     m = BertForPreTraining(tiny())
     ids, token_type, mask, positions = batch()
@@ -138,9 +137,11 @@ def test_nsp_weight_scales_the_nsp_term_and_zero_leaves_the_nsp_head_untrained()
     assert m.bert.embeddings.word.weight.grad.abs().sum() > 0
     from pipeline.train import PretrainConfig
 
-    assert PretrainConfig(nsp_weight="0", max_steps=1).nsp_weight == 0.0
-    with pytest.raises(BertraceError, match="pretrain.nsp_weight = -1: must be >= 0"):
-        PretrainConfig(nsp_weight=-1, max_steps=1)
+    from pipeline.objectives import OBJECTIVES
+
+    assert OBJECTIVES["mlm"].nsp_weight == 0.0 and OBJECTIVES["mlm_nsp"].nsp_weight == 1.0
+    with pytest.raises(BertraceError, match="nsp_weight = 0.*is gone.*objective: mlm"):
+        PretrainConfig(nsp_weight=0, max_steps=1)
 
 
 def test_sequence_classification_matches_hugging_face():

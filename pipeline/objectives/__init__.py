@@ -6,9 +6,12 @@
 from __future__ import annotations
 
 from pipeline.objectives.base import Objective
-from pipeline.objectives.bert import BertPretraining
+from pipeline.objectives.bert import BertPretraining, MlmPretraining
+from pipeline.objectives.clm import CausalLM
+from pipeline.objectives.electra import ElectraParams, ElectraPretraining
 
-OBJECTIVES: dict[str, type[Objective]] = {"bert": BertPretraining}
+OBJECTIVES: dict[str, type[Objective]] = {"mlm_nsp": BertPretraining, "mlm": MlmPretraining,
+                                          "electra": ElectraPretraining, "clm": CausalLM}
 
 
 def make_objective(cfg) -> Objective:
@@ -16,4 +19,5 @@ def make_objective(cfg) -> Objective:
     return OBJECTIVES[cfg.objective].from_config(cfg)
 
 
-__all__ = ["OBJECTIVES", "BertPretraining", "Objective", "make_objective"]
+__all__ = ["OBJECTIVES", "BertPretraining", "CausalLM", "ElectraParams", "ElectraPretraining", "MlmPretraining",
+           "Objective", "make_objective"]

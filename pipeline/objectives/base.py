@@ -30,14 +30,35 @@ class Objective:
     loss_names: ClassVar[tuple[str, ...]]  # keys of losses(), "loss" first: the training-curve columns
     val_names: ClassVar[tuple[str, ...]]  # keys of eval_metrics(): the validation-curve columns
     best_metric: ClassVar[str]  # a val_names entry, lower is better; checkpoints store best_<it>
+    examples_mode: ClassVar[str] = "mlm_nsp"  # the examples.mode whose shards it reads (manifest "mode")
 
     @classmethod
     def from_config(cls, cfg) -> "Objective":
         """The objective as ``cfg`` (a PretrainConfig) configures it."""
         return cls()
 
+    def model_config(self, config: BertConfig) -> BertConfig:
+        """The encoder config this objective trains (and the checkpoint records) from the one
+        ``pretrain.model`` gives; e.g. ELECTRA sets its classification head. Default: unchanged."""
+        return config
+
     def build_model(self, config: BertConfig) -> torch.nn.Module:
         raise NotImplementedError
+
+    def prepare(self, manifest: dict[str, Any], examples_dir) -> None:
+        """Check the examples are of this objective's kind (``examples_mode``) before training, and
+        read what it needs from them (e.g. ``clm``: bytes per token, the unigram baseline)."""
+        from pipeline.errors import BertraceError
+
+        mode = manifest.get("mode", "mlm_nsp")
+        if mode != self.examples_mode:
+            kind = {"causal": "packed causal-LM blocks", "mlm_nsp": "MLM/NSP examples"}.get(mode, mode)
+            fix = "clm" if mode == "causal" else "one of the masked-LM objectives (mlm_nsp, mlm, electra)"
+            raise BertraceError(
+                f"params.yaml: pretrain.objective is {self.name!r}, which trains on examples.mode "
+                f"{self.examples_mode}, but {examples_dir}/manifest.json holds {kind} (examples.mode: {mode}); "
+                f"set examples.mode: {self.examples_mode} and rerun the examples stage, or set pretrain.objective: "
+                f"{fix}")
 
     def flops_per_token(self, config: BertConfig, manifest: dict[str, Any]) -> float:
         """Training FLOPs per input token (forward + backward) for MFU and ``train_flops``."""

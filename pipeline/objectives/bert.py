@@ -1,9 +1,14 @@
-"""BERT's objective: masked LM + next-sentence prediction (Devlin et al. 2018, section 3.1).
+"""BERT's objectives: masked LM + next-sentence prediction (Devlin et al. 2018, section 3.1),
+and the masked LM alone.
 
-``loss = mlm + nsp_weight * nsp``, as Google's ``run_pretraining.py`` adds them (``nsp_weight``
-1.0); 0.0 trains the MLM alone, as RoBERTa (Liu et al. 2019), and still measures the NSP head.
-The MLM head runs on the masked positions only (``gather_indexes``), so the MLM loss is the
-mean over predictions, which equals Google's weighted mean.
+``mlm_nsp``: ``loss = mlm + nsp``, as Google's ``run_pretraining.py`` adds them. ``mlm``: the
+masked LM alone, as RoBERTa (Liu et al. 2019) and the academic-budget recipes (Izsak et al.
+2021; Geiping & Goldstein 2022); the model is the same BertForPreTraining, the NSP term enters
+the loss with weight 0 (so its head and the pooler get exact-zero gradients and every parameter
+stays in the graph, which DDP needs) and the NSP head is still measured. This replaces the
+former ``pretrain.nsp_weight`` (1.0 / 0.0). The MLM head runs on the masked positions only
+(``gather_indexes``), so the MLM loss is the mean over predictions, which equals Google's
+weighted mean.
 """
 
 from __future__ import annotations
@@ -20,19 +25,19 @@ from pipeline.objectives.base import Objective
 
 
 class BertPretraining(Objective):
-    """Masked LM + NSP on BertForPreTraining; ``best.pt`` is the lowest validation MLM loss."""
+    """Masked LM + NSP on BertForPreTraining (``mlm_nsp``); ``best.pt`` is the lowest validation
+    MLM loss."""
 
-    name = "bert"
+    name = "mlm_nsp"
     loss_names = ("loss", "mlm_loss", "nsp_loss")
     val_names = ("val_loss", "val_mlm_loss", "val_mlm_acc", "val_nsp_loss", "val_nsp_acc", "val_perplexity")
     best_metric = "val_mlm_loss"
 
-    def __init__(self, nsp_weight: float = 1.0):
-        self.nsp_weight = nsp_weight
+    nsp_weight: float = 1.0  # the weight of the NSP term in the loss
 
     @classmethod
     def from_config(cls, cfg) -> "BertPretraining":
-        return cls(nsp_weight=cfg.nsp_weight)
+        return cls()
 
     def build_model(self, config: BertConfig) -> BertForPreTraining:
         return BertForPreTraining(config)
@@ -77,3 +82,11 @@ class BertPretraining(Objective):
             "val_nsp_acc": sums[4] / sums[5],
             "val_perplexity": math.exp(min(mlm_loss, 700.0)),
         }
+
+
+class MlmPretraining(BertPretraining):
+    """The masked LM alone (``mlm``): BertPretraining with the NSP term weighted 0 (see the
+    module docstring); ``val_loss`` is the MLM loss, NSP is reported but not trained."""
+
+    name = "mlm"
+    nsp_weight = 0.0
