@@ -82,7 +82,7 @@ from pipeline.config import Bool, Float, Int, format_errors
 from pipeline.encode import SentenceEncoder
 from pipeline.errors import BertraceError
 from pipeline.distributed import Engine, EngineParams, run_tasks
-from pipeline.formats import CLS_ID, MASK_ID, SCHEMA_VERSION, SEP_ID, SPECIAL_IDS, SPLIT_IDS
+from pipeline.formats import CLS_ID, MASK_ID, SCHEMA_VERSION, SEP_ID, SPECIAL_IDS, SPLIT_IDS, UNIGRAM_COUNTS
 from pipeline.io import atomic_path, sha256_bytes, sha256_file, write_json
 from pipeline.masking import MaskingSpec, mask_sequence
 from pipeline.sentences import split_sentences
@@ -115,6 +115,9 @@ class ExamplesConfig(EngineParams):
 
     SECTION: ClassVar[str] = "examples"
 
+    # mlm_nsp: Google's recipe below; causal: documents packed into blocks of max_seq_len (pipeline/packing.py),
+    # for which only max_seq_len, shuffle_documents, docs_per_shard, row_group_size and seed matter
+    mode: Literal["mlm_nsp", "causal"] = "mlm_nsp"
     max_seq_len: Int = 128
     short_seq_prob: Float = 0.1
     masked_lm_prob: Float = 0.15
@@ -600,6 +603,7 @@ def _check_corpus(path: Path, split: str) -> np.ndarray:
 
 def _remove_stale(out_dir: Path):
     (out_dir / "manifest.json").unlink(missing_ok=True)
+    (out_dir / UNIGRAM_COUNTS).unlink(missing_ok=True)  # written by examples.mode: causal (pipeline/packing.py)
     for split in SPLIT_IDS:
         d = out_dir / split
         if d.is_dir():
@@ -622,7 +626,7 @@ def generate_examples(
     scheduler: str | None = None,
     progress: bool = True,
 ) -> dict:
-    """Write train/valid Parquet shards and ``manifest.json`` (SPEC "Examples shards").
+    """Write train/valid Parquet shards and ``manifest.json`` (docs/formats.md "Examples shards").
 
     Partitions are independent tasks, run by ``engine`` (:mod:`pipeline.distributed`):
     ``local`` uses ``workers`` processes (0 = ``os.cpu_count()``, 1 = this process; never
@@ -637,6 +641,10 @@ def generate_examples(
         raise TypeError("cfg must be an ExamplesConfig")
     if not isinstance(engine, Engine):
         engine = Engine.from_params({"engine": engine, "workers": workers, "dask_scheduler": scheduler}, "examples")
+    if cfg.mode == "causal":  # packed causal-LM blocks: pipeline/packing.py
+        from pipeline.packing import generate_packed
+
+        return generate_packed(train_txt, valid_txt, tokenizer_json, out_dir, cfg, engine=engine, progress=progress)
 
     tok = load_tokenizer(tokenizer_json)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
@@ -691,6 +699,7 @@ def generate_examples(
     tokenizer_sha = sha256_file(tokenizer_json)
     manifest = {
         "schema_version": SCHEMA_VERSION,
+        "mode": "mlm_nsp",
         "masking": cfg.masking,
         "tokenizer_sha256": tokenizer_sha,
         "vocab_size": vocab_size,

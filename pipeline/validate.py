@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar
@@ -89,6 +90,10 @@ class CheckResult:
 @dataclass
 class ValidationReport:
     results: list[CheckResult]
+    gx_results: list = field(default_factory=list, repr=False)  # GX suite results for the Data Docs site
+
+    def __add__(self, other: "ValidationReport") -> "ValidationReport":
+        return ValidationReport(self.results + other.results, self.gx_results + other.gx_results)
 
     @property
     def success(self) -> bool:
@@ -99,7 +104,7 @@ class ValidationReport:
         return [r for r in self.results if not r.success]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able summary (metrics/validate.json): counts, failed targets, every check."""
+        """JSON-able summary (reports/validate.json): counts, failed targets, every check."""
         failures = self.failures
         by_expectation: dict[str, dict[str, int]] = {}
         for r in self.results:
@@ -201,31 +206,116 @@ class _GX:
         self.context = gx.get_context(mode="ephemeral", project_config=config)
         asset = self.context.data_sources.add_pandas("bertrace").add_dataframe_asset("frame")
         self.batch_definition = asset.add_batch_definition_whole_dataframe("whole frame")
+        self.definitions: list[_Definition] = []
 
     def definition(self, name: str, expectations: list) -> "_Definition":
         suite = self.context.suites.add(self.gx.ExpectationSuite(name=name, expectations=expectations))
         vd = self.context.validation_definitions.add(
             self.gx.ValidationDefinition(name=name, data=self.batch_definition, suite=suite)
         )
-        return _Definition(vd, [e.id for e in suite.expectations])
+        self.definitions.append(_Definition(vd, [e.id for e in suite.expectations]))
+        return self.definitions[-1]
+
+    def kept(self) -> list:
+        """The suite results worth a Data Docs page (see :attr:`_Definition.kept`)."""
+        return [r for d in self.definitions for r in d.kept]
 
 
 @dataclass
 class _Definition:
     vd: Any
     order: list[str]
+    # Suite results for the Data Docs site: every failed run, and a suite's first run (what it checks);
+    # passing reruns on other shards / chunks add nothing to look at.
+    kept: list = field(default_factory=list)
 
-    def run(self, frame, *, params: dict | None = None, samples: int = 5, complete: bool = False) -> list:
-        """Validate ``frame``; the GX results in suite order."""
+    def run(self, frame, *, params: dict | None = None, samples: int = 5, complete: bool = False,
+            run_name: str | None = None) -> list:
+        """Validate ``frame`` (``run_name``: the file or split it came from, the Data Docs page's
+        title); the GX results in suite order."""
         import warnings
+
+        from great_expectations.core.run_identifier import RunIdentifier
 
         fmt = {"result_format": "COMPLETE" if complete else "SUMMARY", "partial_unexpected_count": samples}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             res = self.vd.run(batch_parameters={"dataframe": frame}, expectation_parameters=params or {},
-                              result_format=fmt)
+                              result_format=fmt, run_id=RunIdentifier(run_name=_page_name(run_name)) if run_name else None)
+        if not res.success or not self.kept:
+            self.kept.append(res)
         pos = {eid: i for i, eid in enumerate(self.order)}
         return sorted(res.results, key=lambda r: pos.get(r.expectation_config.id, len(pos)))
+
+
+_EPOCH = __import__("datetime").datetime(1970, 1, 1, tzinfo=__import__("datetime").timezone.utc)
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _page_name(target: str) -> str:
+    """A run name GX's filesystem store takes (no ``/`` or ``\\``): path separators become ``∕``."""
+    return str(target).replace("/", "\u2215").replace("\\", "\u2215")
+
+
+def build_data_docs(gx_results: list, directory: str | Path) -> Path:
+    """The Great Expectations Data Docs HTML site of ``gx_results`` (suite validation results:
+    :attr:`ValidationReport.gx_results`) in ``directory``; returns its ``index.html``.
+
+    A filesystem site (GX 1.x ``data_docs_sites``, ``SiteBuilder`` with a ``TupleFilesystemStoreBackend``)
+    on a fresh ephemeral context: one page per result, titled with the file or split checked (the run
+    name), listing each expectation with its observed value and, for a failed one, the unexpected
+    values GX sampled. ``directory`` is replaced."""
+    import copy
+    import shutil
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import great_expectations as gx
+        from great_expectations.core.run_identifier import RunIdentifier
+        from great_expectations.data_context.types.base import (DataContextConfig, InMemoryStoreBackendDefaults,
+                                                                ProgressBarsConfig)
+        from great_expectations.data_context.types.resource_identifiers import (ExpectationSuiteIdentifier,
+                                                                                ValidationResultIdentifier)
+
+    directory = Path(directory)
+    tmp = directory.with_name(f".{directory.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    config = DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
+        progress_bars=ProgressBarsConfig(globally=False), analytics_enabled=False,
+        data_docs_sites={"bertrace": {
+            "class_name": "SiteBuilder", "show_how_to_buttons": False,
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(tmp.resolve())},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+        }},
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        context = gx.get_context(mode="ephemeral", project_config=config)
+        store = context.validation_results_store
+        for res in gx_results:
+            # Byte-identical on a rebuild (a cached DVC output that downstream records name by md5): the
+            # page's run time is fixed (the Unix epoch) and GX's random ids are replaced by stable ones.
+            run_id = RunIdentifier(run_name=res.meta["run_id"].run_name, run_time=_EPOCH)
+            res = copy.deepcopy(res)
+            res.meta.update(run_id=run_id, validation_time=_EPOCH, validation_id=None, checkpoint_id=None)
+            if isinstance(res.meta.get("batch_markers"), dict) and "ge_load_time" in res.meta["batch_markers"]:
+                res.meta["batch_markers"] = {**res.meta["batch_markers"], "ge_load_time": "19700101T000000.000000Z"}
+            for i, r in enumerate(res.results):
+                r.expectation_config.id = None
+            key = ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(name=res.suite_name),
+                                             run_id=run_id, batch_identifier="frame")
+            store.set(key, res)
+        context.build_data_docs(site_names=["bertrace"])
+    for page in tmp.rglob("*.html"):  # what the renderer itself makes up: a cache-busting time, random ids
+        text = re.sub(r"\?d=\d{8}T\d{6}\.\d+Z", "", page.read_text(encoding="utf-8"))
+        ids: dict[str, str] = {}
+        text = _UUID.sub(lambda m: ids.setdefault(m.group(0), f"{len(ids):08d}-0000-4000-8000-000000000000"), text)
+        page.write_text(text, encoding="utf-8")
+    shutil.rmtree(directory, ignore_errors=True)
+    tmp.rename(directory)
+    return directory / "index.html"
 
 
 def _expectation_name(r) -> str:
@@ -358,7 +448,7 @@ def validate_corpus(
             digests.append((target, frame))
     if len(digests) > 1:
         results += _cross_file_duplicates(gx, digests)
-    return ValidationReport(results)
+    return ValidationReport(results, gx.kept())
 
 
 def _check_corpus_file(path: Path, text_suite: "_Definition", doc_suite: "_Definition"):
@@ -380,14 +470,14 @@ def _check_corpus_file(path: Path, text_suite: "_Definition", doc_suite: "_Defin
         def sample(i: int, _value: Any, docs=docs, first=first_line) -> dict:
             return {"line": first + i, "chars": len(docs[i]), "text": _preview(docs[i])}
 
-        chunk = [_to_check(r, target, sample) for r in text_suite.run(frame, samples=CORPUS_SAMPLE_ROWS)]
+        chunk = [_to_check(r, target, sample) for r in text_suite.run(frame, samples=CORPUS_SAMPLE_ROWS, run_name=target)]
         merged = chunk if not merged else [_merge(a, b) for a, b in zip(merged, chunk)]
         hashes += [hashlib.blake2b(d.encode("utf-8"), digest_size=16).digest() for d in docs]
         first_line += len(docs)
 
     frame = pd.DataFrame({"document_hash": [h.hex() for h in hashes], "line": np.arange(1, len(hashes) + 1)})
     del hashes
-    doc_checks = [_to_check(r, target, lambda i, _v: {"line": i + 1}) for r in doc_suite.run(frame)]
+    doc_checks = [_to_check(r, target, lambda i, _v: {"line": i + 1}) for r in doc_suite.run(frame, run_name=target)]
     for c in doc_checks:
         if c.expectation.startswith("expect_table_row_count") and not c.success and len(frame) == 0:
             c.message = f"{path}: file is empty; " + c.message
@@ -458,7 +548,7 @@ def _cross_file_duplicates(gx: _GX, digests: list) -> list[CheckResult]:
     suite = gx.definition("corpus across files", [
         gx.gxe.ExpectColumnValuesToBeUnique(column="document_hash", description="no document in more than one file"),
     ])
-    (r,) = suite.run(frame, complete=True)
+    (r,) = suite.run(frame, complete=True, run_name="all corpus files")
     bad = frame.iloc[np.asarray(r.result.get("unexpected_index_list") or [], dtype=np.int64)]
     results = []
     for k, (target, _) in enumerate(digests):
@@ -572,6 +662,10 @@ def validate_shards(
         manifest = read_json(manifest_path)
         if not isinstance(manifest, dict):
             raise BertraceError(f"{manifest_path}: not a JSON object; rerun the examples stage")
+        if manifest.get("mode") == "causal":  # packed causal-LM blocks: their own suite
+            from pipeline.validate_packed import validate_packed_shards
+
+            return validate_packed_shards(examples_dir, manifest, max_sample_rows=max_sample_rows, progress=progress)
         spec = _ShardSpec.from_manifest(manifest, manifest_path)
     except BertraceError as e:
         return ValidationReport([_fail(manifest_path, "manifest_readable", str(e))])
@@ -615,7 +709,7 @@ def validate_shards(
             results.append(_fail(path, "shard_listed_in_manifest",
                                  f"{path}: not listed in {manifest_path} (a stale shard from an earlier run?); "
                                  "delete it or rerun the examples stage"))
-    return ValidationReport(results)
+    return ValidationReport(results, gx.kept())
 
 
 def _row_expectations(E, spec: _ShardSpec) -> list:
@@ -694,7 +788,7 @@ _TYPES = {
 
 
 def _schema_problems(table, spec: _ShardSpec) -> tuple[list[str], bool]:
-    """Differences from the SPEC's Parquet types, and whether the columns are usable at all."""
+    """Differences from the Parquet types of docs/formats.md, and whether the columns are usable at all."""
     import pyarrow as pa
 
     id_types = {"uint16", "uint32"} if spec.vocab_size <= 65536 else {"uint32"}
@@ -738,7 +832,7 @@ def _check_shard(path: Path, entry: dict, spec: _ShardSpec, columns_suite: _Defi
                              f"{path}: cannot read as Parquet ({type(e).__name__}: {e}); delete it and rerun the examples stage"))
         return results, None
 
-    (r,) = columns_suite.run(pd.DataFrame(columns=table.column_names))
+    (r,) = columns_suite.run(pd.DataFrame(columns=table.column_names), run_name=target)
     check = _to_check(r, target)
     if not check.success:
         diff = check.observed.get("mismatched", {}) if isinstance(check.observed, dict) else {}
@@ -773,7 +867,7 @@ def _check_shard(path: Path, entry: dict, spec: _ShardSpec, columns_suite: _Defi
         return row
 
     params = {"rows": int(entry["rows"]), "tokens": int(entry.get("tokens", frame["length"].sum()))}
-    for r in row_suite.run(frame, params=params, samples=max_sample_rows):
+    for r in row_suite.run(frame, params=params, samples=max_sample_rows, run_name=target):
         column = r.expectation_config.kwargs.get("column") or r.expectation_config.kwargs.get("column_B", "value")
         results.append(_to_check(r, target, lambda i, v, c=column: sample(i, v, c)))
     # Kept for the split totals until all shards are read: a few bytes per row.
@@ -932,7 +1026,7 @@ def _check_split(target: str, info: dict, parts: list, spec: _ShardSpec, split_s
     params = {"rows": int(info.get("rows", len(frame))), "tokens": int(info.get("tokens", tokens)),
               "masked_min": (p - tol) * tokens, "masked_max": (p + tol) * tokens}
     results = []
-    for r in split_suite.run(frame, params=params):
+    for r in split_suite.run(frame, params=params, run_name=target):
         check = _to_check(r, target)
         col = r.expectation_config.kwargs.get("column")
         if r.expectation_config.type == "expect_column_mean_to_be_between":
