@@ -145,6 +145,47 @@ def metrics_for_dvc(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+SPLIT_SHORT = {"validation": "dev", "test": "test"}  # metrics/eval.json key prefixes
+
+
+def metrics_summary(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The few numbers of ``metrics/eval.json`` (``dvc exp show`` columns): macro F1 per split and
+    the accuracy of the held-out ones (``dev_f1``, ``test_acc``, ``test_f1``); the dev accuracy a
+    user compares is fine-tuning's mean ± std over seeds (``metrics/finetune.json`` ``dev_acc``,
+    ``dev_std``: no key may repeat across metrics files, or ``dvc exp show`` prefixes it with the
+    file's path). Every number is in ``reports/evaluate.json``."""
+    out: dict[str, float] = {}
+    for split, m in results.items():
+        for key, short in (("accuracy", "acc"), ("macro_f1", "f1")):
+            if key in m and not (split == "validation" and key == "accuracy"):
+                out[f"{SPLIT_SHORT.get(split, split)}_{short}"] = m[key]
+    return out
+
+
+MAJORITY_MARGIN = 0.01  # accuracy within 1 point of always predicting the majority class: a warning
+
+
+def collapse_warnings(results: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per split where the classifier learned (next to) nothing: every prediction is one
+    class, or accuracy is within :data:`MAJORITY_MARGIN` of the majority-class baseline (a model
+    that predicts one class for everything scores about that, e.g. macro F1 ~34 % on 2 classes)."""
+    warnings = []
+    for split, m in results.items():
+        cm, labels = m.get("confusion_matrix"), m.get("labels")
+        if cm is None or "accuracy" not in m:
+            continue
+        predicted = np.asarray(cm).sum(axis=0)
+        used = [labels[i] for i in np.flatnonzero(predicted)]
+        if len(used) == 1 and len(labels) > 1:
+            warnings.append(f"{split}: every prediction is '{used[0]}' (predictions collapsed to one class; "
+                            f"accuracy {100 * m['accuracy']:.1f} %, macro F1 {100 * m['macro_f1']:.1f} %)")
+        elif "majority_accuracy" in m and m["accuracy"] <= m["majority_accuracy"] + MAJORITY_MARGIN:
+            warnings.append(f"{split}: accuracy {100 * m['accuracy']:.1f} % is within "
+                            f"{100 * MAJORITY_MARGIN:.0f} point of always predicting the majority class "
+                            f"({100 * m['majority_accuracy']:.1f} %)")
+    return warnings
+
+
 # --------------------------------------------------------------------------------------------
 # Confusion data (DVC plot) and picture
 
@@ -292,8 +333,9 @@ def render_report(
     task_name: str | None = None,
     figure: str | None = None,
     notes: Sequence[str] = (),
+    warnings: Sequence[str] = (),
 ) -> str:
-    """The evaluation report as markdown.
+    """The evaluation report as markdown (``warnings``: :func:`collapse_warnings`, shown first).
 
     ``results``: ``{split: classification_metrics(...)}``. ``checkpoint``: facts about the
     evaluated model (``path``, ``sha256``, ``tokenizer_sha256``, ``mode``, ``seed``, ``task``,
@@ -302,7 +344,8 @@ def render_report(
     """
     title = f"Evaluation: {task_name}" if task_name else "Evaluation"
     lines = [f"# {title}", "", "Written by `python -m stages.evaluate` (DVC stage `evaluate`); numbers in "
-             "`metrics/eval.json`, run details in MLflow.", ""]
+             "`metrics/eval.json` (all of them: `reports/evaluate.json`), run details in MLflow.", ""]
+    lines += [f"> **Warning** — {w}" for w in warnings] + ([""] if warnings else [])
 
     lines += ["## Checkpoint", "", "| | |", "|---|---|"]
     for key, label in (("path", "file"), ("sha256", "sha256"), ("tokenizer_sha256", "tokenizer sha256"),

@@ -16,6 +16,12 @@ gradient clipping at global norm 1.0. Validation accuracy is measured after ever
 every ``eval_every_steps``); training stops after ``patience`` checks without improvement and
 the best weights are kept. Several seeds give mean ± std (fine-tuning BERT is notoriously
 seed-sensitive on small tasks: Dodge et al. 2020); the model of the best seed is the one saved.
+
+``finetune.task.type`` (:mod:`pipeline.task_data`) changes the head, the loss and the metric that
+picks the best check and seed: ``token_classification`` (NER) is BertForTokenClassification,
+cross-entropy at each word's first sub-token, entity-level F1 (seqeval); ``regression`` (STS-B) is
+the sequence head with one output, mean squared error, Pearson r (STS-B's official metric;
+Spearman and MSE are reported too). See :mod:`pipeline.task_metrics`.
 """
 
 from __future__ import annotations
@@ -36,8 +42,9 @@ from pydantic import Field, field_validator
 from pipeline.config import Bool, Float, Int, Section, Str
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_path, sha256_file
-from pipeline.model import BertConfig, BertForSequenceClassification, param_groups
+from pipeline.model import BertConfig, BertForSequenceClassification, BertForTokenClassification, param_groups
 from pipeline.task_data import DEFAULT_TASK, TaskData, TaskSplit, collate, task_params
+from pipeline.task_metrics import SELECTION, selection_value
 from pipeline.device import amp_dtype, resolve_device
 
 MODES = ("full", "frozen", "scratch")
@@ -53,8 +60,8 @@ class FinetuneConfig(Section):
 
     SECTION: ClassVar[str] = "finetune"
 
-    checkpoint: Str = "data/pretrain/best.pt"  # falls back to last.pt
-    tokenizer: Str = "data/tokenizer/tokenizer.json"  # must be the checkpoint's (sha256 checked)
+    checkpoint: Str = "data/pretrain/best.pt"  # falls back to last.pt; or a HF model dir / hub pointer (hf_import)
+    tokenizer: Str = "data/tokenizer/tokenizer.json"  # must be the checkpoint's (sha256 checked); HF: = checkpoint
     mirror: Str = ""  # hub mirror for the task data (env BERTRACE_HUB_MIRROR does the same)
     task: dict = Field(default_factory=lambda: json.loads(json.dumps(DEFAULT_TASK)))  # pipeline.task_data
     mode: Literal["full", "frozen", "scratch"] = "full"
@@ -147,9 +154,11 @@ def check_tokenizer(ckpt: dict[str, Any], ckpt_path: str | Path, tokenizer_path:
 
 def build_model(ckpt: dict[str, Any], num_labels: int, mode: str = "full", *, dropout: float | None = None,
                 encoder_dropout: float | None = None, seed: int = 0,
-                source: str = "checkpoint") -> BertForSequenceClassification:
-    """BertForSequenceClassification with the checkpoint's config; encoder weights loaded for
-    ``full`` / ``frozen``, random (seeded) for ``scratch``; encoder frozen for ``frozen``.
+                source: str = "checkpoint", task_type: str = "classification") -> BertForSequenceClassification:
+    """BertForSequenceClassification (BertForTokenClassification for ``task_type``
+    token_classification; regression is sequence classification with ``num_labels`` 1) with the
+    checkpoint's config; encoder weights loaded for ``full`` / ``frozen``, random (seeded) for
+    ``scratch``; encoder frozen for ``frozen``.
 
     ``encoder_dropout`` replaces the checkpoint's hidden and attention dropout: a model
     pre-trained without dropout (short budgets, Geiping & Goldstein 2022 "Cramming", sec. 4.3)
@@ -161,19 +170,65 @@ def build_model(ckpt: dict[str, Any], num_labels: int, mode: str = "full", *, dr
         model_config.update(dropout=float(encoder_dropout), attention_dropout=float(encoder_dropout))
     config = BertConfig.from_dict(model_config)
     torch.manual_seed(seed)  # classifier (and, for scratch, encoder) initialisation
-    model = BertForSequenceClassification(config, num_labels, classifier_dropout=dropout)
+    if is_causal_checkpoint(ckpt):  # pretrain.objective clm: a GPT decoder, last-token pooling
+        return _build_gpt(ckpt, config, num_labels, mode, dropout=dropout, source=source, task_type=task_type)
+    head = BertForTokenClassification if task_type == "token_classification" else BertForSequenceClassification
+    model = head(config, num_labels, classifier_dropout=dropout)
     if mode != "scratch":
         model.load_pretrained_encoder(ckpt["model"], source=str(source))
     if mode == "frozen":
-        for p in model.bert.parameters():
+        for p in backbone(model).parameters():
             p.requires_grad_(False)
     return model
+
+
+def _build_gpt(ckpt: dict[str, Any], config: BertConfig, num_labels: int, mode: str, *, dropout: float | None,
+               source: str, task_type: str) -> torch.nn.Module:
+    """:class:`pipeline.gpt.GPTForSequenceClassification` (the last real token's hidden state, as
+    ``GPT2ForSequenceClassification``) on a ``clm`` checkpoint's decoder: loaded for ``full`` /
+    ``frozen``, random (seeded by the caller) for ``scratch``, frozen for ``frozen``."""
+    from pipeline.gpt import GPTForSequenceClassification
+
+    if task_type == "token_classification":
+        raise BertraceError(f"{source}: a causal (GPT) checkpoint fine-tunes sequence tasks only (classification, "
+                            "regression); for token classification pre-train an encoder (pretrain.objective mlm_nsp, "
+                            "mlm or electra)")
+    model = GPTForSequenceClassification(config, num_labels, classifier_dropout=dropout)
+    if mode != "scratch":
+        model.load_pretrained_decoder(ckpt["model"], source=str(source))
+    if mode == "frozen":
+        for p in model.gpt.parameters():
+            p.requires_grad_(False)
+    return model
+
+
+def checkpoint_objective(ckpt: dict[str, Any]) -> str:
+    """The objective a pre-training checkpoint was trained with (``train_config.objective``, else its
+    provenance's ``params.objective``; ``mlm_nsp`` for a checkpoint from before objectives existed)."""
+    train = ckpt.get("train_config") or {}
+    params = (ckpt.get("provenance") or {}).get("params") or {}
+    return str(train.get("objective") or params.get("objective") or "mlm_nsp")
+
+
+def is_causal_checkpoint(ckpt: dict[str, Any]) -> bool:
+    """A ``clm`` (GPT decoder) pre-training checkpoint, or a fine-tuned model.pt built on one."""
+    return ckpt.get("architecture", "gpt" if checkpoint_objective(ckpt) == "clm" else "bert") == "gpt"
+
+
+def backbone(model: torch.nn.Module) -> torch.nn.Module:
+    """The pre-trained part of a fine-tuning model: the encoder (``bert``) or the decoder (``gpt``)."""
+    return model.gpt if hasattr(model, "gpt") else model.bert
+
+
+def architecture(ckpt: dict[str, Any]) -> str:
+    """``gpt`` for a causal (``clm``) checkpoint, ``bert`` otherwise: what the fine-tuned model.pt records."""
+    return "gpt" if is_causal_checkpoint(ckpt) else "bert"
 
 
 def _set_train_mode(model: BertForSequenceClassification, mode: str) -> None:
     model.train()
     if mode == "frozen":
-        model.bert.eval()  # a frozen encoder is a fixed feature extractor: no dropout in it
+        backbone(model).eval()  # a frozen encoder is a fixed feature extractor: no dropout in it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,14 +271,33 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
             yield batches[k]
 
 
+def task_loss(logits: torch.Tensor, labels: torch.Tensor, task_type: str = "classification",
+              reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy (classification; token classification over the positions whose label is not
+    -100, i.e. each word's first sub-token) or mean squared error of the single output
+    (regression: transformers' ``problem_type="regression"``), in float32."""
+    if task_type == "regression":
+        return F.mse_loss(logits.float().squeeze(-1), labels.float(), reduction=reduction)
+    if task_type == "token_classification":
+        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100,
+                               reduction=reduction)
+    return F.cross_entropy(logits.float(), labels, reduction=reduction)
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, split: TaskSplit, batch_size: int = 128,
-             device: torch.device | str = "cpu") -> dict[str, float]:
+             device: torch.device | str = "cpu", label_names: list[str] | None = None) -> dict[str, float]:
     """``{"accuracy", "loss", "n"}`` on a labelled split (batches of length-sorted examples).
     On a GPU under autocast (:func:`pipeline.device.amp_dtype`); sums stay on the device until
-    the end (one sync per evaluation, not two per batch)."""
+    the end (one sync per evaluation, not two per batch).
+
+    Token classification (needs ``label_names``): entity-level ``f1`` / ``precision`` /
+    ``recall`` (seqeval) and word ``accuracy``; regression: ``pearson`` / ``spearman`` / ``mse``
+    (:mod:`pipeline.task_metrics`); ``loss`` is the training loss on the split."""
     if split.labels is None:
         raise BertraceError(f"{split.source}: the {split.role} split has no labels; accuracy needs a labelled split")
+    if split.task_type != "classification":
+        return _evaluate_task(model, split, batch_size, torch.device(device), label_names)
     was_training = model.training
     model.eval()
     device = torch.device(device)
@@ -243,6 +317,47 @@ def evaluate(model: torch.nn.Module, split: TaskSplit, batch_size: int = 128,
     return {"accuracy": correct.item() / n, "loss": loss_sum.item() / n, "n": n}
 
 
+@torch.no_grad()
+def _evaluate_task(model: torch.nn.Module, split: TaskSplit, batch_size: int, device: torch.device,
+                   label_names: list[str] | None) -> dict[str, float]:
+    from pipeline.task_metrics import entity_metrics, regression_metrics
+
+    task_type = split.task_type
+    if task_type == "token_classification" and not label_names:
+        raise ValueError("evaluate: token classification needs label_names")
+    was_training = model.training
+    model.eval()
+    amp = amp_dtype(device)
+    order = sorted(range(len(split)), key=lambda i: len(split.input_ids[i]))
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    count = torch.zeros((), dtype=torch.long, device=device)
+    outputs: list[Any] = [None] * len(split)
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        batch = {k: v.to(device, non_blocking=True) for k, v in collate([split[i] for i in idx]).items()}
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
+        loss_sum += task_loss(logits, batch["labels"], task_type, reduction="sum").double()
+        if task_type == "regression":
+            count += len(idx)
+            values = logits.squeeze(-1).cpu().tolist()
+        else:
+            count += (batch["labels"] != -100).sum()
+            values = logits.argmax(-1).cpu().tolist()
+        for i, v in zip(idx, values):
+            outputs[i] = v
+    model.train(was_training)
+    n = len(order)
+    loss = loss_sum.item() / max(1, count.item())
+    if task_type == "regression":
+        return {**regression_metrics(outputs, split.labels.tolist()), "loss": loss, "n": n}
+    gold = [[label_names[t] for t in tags] for tags in split.word_labels]
+    pred = [[label_names[row[p]] if p >= 0 else "O" for p in first] for row, first in zip(outputs, split.first)]
+    m = entity_metrics(gold, pred)
+    return {"f1": m["f1"], "precision": m["precision"], "recall": m["recall"], "accuracy": m["accuracy"],
+            "loss": loss, "n": n}
+
+
 @dataclass
 class SeedResult:
     seed: int
@@ -259,12 +374,28 @@ class SeedResult:
     cpu_seconds: float
     wall_seconds: float
     state_dict: dict[str, torch.Tensor] | None = field(default=None, repr=False)  # best weights (CPU)
+    task_type: str = "classification"
+    validation: dict[str, float] = field(default_factory=dict)  # every metric at the best check
+
+    @property
+    def score(self) -> float:
+        """The selection metric at the best check (classification: accuracy; token
+        classification: entity F1; regression: Pearson r), NaN as -inf."""
+        if self.task_type == "classification":
+            return self.validation_accuracy
+        from pipeline.task_metrics import selection_value
+
+        return selection_value(self.task_type, self.validation)
 
     def metrics(self) -> dict[str, Any]:
         """The numbers (no weights, no history) as a JSON-able dict."""
-        return {k: getattr(self, k) for k in (
+        out = {k: getattr(self, k) for k in (
             "seed", "validation_accuracy", "validation_loss", "best_step", "best_epoch", "steps",
             "planned_steps", "epochs_run", "stopped_early", "train_loss", "cpu_seconds", "wall_seconds")}
+        if self.task_type != "classification":  # validation_f1 / _precision / ... or _pearson / _spearman / _mse
+            out.pop("validation_accuracy")
+            out.update({f"validation_{k}": v for k, v in self.validation.items() if k not in ("n", "loss")})
+        return out
 
 
 def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: int, *, progress: bool = True,
@@ -288,8 +419,9 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
     pin = device.type == "cuda"
     if pin:
         torch.set_float32_matmul_precision("high")
+    task_type = getattr(data, "task_type", "classification")
     model = build_model(ckpt, data.num_labels, cfg.mode, dropout=cfg.dropout, encoder_dropout=cfg.encoder_dropout,
-                        seed=seed, source=source).to(device)
+                        seed=seed, source=source, task_type=task_type).to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     groups = [g for g in param_groups(model, cfg.weight_decay) if g["params"]]
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
@@ -310,7 +442,7 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
         return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
     history: list[dict[str, float]] = []
-    best = {"accuracy": -1.0, "loss": math.inf, "step": 0, "epoch": 0.0}
+    best = {"accuracy": -1.0, "loss": math.inf, "step": 0, "epoch": 0.0, "score": -math.inf, "metrics": {}}
     best_state = snapshot()
     bad_checks, step, stopped = 0, 0, False
     # the epoch's loss sum stays on the device (float64, the same sums as Python floats would give)
@@ -323,7 +455,7 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
                 logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-                loss = F.cross_entropy(logits.float(), batch["labels"])
+                loss = task_loss(logits, batch["labels"], task_type)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             if cfg.clip_grad_norm:
@@ -339,17 +471,22 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
             if log and step % max(1, cfg.log_every_steps) == 0:
                 log({"train_loss": loss.item(), "lr": scheduler.get_last_lr()[0]}, step)
             if step % eval_every == 0 or step == planned:
-                ev = evaluate(model, valid, cfg.eval_batch_size, device)
+                ev = evaluate(model, valid, cfg.eval_batch_size, device, label_names=data.label_names)
                 _set_train_mode(model, cfg.mode)
                 point = {"step": step, "epoch": round(step / steps_per_epoch, 4),
                          "validation_accuracy": ev["accuracy"], "validation_loss": ev["loss"],
-                         "train_loss": epoch_loss.item() / epoch_steps}
+                         "train_loss": epoch_loss.item() / epoch_steps} if task_type == "classification" else {
+                    "step": step, "epoch": round(step / steps_per_epoch, 4),
+                    **{f"validation_{k}": v for k, v in ev.items() if k != "n"},
+                    "train_loss": epoch_loss.item() / epoch_steps}
                 history.append(point)
-                bar.set_postfix(val_acc=f"{ev['accuracy']:.4f}")
+                score = ev["accuracy"] if task_type == "classification" else selection_value(task_type, ev)
+                bar.set_postfix(val=f"{score:.4f}")
                 if log:
                     log({k: v for k, v in point.items() if k not in ("step",)}, step)
-                if ev["accuracy"] > best["accuracy"]:
-                    best = {"accuracy": ev["accuracy"], "loss": ev["loss"], "step": step, "epoch": point["epoch"]}
+                if score > best["score"] or len(history) == 1:  # the first check, even with a NaN score
+                    best = {"accuracy": ev.get("accuracy", math.nan), "loss": ev["loss"], "step": step,
+                            "epoch": point["epoch"], "score": score, "metrics": ev}
                     best_state = snapshot()
                     bad_checks = 0
                 else:
@@ -365,9 +502,11 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
         best_epoch=best["epoch"], steps=step, planned_steps=planned, epochs_run=round(step / steps_per_epoch, 4),
         stopped_early=stopped, train_loss=epoch_loss.item() / max(1, epoch_steps), history=history,
         cpu_seconds=time.process_time() - t_cpu, wall_seconds=time.perf_counter() - t_wall, state_dict=best_state,
+        task_type=task_type, validation=dict(best["metrics"]),
     )
     if log:
-        log({"best_validation_accuracy": result.validation_accuracy, "best_step": result.best_step,
+        main = "accuracy" if task_type == "classification" else SELECTION[task_type]
+        log({f"best_validation_{main}": result.score, "best_step": result.best_step,
              "cpu_seconds": result.cpu_seconds, "wall_seconds": result.wall_seconds}, step)
     return result
 
@@ -380,12 +519,64 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def best_seed(results: list[SeedResult]) -> SeedResult:
-    """Highest validation accuracy; ties go to the earlier seed in ``seeds``."""
-    return max(results, key=lambda r: (r.validation_accuracy, -results.index(r)))
+    """Highest validation accuracy (token classification: entity F1; regression: Pearson r);
+    ties go to the earlier seed in ``seeds``."""
+    return max(results, key=lambda r: (r.score, -results.index(r)))
+
+
+def _summarize_task(results: list[SeedResult]) -> dict[str, Any]:
+    """:func:`summarize` for token classification / regression: ``validation_<metric>`` mean ± std
+    for each metric (min / max too for the selection metric) and ``best_validation_<metric>``."""
+    task_type = results[0].task_type
+    main = SELECTION[task_type]
+    best = best_seed(results)
+    out: dict[str, Any] = {"task_type": task_type, "seeds": [r.seed for r in results],
+                           "per_seed": {str(r.seed): r.metrics() for r in results}}
+    keys = [main] + [k for k in results[0].validation if k not in (main, "n", "loss")]
+    for k in keys:
+        values = [float(r.validation.get(k, math.nan)) for r in results]
+        mean, std = mean_std(values)
+        out[f"validation_{k}"] = {"mean": mean, "std": std}
+        if k == main:
+            out[f"validation_{k}"].update(min=min(values), max=max(values))
+    loss_mean, loss_std = mean_std([r.validation_loss for r in results])
+    out["validation_loss"] = {"mean": loss_mean, "std": loss_std}
+    out["best_seed"] = best.seed
+    out[f"best_validation_{main}"] = float(best.validation.get(main, math.nan))
+    out["cpu_seconds"] = sum(r.cpu_seconds for r in results)
+    out["wall_seconds"] = sum(r.wall_seconds for r in results)
+    return out
+
+
+def headline_metrics(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary's numbers for ``metrics/finetune.json`` (before per_seed), per task type:
+    classification ``validation_accuracy``, ``validation_loss``, ``best_seed``,
+    ``best_validation_accuracy`` (unchanged); token classification ``validation_f1`` /
+    ``_precision`` / ``_recall`` / ``_accuracy`` (words); regression ``validation_pearson`` /
+    ``_spearman`` / ``_mse``; each with ``best_validation_<selection metric>``."""
+    skip = ("seeds", "per_seed", "cpu_seconds", "wall_seconds")
+    return {k: v for k, v in summary.items() if k not in skip}
+
+
+def checkpoint_metrics(summary: dict[str, Any], best: SeedResult, seeds: list[int]) -> dict[str, Any]:
+    """The ``metrics`` entry of the fine-tuned checkpoint: the best seed's validation numbers and
+    the mean ± std of the selection metric over seeds."""
+    if best.task_type == "classification":
+        return {"validation_accuracy": best.validation_accuracy, "validation_loss": best.validation_loss,
+                "validation_accuracy_mean": summary["validation_accuracy"]["mean"],
+                "validation_accuracy_std": summary["validation_accuracy"]["std"], "seeds": list(seeds)}
+    main = SELECTION[best.task_type]
+    return {"task_type": best.task_type,
+            **{f"validation_{k}": v for k, v in best.validation.items() if k != "n"},
+            f"validation_{main}_mean": summary[f"validation_{main}"]["mean"],
+            f"validation_{main}_std": summary[f"validation_{main}"]["std"], "seeds": list(seeds)}
 
 
 def summarize(results: list[SeedResult]) -> dict[str, Any]:
-    """Per-seed metrics and mean ± std over seeds (validation accuracy and loss)."""
+    """Per-seed metrics and mean ± std over seeds (validation accuracy and loss; for the other
+    task types see :func:`_summarize_task`)."""
+    if results and results[0].task_type != "classification":
+        return _summarize_task(results)
     acc_mean, acc_std = mean_std([r.validation_accuracy for r in results])
     loss_mean, loss_std = mean_std([r.validation_loss for r in results])
     best = best_seed(results)
@@ -416,7 +607,7 @@ def finetune(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, *, progr
         with (seed_context(seed) if seed_context else contextlib.nullcontext(None)) as log:
             r = train_seed(ckpt, data, cfg, seed, progress=progress, source=source, log=log)
         results.append(r)
-        if best is None or r.validation_accuracy > best.validation_accuracy:
+        if best is None or r.score > best.score:
             best = r
         else:
             r.state_dict = None  # keep only the best weights in memory
@@ -424,7 +615,7 @@ def finetune(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, *, progr
 
 
 # ---------------------------------------------------------------------------------------------
-# The fine-tuned checkpoint (SPEC "Fine-tuned checkpoint")
+# The fine-tuned checkpoint (docs/formats.md "Fine-tuned checkpoint")
 # ---------------------------------------------------------------------------------------------
 def _plain(obj: Any) -> Any:
     """JSON-able copy (str for anything exotic) so ``torch.load(weights_only=True)`` reads it."""
@@ -433,15 +624,19 @@ def _plain(obj: Any) -> Any:
 
 def save_finetuned(path: str | Path, *, state_dict: dict[str, torch.Tensor], model_config: dict, label_names: list[str],
                    task: dict, tokenizer_sha256: str, mode: str, seed: int, metrics: dict,
-                   provenance: dict) -> Path:
-    """Write ``model.pt`` atomically: tensors, numbers, strings, lists, dicts only."""
+                   provenance: dict, num_labels: int | None = None, architecture: str = "bert") -> Path:
+    """Write ``model.pt`` atomically: tensors, numbers, strings, lists, dicts only. ``num_labels``
+    (the head's outputs) defaults to ``len(label_names)``; a regression head has 1 and no names;
+    ``task["type"]`` names the task type; ``architecture`` (:func:`architecture`): ``bert`` (an
+    encoder, pooled [CLS]) or ``gpt`` (a decoder, last-token pooling)."""
     path = Path(path)
     state = {
         "format": FORMAT,
         "version": VERSION,
         "model": {k: v.detach().cpu().contiguous() for k, v in state_dict.items()},
         "model_config": _plain(model_config),
-        "num_labels": len(label_names),
+        "architecture": architecture,
+        "num_labels": len(label_names) if num_labels is None else int(num_labels),
         "label_names": [str(n) for n in label_names],
         "task": _plain(task),
         "tokenizer_sha256": tokenizer_sha256,
@@ -457,4 +652,4 @@ def save_finetuned(path: str | Path, *, state_dict: dict[str, torch.Tensor], mod
 
 __all__ = ["FinetuneConfig", "MODES", "load_pretrained", "resolve_checkpoint", "check_tokenizer", "build_model",
            "linear_warmup_decay", "evaluate", "train_seed", "finetune", "summarize", "mean_std", "best_seed",
-           "SeedResult", "save_finetuned"]
+           "SeedResult", "save_finetuned", "task_loss", "architecture", "backbone", "headline_metrics", "checkpoint_metrics"]

@@ -46,7 +46,7 @@ def is_finetuned(ckpt: dict[str, Any]) -> bool:
 
 
 def check_finetuned(ckpt: dict[str, Any], path: str | Path) -> dict[str, Any]:
-    """``ckpt`` if it has every key of the fine-tuned format (SPEC), else a clear error."""
+    """``ckpt`` if it has every key of the fine-tuned format (docs/formats.md "Fine-tuned checkpoint"), else a clear error."""
     missing = [k for k in FINETUNE_KEYS if k not in ckpt]
     if missing:
         kind = "a pre-training checkpoint" if not is_finetuned(ckpt) else "an incomplete fine-tuned checkpoint"
@@ -107,6 +107,7 @@ class Classifier:
     checkpoint: dict[str, Any]  # everything but the weights
     path: Path
     device: torch.device
+    task_type: str = "classification"  # | token_classification | regression (the checkpoint's task.type)
 
     @classmethod
     def load(cls, path: str | Path, tokenizer_path: str | Path | None = None,
@@ -122,10 +123,11 @@ class Classifier:
         """As :meth:`load`, for a checkpoint dict already read from ``path``."""
         from tokenizers import Tokenizer
 
-        from pipeline.model import BertConfig, BertForSequenceClassification
+        from pipeline.model import BertConfig, BertForSequenceClassification, BertForTokenClassification
 
         path = Path(path)
         check_finetuned(ckpt, path)
+        task_type = str((ckpt.get("task") or {}).get("type") or "classification")
         tokenizer_path = Path(tokenizer_path) if tokenizer_path else path.parent / "tokenizer.json"
         check_tokenizer(tokenizer_path, ckpt["tokenizer_sha256"], path)
         tokenizer = Tokenizer.from_file(str(tokenizer_path))
@@ -134,18 +136,21 @@ class Classifier:
         if tokenizer.get_vocab_size() > config.vocab_size:
             raise BertraceError(f"{tokenizer_path}: vocabulary of {tokenizer.get_vocab_size()} tokens is larger than "
                                 f"the model's {config.vocab_size}; use the checkpoint's own tokenizer")
-        model = BertForSequenceClassification(config, int(ckpt["num_labels"]))
+        head = BertForTokenClassification if task_type == "token_classification" else BertForSequenceClassification
+        if ckpt.get("architecture", "bert") == "gpt":  # fine-tuned from a clm checkpoint: last-token pooling
+            from pipeline.gpt import GPTForSequenceClassification as head
+        model = head(config, int(ckpt["num_labels"]))
         load_weights(model, ckpt["model"], path)
         device = torch.device(device)
         model.to(device).eval()
         task = ckpt["task"] or {}
         label_names = [str(n) for n in ckpt["label_names"]]
-        if len(label_names) != int(ckpt["num_labels"]):
+        if len(label_names) != int(ckpt["num_labels"]) and not (task_type == "regression" and int(ckpt["num_labels"]) == 1):
             raise BertraceError(f"{path}: {len(label_names)} label names for {ckpt['num_labels']} labels")
         meta = {k: v for k, v in ckpt.items() if k != "model"}
         return cls(model, tokenizer, label_names, list(task.get("text_columns") or ["text"]),
                    int(task.get("max_len") or config.max_position), str(task.get("truncation") or "head"),
-                   meta, path, device)
+                   meta, path, device, task_type)
 
     @property
     def is_pair(self) -> bool:
@@ -186,9 +191,12 @@ class Classifier:
         from pipeline.device import amp_dtype
         from pipeline.task_data import collate
 
+        if self.task_type == "token_classification":
+            raise BertraceError("logits_from_ids: a token classification model gives logits per position; use "
+                                "token_logits_from_ids")
         amp = amp_dtype(self.device)  # bf16 (fp16 on older GPUs) autocast on CUDA, fp32 elsewhere
         n = len(input_ids)
-        out = np.zeros((n, len(self.label_names)), dtype=np.float32)
+        out = np.zeros((n, int(self.model.num_labels)), dtype=np.float32)
         if n == 0:
             return out
         if batch_size < 1:
@@ -208,15 +216,68 @@ class Classifier:
             out[idx] = logits.float().cpu().numpy()
         return out
 
+    @torch.no_grad()
+    def token_logits_from_ids(self, input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]],
+                              batch_size: int = 64, progress: bool = False) -> list[np.ndarray]:
+        """Token classification: per sequence its logits ``[T_i, num_labels]`` (float32), in input
+        order, batched as :meth:`logits_from_ids`."""
+        from pipeline.device import amp_dtype
+        from pipeline.task_data import collate
+
+        if batch_size < 1:
+            raise BertraceError(f"batch_size must be at least 1, got {batch_size}")
+        amp = amp_dtype(self.device)
+        n = len(input_ids)
+        out: list[np.ndarray] = [np.zeros((0, len(self.label_names)), dtype=np.float32)] * n
+        self.model.eval()
+        order = sorted(range(n), key=lambda i: len(input_ids[i]))
+        starts = range(0, n, batch_size)
+        if progress:
+            from tqdm.auto import tqdm
+            starts = tqdm(starts, desc="predict", unit="batch")
+        for s in starts:
+            idx = order[s:s + batch_size]
+            batch = collate([(input_ids[i], token_type_ids[i], 0) for i in idx])
+            with torch.autocast(self.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                logits = self.model(batch["input_ids"].to(self.device), batch["token_type_ids"].to(self.device),
+                                    batch["attention_mask"].to(self.device))
+            logits = logits.float().cpu().numpy()
+            for j, i in enumerate(idx):
+                out[i] = logits[j, :len(input_ids[i])]
+        return out
+
     def logits(self, texts: Sequence[str] | Sequence[tuple[str, str]], batch_size: int = 64) -> np.ndarray:
         ids, types = self.encode(texts)
         return self.logits_from_ids(ids, types, batch_size=batch_size)
 
     def predict(self, texts: Sequence[str] | Sequence[tuple[str, str]], batch_size: int = 64) -> list[dict[str, Any]]:
-        """``[{"label": name, "label_id": int, "probabilities": {name: p}}]``, one per text."""
+        """``[{"label": name, "label_id": int, "probabilities": {name: p}}]``, one per text;
+        regression: ``[{"score": float}]``; token classification: ``[{"entities": [{type, text,
+        start, end}], "words": [...], "tags": [...]}]`` (:meth:`tag`)."""
+        if self.task_type == "token_classification":
+            return self.tag(texts, batch_size=batch_size)
         return self.format(self.logits(texts, batch_size=batch_size))
 
+    def tag(self, texts: Sequence[str], batch_size: int = 64) -> list[dict[str, Any]]:
+        """Named entities of raw texts: the tokenizer's pre-tokenizer splits each text into words
+        (whitespace and punctuation), a word's tag is read at its first sub-token (words beyond
+        ``max_len`` are tagged O), BIO tags become spans with character offsets into the text."""
+        from pipeline.token_data import encode_text, spans, word_predictions
+
+        texts = [texts] if isinstance(texts, str) else [str(t) for t in texts]
+        encs = [encode_text(self.tokenizer, t, self.max_len) for t in texts]
+        logits = self.token_logits_from_ids([e["input_ids"] for e in encs], [e["token_type_ids"] for e in encs],
+                                            batch_size=batch_size)
+        out = []
+        for text, enc, lg in zip(texts, encs, logits):
+            tags = word_predictions(lg, enc["first"], self.label_names)
+            out.append({"entities": spans(text, tags, enc["offsets"]),
+                        "words": [text[s:e] for s, e in enc["offsets"]], "tags": tags})
+        return out
+
     def format(self, logits: np.ndarray) -> list[dict[str, Any]]:
+        if self.task_type == "regression":
+            return [{"score": float(row[0])} for row in np.asarray(logits)]
         probs = softmax(logits)
         out = []
         for row in probs:

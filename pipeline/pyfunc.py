@@ -63,6 +63,15 @@ def predict_frame(clf: Classifier, frame, batch_size: int = 64):
                             f"{list(frame.columns)}")
     texts = [frame[c].fillna("").astype(str).tolist() for c in cols]
     inputs = texts[0] if len(cols) == 1 else list(zip(texts[0], texts[1]))
+    if clf.task_type == "regression":  # one column: the predicted score
+        return pd.DataFrame({"score": clf.logits(inputs, batch_size=batch_size)[:, 0].astype(np.float64)},
+                            index=frame.index)
+    if clf.task_type == "token_classification":  # one column: the entities as JSON ({type, text, start, end})
+        import json
+
+        tagged = clf.tag(inputs, batch_size=batch_size)
+        return pd.DataFrame({"entities": [json.dumps(t["entities"], ensure_ascii=False) for t in tagged]},
+                            index=frame.index)
     logits = clf.logits(inputs, batch_size=batch_size)
     probs = softmax(logits)
     ids = probs.argmax(axis=1) if len(probs) else np.zeros(0, dtype=np.int64)

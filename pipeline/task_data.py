@@ -1,5 +1,5 @@
-"""Classification task data for fine-tuning: rows from the hub (or its mirror) or local files,
-turned into WordPiece ids.
+"""Task data for fine-tuning (classification, token classification, regression): rows from the
+hub (or its mirror) or local files, turned into WordPiece ids.
 
 A task is described by the ``finetune.task`` params section:
 
@@ -21,6 +21,21 @@ carved out of train (``validation_fraction``).
 them, standard double quotes for ``.csv``; or ``minimal`` / ``none``); the choice made for each
 file is recorded in the task's ``source.tables`` (checkpoint and provenance).
 
+``type`` (default ``classification``) picks the task type:
+
+* ``classification``: one label per example, as above;
+* ``regression``: one float per example (STS-B's 0..5 similarity), ``label_names: []``;
+* ``token_classification`` (NER): ``text_columns`` names one column of word lists and
+  ``label_column`` one of tag lists (ints indexing ``label_names`` or tag strings), e.g. the hub's
+  CoNLL-2003 ``tokens`` / ``ner_tags``; a CoNLL file (``.conll``, or any suffix with
+  ``format: conll``) gives those two columns. Tags must be BIO (IOB2). Word labels go to the
+  first WordPiece of each word, the other pieces get -100 (:mod:`pipeline.token_data`).
+
+Headerless ``.csv`` / ``.tsv`` files (the original STS Benchmark): ``header: [name, ...]`` names
+the fields in order; fields beyond the list are dropped (counted in ``source.tables``), a line
+with fewer fields is an error naming the line. ``header: true`` (default): the first line names
+the columns.
+
 Sequences are ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` (run_classifier.py
 ``convert_single_example``), cut to ``max_len`` by ``head`` (keep the start) or ``head_tail``
 (keep the start and the end: Sun et al. 2019, "How to Fine-Tune BERT for Text
@@ -30,6 +45,7 @@ Classification?", section 5.3.1, best on IMDB with 128 head + 382 tail tokens of
 from __future__ import annotations
 
 import csv
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +59,7 @@ from pipeline.formats import CLS_ID, PAD_ID, SEP_ID
 from pipeline.hub import entry, load_split, resolve_mirror_entries, resolve_revision
 from pipeline.io import sha256_file
 
+IGNORE_INDEX = -100  # label of positions the loss skips (torch's cross_entropy default)
 ROLES = ("train", "validation", "test")
 TRUNCATIONS = ("head", "head_tail")
 FILE_SUFFIXES = (".tsv", ".csv", ".parquet", ".jsonl", ".json")
@@ -60,7 +77,12 @@ DEFAULT_TASK: dict[str, Any] = {
     "sample_seed": 0,
     "delimiter": "auto",
     "quoting": "auto",
+    "type": "classification",
+    "format": "auto",
+    "header": True,
 }
+TASK_TYPES = ("classification", "token_classification", "regression")
+CONLL_SUFFIXES = (".conll",)
 QUOTINGS = {"minimal": csv.QUOTE_MINIMAL, "none": csv.QUOTE_NONE}
 SNIFF_DELIMITERS = ",;\t|"
 
@@ -76,19 +98,34 @@ class TaskSplit(torch.utils.data.Dataset):
     split: str  # the split's name at the source
     input_ids: list[list[int]]
     token_type_ids: list[list[int]]
-    labels: torch.Tensor | None  # int64 [N]; None when the split is unlabelled (GLUE's test)
+    # classification: int64 [N]; regression: float32 [N]; token_classification: per example the
+    # per-position label ids (-100 but at each word's first sub-token). None when unlabelled.
+    labels: torch.Tensor | list[list[int]] | None
     source: str  # file path or hub id, for messages
     truncated: int = 0  # examples cut to max_len
+    task_type: str = "classification"
+    # token_classification only: per example the word tag ids, and each word's first sub-token
+    # position (-1: cut by max_len or no pieces); words without a position are predicted 'O'
+    word_labels: list[list[int]] | None = None
+    first: list[list[int]] | None = None
+    words: list[list[str]] | None = None
+    bio_violations: int = 0  # I-X tags not after B-X / I-X (token_classification)
+    multi_tags: int = 0  # CoNLL tag fields with several comma-separated tags, read as the first
 
     def __len__(self) -> int:
         return len(self.input_ids)
 
     def __getitem__(self, i: int):
-        label = -100 if self.labels is None else int(self.labels[i])
+        if self.task_type == "token_classification":
+            label = [IGNORE_INDEX] * len(self.input_ids[i]) if self.labels is None else self.labels[i]
+        elif self.task_type == "regression":
+            label = math.nan if self.labels is None else float(self.labels[i])
+        else:
+            label = -100 if self.labels is None else int(self.labels[i])
         return self.input_ids[i], self.token_type_ids[i], label
 
     def label_counts(self, num_labels: int) -> list[int]:
-        if self.labels is None:
+        if self.labels is None or self.task_type != "classification":
             return []
         return torch.bincount(self.labels, minlength=num_labels).tolist()
 
@@ -103,20 +140,25 @@ class TaskData:
     truncation: str
     files: dict[str, str] = field(default_factory=dict)  # path (or hub id) -> sha256 (or fingerprint)
     source: dict[str, Any] = field(default_factory=dict)  # where the rows came from (for provenance)
+    task_type: str = "classification"
 
     @property
     def num_labels(self) -> int:
-        return len(self.label_names)
+        """Outputs of the model's head: one for regression, else one per label name."""
+        return 1 if self.task_type == "regression" else len(self.label_names)
 
     def task_info(self) -> dict[str, Any]:
-        """The ``task`` entry of the fine-tuned checkpoint (SPEC), plus where the data came from."""
-        return {"text_columns": list(self.text_columns), "max_len": self.max_len, "truncation": self.truncation,
-                "label_column": self.label_column, "source": self.source,
+        """The ``task`` entry of the fine-tuned checkpoint (docs/formats.md), plus where the data came from."""
+        return {"type": self.task_type, "text_columns": list(self.text_columns), "max_len": self.max_len,
+                "truncation": self.truncation, "label_column": self.label_column, "source": self.source,
                 "splits": {r: s.split for r, s in self.splits.items()}}
 
 
-def collate(batch: Sequence[tuple[list[int], list[int], int]]) -> dict[str, torch.Tensor]:
-    """Pad a list of ``(input_ids, token_type_ids, label)`` to the batch's longest sequence."""
+def collate(batch: Sequence[tuple[list[int], list[int], Any]]) -> dict[str, torch.Tensor]:
+    """Pad a list of ``(input_ids, token_type_ids, label)`` to the batch's longest sequence.
+
+    ``label``: an int (classification: int64 ``[B]``), a float (regression: float32 ``[B]``) or a
+    per-position list (token classification: int64 ``[B, T]``, padding -100)."""
     T = max(len(ids) for ids, _, _ in batch)
     input_ids = torch.full((len(batch), T), PAD_ID, dtype=torch.long)
     token_type_ids = torch.zeros((len(batch), T), dtype=torch.long)
@@ -126,7 +168,15 @@ def collate(batch: Sequence[tuple[list[int], list[int], int]]) -> dict[str, torc
         input_ids[i, :n] = torch.tensor(ids)
         token_type_ids[i, :n] = torch.tensor(types)
         attention_mask[i, :n] = 1
-    labels = torch.tensor([label for _, _, label in batch], dtype=torch.long)
+    first = batch[0][2]
+    if isinstance(first, (list, tuple)):
+        labels = torch.full((len(batch), T), IGNORE_INDEX, dtype=torch.long)
+        for i, (_, _, lab) in enumerate(batch):
+            labels[i, :len(lab)] = torch.tensor(lab, dtype=torch.long)
+    elif isinstance(first, float):
+        labels = torch.tensor([label for _, _, label in batch], dtype=torch.float32)
+    else:
+        labels = torch.tensor([label for _, _, label in batch], dtype=torch.long)
     return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
             "labels": labels}
 
@@ -233,6 +283,24 @@ def task_params(params: dict | None) -> dict[str, Any]:
     if out["quoting"] not in ("auto", *QUOTINGS):
         raise BertraceError(f"params.yaml: finetune.task.quoting = {out['quoting']!r}: use auto, minimal (standard "
                             "double quotes) or none")
+    if out["type"] not in TASK_TYPES:
+        raise BertraceError(f"params.yaml: finetune.task.type = {out['type']!r}: use one of {list(TASK_TYPES)}")
+    if out["format"] not in ("auto", "conll"):
+        raise BertraceError(f"params.yaml: finetune.task.format = {out['format']!r}: use auto (by file suffix: "
+                            ".conll is CoNLL) or conll (read every local file as CoNLL 'token tag' lines)")
+    header = out["header"]
+    if header is not True and not (isinstance(header, list) and header and all(isinstance(h, str) and h.strip()
+                                                                                for h in header)
+                                   and len(set(header)) == len(header)):
+        raise BertraceError(f"params.yaml: finetune.task.header = {header!r}: use true (the first line names the "
+                            "columns) or, for a headerless .csv/.tsv, the list of its column names in order, e.g. "
+                            "[genre, file, year, id, score, sentence1, sentence2]")
+    if out["type"] == "token_classification" and len(out["text_columns"]) != 1:
+        raise BertraceError(f"params.yaml: finetune.task.text_columns is {out['text_columns']!r}; token_classification "
+                            "reads one column of word lists (e.g. [tokens])")
+    if out["type"] == "regression" and out["label_names"]:
+        raise BertraceError(f"params.yaml: finetune.task.label_names is {out['label_names']!r}; a regression task "
+                            "predicts one number and has no label names: set finetune.task.label_names: []")
     return out
 
 
@@ -259,10 +327,11 @@ def csv_dialect(path: Path, delimiter: str = "auto", quoting: str = "auto") -> d
 
 
 def read_table(path: Path, *, delimiter: str = "auto", quoting: str = "auto",
-               dialect: dict[str, Any] | None = None) -> dict[str, list]:
+               dialect: dict[str, Any] | None = None, header: bool | list[str] = True) -> dict[str, list]:
     """Columns of a ``.tsv`` / ``.csv`` / ``.parquet`` / ``.jsonl`` file (first line = header
     for tsv/csv; CRLF line endings are fine). ``dialect`` (if given) receives what
-    :func:`csv_dialect` chose for a csv/tsv file."""
+    :func:`csv_dialect` chose for a csv/tsv file. ``header``: a list of column names reads a
+    headerless csv/tsv (see :func:`read_headerless`)."""
     path = Path(path)
     if not path.is_file():
         raise BertraceError(f"{path}: file not found; fix the path in params.yaml (finetune.task) or the mirror")
@@ -275,6 +344,8 @@ def read_table(path: Path, *, delimiter: str = "auto", quoting: str = "auto",
             chosen = csv_dialect(path, delimiter, quoting)
             if dialect is not None:
                 dialect.update(chosen)
+            if isinstance(header, list):
+                return read_headerless(path, header, chosen, dialect)
             df = pd.read_csv(path, sep=chosen["delimiter"], dtype=str, keep_default_na=False, encoding="utf-8",
                              quoting=QUOTINGS[chosen["quoting"]])
             df.columns = [str(c).strip() for c in df.columns]
@@ -301,6 +372,32 @@ def read_table(path: Path, *, delimiter: str = "auto", quoting: str = "auto",
     raise BertraceError(f"{path}: unsupported file type {suffix or '(none)'}; use one of {list(FILE_SUFFIXES)}")
 
 
+def read_headerless(path: Path, names: list[str], chosen: dict[str, Any],
+                    dialect: dict[str, Any] | None = None) -> dict[str, list]:
+    """A csv/tsv without a header line, its fields named by ``names`` in order (``csv`` module,
+    the delimiter and quoting of ``chosen``). Fields beyond ``names`` are dropped (the original
+    STS Benchmark adds license fields on some lines) and counted in ``dialect["extra_fields"]``;
+    blank lines are skipped; a line with fewer fields is an error naming it."""
+    columns: dict[str, list] = {n: [] for n in names}
+    extra = 0
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f, delimiter=chosen["delimiter"], quoting=QUOTINGS[chosen["quoting"]])
+        for row in reader:
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if len(row) < len(names):
+                raise BertraceError(
+                    f"{path}:{reader.line_num}: {len(row)} fields but finetune.task.header names {len(names)} "
+                    f"({names}); fix the line or the header list (delimiter {chosen['delimiter']!r}, quoting "
+                    f"{chosen['quoting']})")
+            extra += len(row) > len(names)
+            for n, v in zip(names, row):
+                columns[n].append(v.rstrip("\r"))
+    if dialect is not None:
+        dialect.update(header=list(names), extra_fields=extra)
+    return columns
+
+
 def _rename(columns: dict[str, list], renames: dict[str, str]) -> dict[str, list]:
     return {renames.get(c, c): v for c, v in columns.items()}
 
@@ -309,7 +406,14 @@ def _file_rows(path: Path, renames: dict[str, str], global_renames: dict[str, st
                files: dict[str, str], p: dict[str, Any] | None = None, tables: dict[str, Any] | None = None) -> _Rows:
     p = p or DEFAULT_TASK
     dialect: dict[str, Any] = {}
-    columns = read_table(path, delimiter=p["delimiter"], quoting=p["quoting"], dialect=dialect)
+    if p.get("format") == "conll" or path.suffix.lower() in CONLL_SUFFIXES:
+        from pipeline.token_data import read_conll
+
+        columns = read_conll(path, dialect)
+        dialect["format"] = "conll"
+    else:
+        columns = read_table(path, delimiter=p["delimiter"], quoting=p["quoting"], dialect=dialect,
+                             header=p.get("header", True))
     if dialect and tables is not None:
         tables[path.as_posix()] = dialect
     files[path.as_posix()] = sha256_file(path)
@@ -324,7 +428,9 @@ def _hub_rows(dataset: str, config: str | None, revision: str, split: str, globa
     ds = load_split(dataset, config, revision, split, key="finetune.task.hub")
     original_label = next((old for old, new in global_renames.items() if new == label_column), label_column)
     label_feature = ds.features.get(original_label)
-    class_names = list(getattr(label_feature, "names", []) or []) or None
+    # a ClassLabel, or a sequence of them (CoNLL-2003's ner_tags: Sequence/List(ClassLabel))
+    class_names = list(getattr(label_feature, "names", None)
+                       or getattr(getattr(label_feature, "feature", None), "names", None) or []) or None
     files[f"hub:{dataset}/{config}/{split}@{revision}"] = ds._fingerprint
     columns = _rename(ds.to_dict(), global_renames)
     return _Rows(columns, where, "finetune.task.columns", class_names, list(ds.column_names))
@@ -450,12 +556,25 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
 
     if tables:
         source["tables"] = tables
-    if not label_names:
+    task_type = p["type"]
+    label_source = "params.yaml: finetune.task.label_names"
+    if not label_names and task_type != "regression":
         names = next((r.class_names for r in rows_by_split.values() if r.class_names), None)
+        if not names and task_type == "token_classification":
+            found = sorted({str(t) for r in rows_by_split.values() if label_column in r.columns
+                            for seq in r.columns[label_column] if isinstance(seq, (list, tuple, np.ndarray))
+                            for t in seq})
+            raise BertraceError(f"params.yaml: finetune.task.label_names is empty; list the BIO tags in label order, "
+                                f"e.g. [O, B-X, I-X, ...] (the data has: {found[:40]})")
         if not names:
             raise BertraceError("params.yaml: finetune.task.label_names is empty; list the class names in label order "
                                 "(e.g. [negative, positive])")
-        label_names = names
+        label_names = [str(n) for n in names]
+        label_source = next(r.where for r in rows_by_split.values() if r.class_names)
+    if task_type == "token_classification":
+        from pipeline.token_data import check_bio
+
+        check_bio(label_names, label_source)
 
     needed = text_columns + [label_column]
     splits: dict[str, TaskSplit] = {}
@@ -467,7 +586,13 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
         if n == 0:
             raise BertraceError(f"{rows.where}: the {role} split ({split}) has no rows; point finetune.task.splits."
                                 f"{role} at a non-empty split or fix the file")
-        labels = _labels(rows.columns[label_column], label_names, rows, label_column, role)
+        if task_type == "token_classification":
+            labels = _tag_labels(rows.columns[label_column], rows.columns[text_columns[0]], label_names, rows,
+                                 label_column, text_columns[0], role)
+        elif task_type == "regression":
+            labels = _scores(rows.columns[label_column], rows, label_column, role)
+        else:
+            labels = _labels(rows.columns[label_column], label_names, rows, label_column, role)
         idx = np.arange(n)
         if carve and role in ("train", "validation"):
             frac = float(p["validation_fraction"])
@@ -486,12 +611,106 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
         if len(idx) == 0:
             raise BertraceError(f"{rows.where}: the {role} split is empty after sampling; raise "
                                 f"finetune.task.max_examples.{role} or validation_fraction")
+        if task_type == "token_classification":
+            splits[role] = _token_split(tokenizer, rows, text_columns[0], labels, idx, label_names, max_len, role,
+                                        split, tables)
+            continue
         texts = [[_text(rows.columns[c][i]) for i in idx] for c in text_columns]
         ids, types, n_cut = encode_examples(tokenizer, texts[0], texts[1] if len(texts) > 1 else None,
                                             max_len, truncation)
         splits[role] = TaskSplit(role, split, ids, types, None if labels is None else labels[torch.from_numpy(idx)],
-                                 rows.where, n_cut)
-    return TaskData(splits, label_names, text_columns, label_column, max_len, truncation, files, source)
+                                 rows.where, n_cut, task_type)
+    return TaskData(splits, label_names, text_columns, label_column, max_len, truncation, files, source, task_type)
+
+
+def _words(v: Any, rows: _Rows, column: str, i: int) -> list[str]:
+    if isinstance(v, np.ndarray):
+        v = v.tolist()
+    if not isinstance(v, (list, tuple)):
+        raise BertraceError(f"{rows.where}: row {i} of column {column!r} is {type(v).__name__}, not a list of words; "
+                            "token_classification reads a column of word lists (or a CoNLL file)")
+    return [_text(w) for w in v]
+
+
+def _tag_labels(values: list, words: list, label_names: list[str], rows: _Rows, label_column: str,
+                text_column: str, role: str) -> list[list[int]] | None:
+    """Per example the word tag ids (ints index ``label_names``, strings are looked up in it);
+    the tag list must be as long as the word list. All empty = an unlabelled (test) split."""
+    index = {name: i for i, name in enumerate(label_names)}
+    out: list[list[int]] = []
+    bad: set[str] = set()
+    n_bad = 0
+    for i, (tags, ws) in enumerate(zip(values, words)):
+        tags = [] if tags is None else (tags.tolist() if isinstance(tags, np.ndarray) else list(tags))
+        n_words = len(_words(ws, rows, text_column, i))
+        if tags and len(tags) != n_words:
+            raise BertraceError(f"{rows.where}: row {i} has {n_words} words in {text_column!r} but {len(tags)} tags in "
+                                f"{label_column!r}; each word needs exactly one tag")
+        ids = []
+        for t in tags:
+            if isinstance(t, str):
+                k = index.get(t.strip(), -1)
+            elif isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_)):
+                k = int(t) if 0 <= int(t) < len(label_names) else -1
+            else:
+                k = -1
+            if k < 0:
+                bad.add(repr(t))
+                n_bad += 1
+            ids.append(k)
+        out.append(ids)
+    if bad:
+        raise BertraceError(
+            f"{rows.where}: column {label_column!r} has tags outside finetune.task.label_names {label_names}: "
+            f"{', '.join(sorted(bad)[:8])} ({n_bad} words); list every tag in finetune.task.label_names")
+    if not any(out):
+        if role != "test":
+            raise BertraceError(f"{rows.where}: the {role} split has no tags; pick a labelled split in "
+                                f"finetune.task.splits.{role}")
+        return None
+    return out
+
+
+def _scores(values: list, rows: _Rows, label_column: str, role: str) -> torch.Tensor | None:
+    """Regression targets as float32; all empty / NaN = an unlabelled (test) split."""
+    out = np.empty(len(values), dtype=np.float64)
+    bad: list[Any] = []
+    for i, v in enumerate(values):
+        if isinstance(v, str):
+            v = v.strip()
+            if not v:
+                out[i] = np.nan
+                continue
+        try:
+            out[i] = np.nan if v is None else float(v)
+        except (TypeError, ValueError):
+            bad.append(v)
+            out[i] = np.nan
+    missing = np.isnan(out)
+    if bad or (missing.any() and not missing.all()):
+        shown = sorted({repr(b) for b in bad})[:8] or ["empty / NaN"]
+        raise BertraceError(f"{rows.where}: column {label_column!r} must hold numbers for a regression task: "
+                            f"{', '.join(shown)} ({len(bad) or int(missing.sum())} rows); fix the file or "
+                            "finetune.task.label_column")
+    if missing.all():
+        if role != "test":
+            raise BertraceError(f"{rows.where}: the {role} split has no scores; pick a labelled split in "
+                                f"finetune.task.splits.{role}")
+        return None
+    return torch.from_numpy(out.astype(np.float32))
+
+
+def _token_split(tokenizer, rows: _Rows, text_column: str, labels: list[list[int]] | None, idx: np.ndarray,
+                 label_names: list[str], max_len: int, role: str, split: str, tables: dict[str, Any]) -> TaskSplit:
+    from pipeline.token_data import bio_violations, encode_words
+
+    words = [_words(rows.columns[text_column][i], rows, text_column, int(i)) for i in idx]
+    word_labels = None if labels is None else [labels[i] for i in idx]
+    enc = encode_words(tokenizer, words, word_labels, max_len)
+    violations = 0 if word_labels is None else bio_violations([[label_names[t] for t in s] for s in word_labels])
+    multi = int((tables.get(Path(rows.where).as_posix()) or {}).get("multi_tags") or 0)
+    return TaskSplit(role, split, enc["input_ids"], enc["token_type_ids"], enc["labels"], rows.where, enc["truncated"],
+                     "token_classification", word_labels, enc["first"], words, violations, multi)
 
 
 def evaluate_roles(params: dict | None, splits: Any) -> list[str]:
@@ -511,4 +730,5 @@ def _text(v: Any) -> str:
 
 
 __all__ = ["TaskSplit", "TaskData", "load_task_data", "task_params", "collate", "encode_examples", "cut",
-           "head_tail_split", "pair_budget", "read_table", "csv_dialect", "evaluate_roles", "DEFAULT_TASK"]
+           "head_tail_split", "pair_budget", "read_table", "read_headerless", "csv_dialect", "evaluate_roles",
+           "DEFAULT_TASK", "TASK_TYPES", "IGNORE_INDEX"]

@@ -2,7 +2,8 @@
 
 Loads ``data/finetune/model.pt`` (+ its ``tokenizer.json``), re-reads the task data named by
 ``finetune.task`` (through ``pipeline.task_data``, encoded with the checkpoint's max_len and
-truncation) and writes ``metrics/eval.json``, ``plots/confusion.csv`` (DVC confusion plot),
+truncation) and writes ``metrics/eval.json`` (dev/test accuracy and macro F1; every number in
+``reports/evaluate.json``), ``plots/confusion.csv`` (DVC confusion plot),
 ``reports/confusion.png``, ``reports/evaluation.md`` and ``data/provenance/evaluate.json``.
 The MLflow run gets the same numbers, the files, and the model as an MLflow pyfunc
 (artifact path ``model``: ``mlflow.pyfunc.load_model("runs:/<run id>/model")``).
@@ -15,19 +16,22 @@ import time
 from pathlib import Path
 
 from pipeline.errors import BertraceError
-from pipeline.evaluate import (EvaluateConfig, evaluate_logits, metrics_for_dvc, plot_confusion, provenance_chain, render_report,
-                               write_confusion_csv, write_report)
+from pipeline.evaluate import (EvaluateConfig, collapse_warnings, evaluate_logits, metrics_for_dvc, metrics_summary,
+                               plot_confusion, provenance_chain, render_report, write_confusion_csv, write_report)
 from pipeline.scorecard import SCORECARD_JSON, run_row, task_name as scorecard_task, write_run_row
 from pipeline.device import resolve_device
 from pipeline.inference import Classifier
 from pipeline.io import read_json, write_json
 from pipeline.task_data import evaluate_roles, load_task_data
-from stages.common import PROVENANCE_DIR, StageRun, load_params, run_stage
+from stages.common import DETAILS_DIR, PROVENANCE_DIR, StageRun, load_params, run_stage
 
 MODEL = Path("data/finetune/model.pt")
 METRICS = Path("metrics/eval.json")
+DETAILS = Path("reports/evaluate.json")
 CONFUSION_CSV = Path("plots/confusion.csv")
 CONFUSION_PNG = Path("reports/confusion.png")
+SCATTER_CSV = Path("plots/scatter.csv")  # regression: predicted vs gold (DVC scatter plot); else header only
+SCATTER_PNG = Path("reports/scatter.png")
 REPORT = Path("reports/evaluation.md")
 
 
@@ -42,7 +46,7 @@ def _provenance_records() -> dict[str, dict]:
 
 
 def _metrics_file(stage: str) -> dict:
-    path = Path("metrics") / f"{stage}.json"
+    path = DETAILS_DIR / f"{stage}.json"  # all of the stage's numbers
     return read_json(path) if path.exists() else {}
 
 
@@ -71,6 +75,8 @@ def main(progress: bool = True) -> dict:
             raise BertraceError(f"params.yaml: finetune.task.label_names {data.label_names} differ from the labels "
                                 f"{clf.label_names} that {model_path} was trained with; evaluate with the task it "
                                 "was fine-tuned on (rerun dvc repro finetune)")
+        if clf.task_type != "classification":  # NER / regression: pipeline/evaluate_tasks.py
+            return _evaluate_task(run, cfg, clf, data, splits, model_path, ckpt_sha, tok_sha, t0, progress)
 
         results, notes, predictions = {}, [], {}
         for role in splits:
@@ -101,6 +107,7 @@ def main(progress: bool = True) -> dict:
         write_confusion_csv(CONFUSION_CSV, labels, preds, clf.label_names)
         plot_confusion(CONFUSION_PNG, results[primary]["confusion_matrix"], clf.label_names,
                        title=f"{primary}: accuracy {results[primary]['accuracy']:.1%} (n={results[primary]['n']})")
+        _no_scatter("classification")
 
         chain = provenance_chain(clf.checkpoint.get("provenance"), "finetune", _provenance_records())
         t = clf.checkpoint.get("task") or {}
@@ -116,25 +123,29 @@ def main(progress: bool = True) -> dict:
                     f"{clf.truncation} truncation)",
             "recorded_validation_accuracy": recorded,
         }
-        report = render_report(results, checkpoint=facts, chain=chain,
-                               task_name=task_name, figure=CONFUSION_PNG.name, notes=notes)
+        warnings = collapse_warnings(results)  # one class for everything / at the majority baseline
+        for w in warnings:
+            print(f"evaluate: warning: {w}")
+        report = render_report(results, checkpoint=facts, chain=chain, task_name=task_name,
+                               figure=CONFUSION_PNG.name, notes=notes, warnings=warnings)
         write_report(REPORT, report)
 
         metrics = metrics_for_dvc(results)
-        write_json(METRICS, metrics)
+        write_json(DETAILS, metrics)  # every number; METRICS: the few a user compares
+        write_json(METRICS, metrics_summary(results))
 
         # This run's scorecard row; the `scorecard` stage draws it beside recorded profiles and references.
         try:
             row = run_row(cfg.run_name, records=_provenance_records(),
                           finetune_metrics=_metrics_file("finetune"), eval_metrics=metrics,
                           pretrain_metrics=_metrics_file("pretrain"), model_config=clf.checkpoint.get("model_config"),
-                          task=task_name, extra_minutes=(time.perf_counter() - t0) / 60.0)
+                          task=task_name, extra_minutes=(time.perf_counter() - t0) / 60.0, warnings=warnings)
         except BertraceError as why:  # e.g. a checkpoint evaluated outside a full pipeline run
             print(f"evaluate: no scorecard row for this run: {why}")
             row = None
         write_run_row(row)
         run.log_metrics(metrics)  # per-class names are label names: StageRun makes them valid MLflow keys
-        for path in (CONFUSION_CSV, CONFUSION_PNG, REPORT, SCORECARD_JSON):
+        for path in (CONFUSION_CSV, CONFUSION_PNG, SCATTER_CSV, SCATTER_PNG, REPORT, SCORECARD_JSON, DETAILS):
             run.add_output(path)
             run.log_artifact(path, "evaluation")
         if cfg.log_model and run.mlflow_run_id is not None:
@@ -148,6 +159,123 @@ def main(progress: bool = True) -> dict:
                             for role, m in results.items())
         print(f"evaluate: {summary} -> {REPORT}")
         return metrics
+
+
+def _no_scatter(task_type: str) -> None:
+    """The declared scatter outputs for a task type without scores: a header-only CSV and a PNG
+    that says so (DVC needs every declared output)."""
+    from pipeline.evaluate_tasks import plot_scatter, write_scatter_csv
+
+    write_scatter_csv(SCATTER_CSV, None, None)
+    plot_scatter(SCATTER_PNG, None, None, message=f"No scatter plot: this is a {task_type.replace('_', ' ')} "
+                                                  "task (predicted vs gold is drawn for regression); see "
+                                                  "confusion.png")
+
+
+def _evaluate_task(run: StageRun, cfg: EvaluateConfig, clf: Classifier, data, splits: list[str], model_path: Path,
+                   ckpt_sha: str, tok_sha: str, t0: float, progress: bool) -> dict:
+    """The evaluate stage for ``token_classification`` and ``regression`` checkpoints: the same
+    declared files as classification (see :mod:`pipeline.evaluate_tasks`)."""
+    from pipeline.evaluate_tasks import (GRADES, details_for_dvc, plot_scatter, regression_results,
+                                         render_task_report, summary_for_dvc, token_results, write_scatter_csv)
+
+    task_type = clf.task_type
+    results, notes, outputs = {}, [], {}
+    for role in splits:
+        split = data.splits[role]
+        if split.labels is None:
+            notes.append(f"{role} ({split.source}) has no labels: not scored")
+            continue
+        if task_type == "token_classification":
+            results[role], gold, pred = token_results(clf, split, cfg.batch_size, progress)
+            if results[role]["predicted_entities"] == 0:
+                warning = (f"{role}: the model tags every word O (no entity predicted; entity F1 0): too few "
+                           "updates or too low finetune.lr for this model")
+                print(f"evaluate: warning: {warning}")
+                notes.append(f"**Warning** — {warning}")
+            if split.bio_violations:
+                notes.append(f"{role}: {split.bio_violations} gold I- tags do not follow a B-/I- tag of their type "
+                             "(IOB2 violations; seqeval reads them as entity starts)")
+            if split.multi_tags:
+                notes.append(f"{role}: {split.multi_tags} words of {split.source} list several comma-separated "
+                             "tags; the first was used as gold")
+        else:
+            results[role], pred, gold = regression_results(clf, split, cfg.batch_size, progress)
+        outputs[role] = (gold, pred)
+        if split.truncated:
+            notes.append(f"{role}: {split.truncated} of {len(split)} examples cut to {clf.max_len} tokens"
+                         + (" (words past the cut are predicted O)" if task_type == "token_classification" else ""))
+    if not results:
+        raise BertraceError(f"params.yaml: none of evaluate.splits {splits} has labels; add a labelled split")
+
+    main = "f1" if task_type == "token_classification" else "pearson"
+    recorded = (clf.checkpoint.get("metrics") or {}).get(f"validation_{main}")
+    if recorded is not None and "validation" in results:
+        diff = abs(results["validation"][main] - float(recorded))
+        notes.append(f"re-evaluated validation {main} {results['validation'][main]:.4f} vs {float(recorded):.4f} "
+                     "recorded by fine-tuning" + (" (equal)" if diff < 1e-6 else f" (differs by {diff:.4f})"))
+
+    primary = next(iter(results))
+    gold, pred = outputs[primary]
+    m = results[primary]
+    if task_type == "token_classification":
+        write_confusion_csv(CONFUSION_CSV, gold, pred, clf.label_names)
+        plot_confusion(CONFUSION_PNG, m["confusion_matrix"], clf.label_names,
+                       title=f"{primary}: word tags, entity F1 {m['f1']:.1%} (n={m['n']} sentences)")
+        _no_scatter(task_type)
+        figures = [("word-level tag confusion", CONFUSION_PNG.name)]
+    else:
+        from pipeline.task_metrics import score_buckets
+
+        write_confusion_csv(CONFUSION_CSV, score_buckets(gold), score_buckets(pred), GRADES)
+        plot_confusion(CONFUSION_PNG, m["confusion_matrix"], GRADES,
+                       title=f"{primary}: grades rounded to 0..5 (n={m['n']})")
+        write_scatter_csv(SCATTER_CSV, pred, gold)
+        plot_scatter(SCATTER_PNG, pred, gold, title=f"{primary}: Pearson {m['pearson']:.3f}, Spearman "
+                                                     f"{m['spearman']:.3f} (n={m['n']})")
+        figures = [("predicted vs gold", SCATTER_PNG.name), ("rounded grades", CONFUSION_PNG.name)]
+
+    chain = provenance_chain(clf.checkpoint.get("provenance"), "finetune", _provenance_records())
+    task_name = scorecard_task((clf.checkpoint.get("task") or {}).get("source") or {})
+    arch = clf.model.config
+    what = (f"{clf.text_columns[0]} → BIO tags of {', '.join(sorted({n[2:] for n in clf.label_names if n != 'O'}))}"
+            if task_type == "token_classification" else f"{' + '.join(clf.text_columns)} → score")
+    facts = {
+        "path": model_path.as_posix(), "sha256": ckpt_sha, "tokenizer_sha256": tok_sha,
+        "mode": clf.checkpoint.get("mode"), "seed": clf.checkpoint.get("seed"),
+        "num_parameters": f"{sum(p.numel() for p in clf.model.parameters()):,}",
+        "model": f"{arch.num_layers} layers, hidden {arch.hidden_size}, {arch.num_heads} heads, vocab {arch.vocab_size}",
+        "task": f"{what} (max_len {clf.max_len})",
+        "recorded": None if recorded is None else f"validation {main} {float(recorded):.4f}",
+    }
+    write_report(REPORT, render_task_report(task_type, results, checkpoint=facts, chain=chain, task_name=task_name,
+                                            figures=figures, notes=notes))
+    details = details_for_dvc(results)
+    write_json(DETAILS, details)
+    metrics = summary_for_dvc(task_type, results)
+    write_json(METRICS, metrics)
+    # The scorecard compares classification accuracy: no row for these task types (yet).
+    print(f"evaluate: no scorecard row for a {task_type} run (the scorecard compares classification accuracy)")
+    write_run_row(None)
+    run.log_metrics(details)
+    for path in (CONFUSION_CSV, CONFUSION_PNG, SCATTER_CSV, SCATTER_PNG, REPORT, SCORECARD_JSON, DETAILS):
+        run.add_output(path)
+        run.log_artifact(path, "evaluation")
+    if cfg.log_model and run.mlflow_run_id is not None:
+        from pipeline.pyfunc import log_pyfunc
+
+        info = log_pyfunc(model_path, "model", registered_model_name=cfg.registered_model_name or None)
+        run.set_tags({"bertrace.pyfunc_model_uri": info.model_uri})
+    run.extra["chain"] = [e["stage"] for e in chain]
+    run.write_provenance()
+    if task_type == "token_classification":
+        summary = ", ".join(f"{role} entity F1 {r['f1']:.4f} (P {r['precision']:.4f}, R {r['recall']:.4f}, "
+                            f"n={r['n']})" for role, r in results.items())
+    else:
+        summary = ", ".join(f"{role} Pearson {r['pearson']:.4f} (Spearman {r['spearman']:.4f}, MSE {r['mse']:.4f}, "
+                            f"n={r['n']})" for role, r in results.items())
+    print(f"evaluate: {summary} -> {REPORT}")
+    return metrics
 
 
 if __name__ == "__main__":

@@ -2,9 +2,14 @@
 
 Reads params ``finetune``; the task data come from the hub, a hub mirror (``finetune.mirror`` or
 env ``BERTRACE_HUB_MIRROR``) or local files (``finetune.task``). Writes ``data/finetune/model.pt``
-(SPEC "Fine-tuned checkpoint"; the best seed's model) and a copy of the tokenizer next to it,
-``metrics/finetune.json`` (per seed and mean ± std validation accuracy, CPU minutes), one nested
+(docs/formats.md "Fine-tuned checkpoint"; the best seed's model) and a copy of the tokenizer next to it,
+``metrics/finetune.json`` (mean ± std validation accuracy), ``reports/finetune.json`` (per seed, CPU
+minutes …), one nested
 MLflow run per seed under the stage's run, and ``data/provenance/finetune.json``.
+
+``finetune.checkpoint`` may also be a published checkpoint (a Hugging Face model directory or hub
+pointer file, ``pipeline/hf_import.py``): its converted tokenizer is the one written next to the
+model, and its ``imported`` record (source, revision, sha256 of every file read) ends the chain.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from pathlib import Path
 import torch
 
 from pipeline.errors import BertraceError
-from pipeline.finetune import (FinetuneConfig, check_tokenizer, finetune, load_pretrained, resolve_checkpoint,
-                               save_finetuned)
-from pipeline.io import atomic_path
+from pipeline.finetune import (FinetuneConfig, architecture, check_tokenizer, checkpoint_metrics, finetune,
+                               headline_metrics, load_pretrained, resolve_checkpoint, save_finetuned)
+from pipeline.hf_import import describe, import_checkpoint, is_hf_source, write_tokenizer
+from pipeline.io import atomic_path, sha256_bytes
 from pipeline.task_data import load_task_data
 from pipeline.tokenizer import load_tokenizer
 from stages.common import StageRun, load_params, run_stage
@@ -36,19 +42,38 @@ def main(progress: bool = True) -> dict:
         torch.set_num_threads(cfg.threads)
     mirror = cfg.mirror or os.environ.get("BERTRACE_HUB_MIRROR") or None
     max_len, truncation = cfg.max_len, cfg.truncation
-    ckpt_path = resolve_checkpoint(cfg.checkpoint)
-    tokenizer_path = Path(cfg.tokenizer)
+    # A Hugging Face model directory or hub pointer file (pipeline/hf_import.py) brings its own tokenizer:
+    # finetune.tokenizer names the same path, so DVC tracks it instead of the tokenizer stage's output.
+    imported = is_hf_source(cfg.checkpoint)
+    if imported and cfg.tokenizer != cfg.checkpoint:
+        raise BertraceError(
+            f"params.yaml: finetune.checkpoint {cfg.checkpoint} is a Hugging Face checkpoint, which brings its own "
+            f"tokenizer (converted from its vocab.txt / tokenizer.json), but finetune.tokenizer is {cfg.tokenizer}; "
+            f"set finetune.tokenizer: {cfg.checkpoint} too")
+    ckpt_path = Path(cfg.checkpoint) if imported else resolve_checkpoint(cfg.checkpoint)
+    tokenizer_path = OUT / "tokenizer.json" if imported else Path(cfg.tokenizer)
 
     with StageRun("finetune", params) as run:
-        ckpt = load_pretrained(ckpt_path)
+        if imported:
+            ckpt = import_checkpoint(cfg.checkpoint)
+            write_tokenizer(ckpt, tokenizer_path)  # the checkpoint's tokenizer replaces the pipeline's
+            print(f"finetune: {describe(ckpt['provenance'])}")
+        else:
+            ckpt = load_pretrained(ckpt_path)
         tokenizer_sha = check_tokenizer(ckpt, ckpt_path, tokenizer_path)
         if max_len > int(ckpt["model_config"]["max_position"]):
             raise BertraceError(f"params.yaml: finetune.max_len {max_len} exceeds the pre-trained model's "
                                 f"max_position {ckpt['model_config']['max_position']} ({ckpt_path}); lower it")
-        ckpt_sha = run.add_input(ckpt_path)
-        run.add_input(tokenizer_path, tokenizer_sha)
-        if run.add_upstream("pretrain") is None and ckpt.get("provenance"):
-            run.upstream["pretrain"] = ckpt["provenance"]
+        if imported:  # the directory (or pointer file); an inline hf:<id> is no file: its files' hashes
+            ckpt_sha = (run.add_input(ckpt_path) if ckpt_path.exists()
+                        else run.add_input(ckpt_path, sha256_bytes(repr(ckpt["provenance"]["inputs"]).encode())))
+            run.upstream["imported"] = ckpt["provenance"]
+            run.set_tags({"bertrace.imported_from": describe(ckpt["provenance"])})
+        else:
+            ckpt_sha = run.add_input(ckpt_path)
+            run.add_input(tokenizer_path, tokenizer_sha)
+            if run.add_upstream("pretrain") is None and ckpt.get("provenance"):
+                run.upstream["pretrain"] = ckpt["provenance"]
         data = load_task_data(cfg.task, load_tokenizer(tokenizer_path), max_len=max_len,
                               truncation=truncation, mirror=mirror, roles=("train", "validation"), progress=progress)
         for path, digest in data.files.items():
@@ -81,10 +106,7 @@ def main(progress: bool = True) -> dict:
         summary, best = finetune(ckpt, data, cfg, progress=progress, seed_context=seed_run, source=str(ckpt_path))
 
         metrics = {
-            "validation_accuracy": summary["validation_accuracy"],
-            "validation_loss": summary["validation_loss"],
-            "best_seed": summary["best_seed"],
-            "best_validation_accuracy": summary["best_validation_accuracy"],
+            **headline_metrics(summary),  # classification: validation_accuracy, validation_loss, best_seed, ...
             "per_seed": summary["per_seed"],
             "n_seeds": len(cfg.seeds),
             "examples": {role: len(s) for role, s in data.splits.items()},
@@ -92,6 +114,9 @@ def main(progress: bool = True) -> dict:
             "cpu_minutes": round((time.process_time() - t_cpu) / 60, 3),
             "wall_minutes": round(run.seconds / 60, 3),
         }
+        if data.task_type == "token_classification":  # I-X after O or another type; CoNLL "a,b" tag fields
+            metrics["bio_violations"] = {role: s.bio_violations for role, s in data.splits.items()}
+            metrics["multi_tags"] = {role: s.multi_tags for role, s in data.splits.items()}
         record = run.provenance()
         provenance = {k: v for k, v in record.items() if k not in ("outputs", "upstream")}
         provenance.update({
@@ -99,28 +124,30 @@ def main(progress: bool = True) -> dict:
             "tokenizer_sha256": tokenizer_sha,
             "pretrain_checkpoint": ckpt_path.as_posix(),
             "pretrain_checkpoint_sha256": ckpt_sha,
-            # SPEC: None for scratch (only the architecture came from the checkpoint).
+            # docs/formats.md: None for scratch (only the architecture came from the checkpoint).
             "pretrain": None if cfg.mode == "scratch" else ckpt.get("provenance"),
         })
         save_finetuned(
             OUT / "model.pt", state_dict=best.state_dict, model_config=ckpt["model_config"],
             label_names=data.label_names, task=data.task_info(), tokenizer_sha256=tokenizer_sha, mode=cfg.mode,
-            seed=best.seed,
-            metrics={"validation_accuracy": best.validation_accuracy, "validation_loss": best.validation_loss,
-                     "validation_accuracy_mean": summary["validation_accuracy"]["mean"],
-                     "validation_accuracy_std": summary["validation_accuracy"]["std"], "seeds": cfg.seeds},
-            provenance=provenance,
+            seed=best.seed, metrics=checkpoint_metrics(summary, best, cfg.seeds), provenance=provenance,
+            num_labels=data.num_labels, architecture=architecture(ckpt),
         )
         with atomic_path(OUT / "tokenizer.json") as tmp:
             shutil.copyfile(tokenizer_path, tmp)
         run.add_output(OUT / "model.pt")
         run.add_output(OUT / "tokenizer.json", tokenizer_sha)
         run.set_tags({"bertrace.best_seed": best.seed})
-        run.write_metrics(metrics)
+        # metrics/finetune.json: the selection metric's dev mean ± std over the seeds (classification:
+        # dev_acc; token classification: dev_f1, entity level; regression: dev_pearson)
+        main, short = {"token_classification": ("f1", "f1"), "regression": ("pearson", "pearson")}.get(
+            data.task_type, ("accuracy", "acc"))
+        acc = summary[f"validation_{main}"]
+        run.write_metrics({f"dev_{short}": acc["mean"], "dev_std": acc["std"]}, details=metrics)  # all: reports/
         run.write_provenance()
-        acc = summary["validation_accuracy"]
-        print(f"finetune: validation accuracy {acc['mean']:.4f} ± {acc['std']:.4f} over {len(cfg.seeds)} seed(s); "
-              f"best seed {best.seed} ({best.validation_accuracy:.4f}) -> {OUT / 'model.pt'}")
+        what = {"accuracy": "accuracy", "f1": "entity F1", "pearson": "Pearson r"}[main]
+        print(f"finetune: validation {what} {acc['mean']:.4f} ± {acc['std']:.4f} over {len(cfg.seeds)} seed(s); "
+              f"best seed {best.seed} ({best.score:.4f}) -> {OUT / 'model.pt'}")
         return metrics
 
 

@@ -3,6 +3,8 @@
     bertrace predict "a gripping film" "dull"    one JSON line per text on stdout
     bertrace predict --file reviews.txt          one JSON line per input line ("-" = stdin);
                                                  sentence-pair models: "text_a<TAB>text_b" lines
+        classification: {text, label, label_id, probabilities}; regression: {text, score};
+        token classification (NER): {text, entities: [{type, text, start, end}]} (character offsets)
     bertrace export --hf DIR                     Hugging Face directory (model + tokenizer) of
         [--checkpoint data/finetune/model.pt]    a fine-tuned model.pt or a pre-training best.pt
         [--tokenizer PATH]                       (pre-training: default data/tokenizer/tokenizer.json)
@@ -77,6 +79,8 @@ def main_predict(argv: list[str] | None = None) -> None:
         else:
             inputs = chunk
         for text, pred in zip(inputs, clf.predict(inputs, batch_size=args.batch_size)):
+            if clf.task_type == "token_classification":  # the spans only: {type, text, start, end} (characters)
+                pred = {"entities": pred["entities"]}
             out.write(json.dumps({"text": list(text) if clf.is_pair else text, **pred}, ensure_ascii=False) + "\n")
         out.flush()
 

@@ -322,8 +322,11 @@ def test_evaluate_stage_end_to_end(tmp_path, monkeypatch):
     }))
     metrics = stage.main(progress=False)
 
-    saved = json.loads(Path("metrics/eval.json").read_text())
+    saved = json.loads(Path("reports/evaluate.json").read_text())  # every number; metrics/eval.json: the few
     assert saved == json.loads(json.dumps(metrics))
+    assert json.loads(Path("metrics/eval.json").read_text()) == pytest.approx(
+        {"dev_f1": saved["validation"]["macro_f1"],
+         "test_acc": saved["test"]["accuracy"], "test_f1": saved["test"]["macro_f1"]})
     for role in ("validation", "test"):
         pred = [p["label_id"] for p in clf.predict(texts[role])]
         assert saved[role]["accuracy"] == pytest.approx(sklearn_metrics.accuracy_score(labels[role], pred), abs=1e-12)

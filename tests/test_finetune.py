@@ -409,7 +409,7 @@ def test_finetune_stage_end_to_end(env, tmp_path, monkeypatch):
     metrics = stage.main(progress=False)
 
     # metrics: per seed and mean ± std
-    saved = json.loads((root / "metrics" / "finetune.json").read_text())
+    saved = json.loads((root / "reports" / "finetune.json").read_text())
     assert saved["n_seeds"] == 2 and set(saved["per_seed"]) == {"1", "2"}
     accs = [saved["per_seed"][s]["validation_accuracy"] for s in ("1", "2")]
     assert saved["validation_accuracy"]["mean"] == pytest.approx(statistics.fmean(accs))
