@@ -11,7 +11,7 @@ ifneq ($(wildcard ../shared/data/README.md),)
 export BERTRACE_HUB_MIRROR ?= mirrors/shared-data.yaml
 endif
 
-.PHONY: install repro test test-fast bench learning-curve clean-venv
+.PHONY: install repro exps test test-fast bench learning-curve clean-venv
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ ifdef PROFILE
 else
 	PATH="$(abspath $(BIN)):$$PATH" dvc repro
 endif
+
+# Experiments side by side in 160 columns: the params that differ and the metrics (tests/test_daily_loop.py).
+# A sweep: `dvc exp run --queue -S finetune.lr=1e-4` (once per point), `dvc queue start -j 2`, then `make exps`.
+exps: install
+	PATH="$(abspath $(BIN)):$$PATH" dvc exp show --no-pager --only-changed --drop 'Created|.*/' --keep 'dev_|test_'
 
 # SST-2 dev accuracy vs pre-training steps from data/pretrain/snapshots (pretrain.snapshot_steps).
 learning-curve: install

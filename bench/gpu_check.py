@@ -12,7 +12,7 @@ Checks (synthetic data, so it needs nothing but this repository; ``--examples DI
 * ``resume``: a checkpoint written on the CPU (unfused AdamW, fp32) continued on the GPU in fp16
   with fused AdamW and a GradScaler (item 1: used to raise on the first step);
 * ``exact``: with ``deterministic: true`` an interrupted run resumed equals an uninterrupted one
-  bit for bit (the README's claim on CUDA), and with ``deterministic: false`` whether it drifts;
+  bit for bit (docs/scaling.md's claim on CUDA), and with ``deterministic: false`` whether it drifts;
 * ``compile``: ``compile: true`` with a time budget: the clock starts after compilation (item 4),
   reports the compile time, tokens/s and MFU;
 * ``ddp``: ``torchrun --nproc_per_node 2 -m stages.pretrain`` with ``device: cuda:0`` (two GPUs:
@@ -234,7 +234,7 @@ def check_resume(ctx: Ctx) -> dict:
 
 
 def check_exact(ctx: Ctx) -> dict:
-    """The README's claim: bit-for-bit resume with deterministic: true (and whether false drifts)."""
+    """docs/scaling.md's claim: bit-for-bit resume with deterministic: true (and whether false drifts)."""
     notes, ok = [], True
     for det in (True, False):
         kw = dict(max_steps=12, time_minutes=None, model=ctx.model("small"), batch_size=32, log_every=1,
@@ -297,7 +297,7 @@ def check_ddp(ctx: Ctx) -> dict:
                             "-m", "stages.pretrain"], cwd=work, env=env, capture_output=True, text=True, timeout=540)
         if p.returncode != 0:
             return {"status": "FAIL", "note": f"torchrun exit {p.returncode}: {(p.stdout + p.stderr)[-800:]}"}
-        metrics = json.loads((work / "metrics" / "pretrain.json").read_text())
+        metrics = json.loads((work / "reports" / "pretrain.json").read_text())
         if metrics["step"] != steps or metrics["world_size"] != 2:
             return {"status": "FAIL", "note": f"step {metrics['step']} (want {steps}), world {metrics['world_size']}"}
         notes.append(f"{steps} steps")

@@ -8,6 +8,11 @@ commit sha that provenance records) and loading a split. Offline machines point 
 * a YAML index ``dataset id -> config -> split -> file`` (paths relative to the YAML file; an
   entry may be ``{path: file, columns: {old: new}}`` to rename a copy's columns to the hub's), or
 * a directory laid out ``<mirror>/<dataset id>/<config>/<split>.<ext>``.
+
+Relative paths resolve from the repository root wherever DVC runs the stage: ``dvc exp run --temp``
+and ``--queue`` run it in a copy of the tracked files (``.dvc/tmp/exps/<tmp>/``), where a mirror's
+``../../shared/data/...`` would point inside ``.dvc/tmp``; :func:`repo_path` takes a relative path
+that leaves that copy from the original repository (``DVC_ROOT``) instead.
 """
 
 from __future__ import annotations
@@ -133,7 +138,7 @@ def resolve_mirror(mirror: str | os.PathLike, dataset: str, config: str | None, 
     Requested splits the mirror lacks are logged as a warning and left out of the result;
     when none is present, or the dataset/config is not in the mirror, a BertraceError says so.
     """
-    mirror_path = Path(os.path.expanduser(str(mirror)))
+    mirror_path = repo_path(mirror)
     splits = list(splits)
     if not mirror_path.exists():
         raise BertraceError(f"hub mirror {mirror_path}: not found; point download.mirror / finetune.mirror / BERTRACE_HUB_MIRROR at a "
@@ -151,6 +156,35 @@ def resolve_mirror(mirror: str | os.PathLike, dataset: str, config: str | None, 
         log.warning("hub mirror %s: splits %s of %s%s are missing; continuing with %s", where, missing, dataset,
                     "/" + config if config else "", list(found))
     return found
+
+
+def repo_path(path: str | os.PathLike, workspace: str | os.PathLike | None = None) -> Path:
+    """``path`` (relative to the stage's working directory) as the user meant it.
+
+    DVC sets ``DVC_ROOT`` to the repository it was started in; in a temporary experiment
+    workspace (``dvc exp run --temp`` / ``--queue``: a copy of the repository's tracked files under
+    ``<repo>/.dvc/tmp/exps/``) that differs from the working directory. A relative path that stays
+    inside the workspace is the workspace's own (its copy of ``mirrors/…``); one that leaves it (``../``,
+    a sibling of the repository such as ``../shared/data``) is taken relative to the original
+    repository, as in a plain ``dvc repro``. Absolute paths and runs outside such a workspace: as given."""
+    path = Path(os.path.expanduser(str(path)))
+    root = os.environ.get("DVC_ROOT")
+    if path.is_absolute() or not root:
+        return path
+    here = Path(os.path.abspath(workspace or os.getcwd()))
+    origin = Path(os.path.abspath(root))
+    if here == origin:
+        return path
+    absolute = os.path.normpath(here / path)
+    if absolute == str(here) or absolute.startswith(str(here) + os.sep):
+        return path  # inside the workspace copy
+    return Path(os.path.normpath(origin / os.path.relpath(absolute, here)))
+
+
+def _mirror_file(base: Path, rel: str) -> Path:
+    """A mirror entry: relative to the YAML file's folder ``base``, through :func:`repo_path`."""
+    rel = os.path.expanduser(rel)
+    return Path(os.path.normpath(rel)) if os.path.isabs(rel) else repo_path(os.path.normpath(base / rel))
 
 
 def _mirror_index(index: Path, dataset: str, config: str | None, splits: list[str]):
@@ -181,7 +215,7 @@ def _mirror_index(index: Path, dataset: str, config: str | None, splits: list[st
     found: dict[str, Path] = {}
     for split in splits:
         if split in split_map and split_map[split]:
-            path = Path(os.path.normpath(index.parent / os.path.expanduser(str(split_map[split]))))
+            path = _mirror_file(index.parent, str(split_map[split]))
             if not path.is_file():
                 raise BertraceError(f"hub mirror {index}: {dataset}/{config}/{split} points at {path}, which does "
                                     "not exist; fix the path (relative to the YAML file) or remove the entry")
@@ -224,7 +258,7 @@ def resolve_mirror_entries(mirror: str | os.PathLike, dataset: str, config: str 
     YAML file); plain paths and mirror directories go through :func:`resolve_mirror`.
     """
 
-    mirror_path = Path(os.path.expanduser(str(mirror)))
+    mirror_path = repo_path(mirror)
     entries = _mirror_yaml_entries(mirror_path, dataset, config) if mirror_path.is_file() else {}
     found: dict[str, tuple[Path, dict[str, str]]] = {}
     plain = []
@@ -232,7 +266,7 @@ def resolve_mirror_entries(mirror: str | os.PathLike, dataset: str, config: str 
         value = entries.get(split)
         if isinstance(value, dict):
             rel, columns = entry(value, f"hub mirror {mirror_path}: {dataset}/{config}/{split}")
-            path = Path(os.path.normpath(mirror_path.parent / os.path.expanduser(rel)))
+            path = _mirror_file(mirror_path.parent, rel)
             if not path.is_file():
                 raise BertraceError(f"hub mirror {mirror_path}: {dataset}/{config}/{split} points at {path}, which "
                                     "does not exist; fix the path (relative to the YAML file) or remove the entry")

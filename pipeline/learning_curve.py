@@ -24,7 +24,10 @@ from typing import Any, Callable, Sequence
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_open, atomic_path
 
-COLUMNS = ("pretrain_steps", "pretrain_minutes", "dev_accuracy", "dev_std", "seeds", "steps", "checkpoint")
+# pretrain_sha256: the final pre-trained checkpoint the curve belongs to (reports/plots.html draws the
+# curve only while that is the current data/pretrain checkpoint: pipeline/plots_report.py)
+COLUMNS = ("pretrain_steps", "pretrain_minutes", "dev_accuracy", "dev_std", "seeds", "steps", "checkpoint",
+           "pretrain_sha256")
 UNITS = {"steps": ("pretrain_steps", "pre-training steps"), "minutes": ("pretrain_minutes", "pre-training minutes")}
 
 

@@ -69,7 +69,53 @@ def git_state(repo_dir: str | os.PathLike = ".") -> dict[str, Any]:
         if code == "??" and path.startswith("data/"):
             continue  # a DVC output not yet in data/.gitignore (DVC adds it after the stage ran)
         dirty.append(path)
-    return {"commit": commit, "dirty": bool(dirty), "dirty_paths": dirty[:20]}
+    state = {"commit": commit, "dirty": bool(dirty), "dirty_paths": dirty[:20]}
+    experiment = dvc_experiment(repo_dir)
+    if experiment is not None:
+        # `dvc exp run` commits the workspace (params.yaml as -S set it, any other change) to the
+        # experiment's ref when the run ends: the changes are in a commit, the tree is not dirty.
+        experiment["changed_paths"] = dirty[:20]
+        state.update(dirty=False, dirty_paths=[], experiment=experiment)
+    return state
+
+
+def dvc_experiment(repo_dir: str | os.PathLike = ".") -> dict[str, Any] | None:
+    """The DVC experiment this stage runs in, or None outside ``dvc exp run``.
+
+    DVC sets ``DVC_EXP_NAME`` and ``DVC_EXP_BASELINE_REV`` (the commit the experiment starts
+    from) for every stage of ``dvc exp run`` (workspace, ``--temp`` and ``--queue``;
+    dvc/repo/experiments/queue/base.py). The experiment's commit is saved as the git ref
+    ``refs/exps/<baseline[:2]>/<baseline[2:]>/<name>``; ``params_diff`` is ``{key: [baseline, now]}``
+    of params.yaml (dotted keys), what ``-S`` changed."""
+    name, baseline = os.environ.get("DVC_EXP_NAME"), os.environ.get("DVC_EXP_BASELINE_REV")
+    if not name or not baseline:
+        return None
+    return {"name": name, "baseline_rev": baseline, "ref": f"refs/exps/{baseline[:2]}/{baseline[2:]}/{name}",
+            "params_diff": _params_diff(repo_dir, baseline)}
+
+
+def _params_diff(repo_dir: str | os.PathLike, baseline: str, params_file: str = "params.yaml") -> dict[str, list]:
+    def flat(obj: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(obj, dict) and obj:
+            return {k: v for key, value in obj.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+        return {prefix[:-1]: obj}
+
+    try:
+        now = yaml.safe_load(Path(repo_dir, params_file).read_text(encoding="utf-8")) or {}
+        before = None
+        for where in (repo_dir, os.environ.get("DVC_ROOT")):  # a temp workspace may lack the baseline's objects
+            if not where:
+                continue
+            proc = subprocess.run(["git", "show", f"{baseline}:{params_file}"], cwd=where, capture_output=True, text=True)
+            if proc.returncode == 0:
+                before = yaml.safe_load(proc.stdout) or {}
+                break
+    except (OSError, yaml.YAMLError):
+        return {}
+    if before is None:
+        return {}
+    a, b = flat(before), flat(now)
+    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
 def library_versions() -> dict[str, str | None]:
@@ -245,13 +291,34 @@ def chain_ids(record: dict[str, Any]) -> dict[str, str]:
 # DVC: the upstream stages' dvc.lock entries
 
 
-def _dvc_paths(entries: list[Any] | None) -> list[str]:
+def _dvc_paths(entries: list[Any] | None, params: dict[str, Any] | None = None) -> list[str]:
+    """The paths of dvc.yaml entries; ``${section.key}`` filled from ``params`` (params.yaml), as DVC
+    does (``finetune: deps: ${finetune.checkpoint}``); an entry that does not resolve is skipped."""
     paths = []
     for e in entries or []:
         path = e if isinstance(e, str) else next(iter(e), None) if isinstance(e, dict) else None
+        if isinstance(path, str) and "${" in path:
+            path = _interpolate(path, params or {})
         if isinstance(path, str) and "${" not in path:
             paths.append(path.rstrip("/"))
     return paths
+
+
+def _interpolate(text: str, params: dict[str, Any]) -> str | None:
+    def value(m):
+        node: Any = params
+        for key in m.group(1).strip().split("."):
+            if not isinstance(node, dict) or key not in node:
+                raise KeyError(key)
+            node = node[key]
+        return str(node)
+
+    import re
+
+    try:
+        return re.sub(r"\$\{([^}]*)\}", value, text)
+    except KeyError:
+        return None
 
 
 def _uncached(entries: list[Any] | None) -> set[str]:
@@ -283,7 +350,11 @@ def dvc_lock_upstream(stage: str, root: str | os.PathLike = ".") -> dict[str, An
         return None
     if not isinstance(stages.get(stage), dict):
         return None
-    deps = _dvc_paths(stages[stage].get("deps"))
+    try:
+        params = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        params = {}
+    deps = _dvc_paths(stages[stage].get("deps"), params if isinstance(params, dict) else {})
     found: dict[str, Any] = {}
     for name, spec in stages.items():
         if name == stage or not isinstance(spec, dict):

@@ -1,7 +1,8 @@
 """MLflow plumbing: where runs go, how params/tags/metrics are named, stale runs.
 
 Default store: a SQLite file ``mlflow.db`` in the working directory (the repo root when DVC
-runs a stage) with artifacts under ``mlartifacts/``; ``MLFLOW_TRACKING_URI`` overrides both
+runs a stage; the original repository's root for ``dvc exp run --temp`` / ``--queue``, see
+:func:`store_root`) with artifacts under ``mlartifacts/``; ``MLFLOW_TRACKING_URI`` overrides both
 (any server or store MLflow supports). The experiment is ``bertrace`` unless
 ``MLFLOW_EXPERIMENT_NAME`` says otherwise.
 
@@ -39,8 +40,18 @@ _INVALID_RUN = re.compile(r"[^A-Za-z0-9_.\- /]+")  # a run of other characters b
 _NOT_ASCII = "\x00"  # stands for a character with no ASCII form, until _INVALID_RUN replaces it
 
 
+def store_root(root: str | os.PathLike = ".") -> Path:
+    """Where the default store lives: ``root``, except that the working directory of a DVC
+    experiment's temporary workspace (``dvc exp run --temp`` / ``--queue``: a copy under
+    ``.dvc/tmp/exps/``, removed afterwards) stands for the repository DVC was started in
+    (``DVC_ROOT``), so every run of every experiment lands in the repository's one store."""
+    if str(root) == "." and os.environ.get("DVC_ROOT"):
+        return Path(os.environ["DVC_ROOT"]).resolve()
+    return Path(root).resolve()
+
+
 def default_tracking_uri(root: str | os.PathLike = ".") -> str:
-    return "sqlite:///" + str(Path(root, "mlflow.db").resolve())
+    return "sqlite:///" + str(store_root(root) / "mlflow.db")
 
 
 def tracking_uri(root: str | os.PathLike = ".") -> str:
@@ -62,7 +73,7 @@ def setup_mlflow(root: str | os.PathLike = "."):
         return experiment.experiment_id
     artifact_location = None
     if not explicit:
-        artifact_location = Path(root, "mlartifacts").resolve().as_uri()
+        artifact_location = (store_root(root) / "mlartifacts").as_uri()
     try:
         return mlflow.create_experiment(name, artifact_location=artifact_location)
     except Exception:  # created concurrently by another stage
@@ -223,8 +234,8 @@ def close_stale_runs(client, experiment_id: str, stage: str, pipeline_run_id: st
     by_id = {r.info.run_id: r for r in running}
     for r in running:
         tags = r.data.tags
-        if tags.get("bertrace.stage") != stage or "mlflow.parentRunId" in tags:
-            continue
+        if tags.get("bertrace.stage") != stage or ("mlflow.parentRunId" in tags and tags.get(KIND_TAG) != "stage"):
+            continue  # another stage's run, or a nested one (a seed's): its stage run's status decides
         alive = process_alive(tags[PROCESS_TAG]) if PROCESS_TAG in tags else None
         if alive is False or (alive is None and tags.get("bertrace.pipeline_run_id") == pipeline_run_id):
             stale.append(r.info.run_id)
@@ -234,3 +245,121 @@ def close_stale_runs(client, experiment_id: str, stage: str, pipeline_run_id: st
                                                "marked KILLED when the stage started again")
         client.set_terminated(rid, status="KILLED")
     return stale + children
+
+
+# ---------------------------------------------------------------------------------------------
+# One parent run per pipeline run
+#
+# Rule: every stage of one pipeline run nests its run under the parent run whose tag
+# ``bertrace.pipeline`` is the pipeline-run id (:func:`pipeline.provenance.pipeline_run_id`: the
+# ``dvc repro`` / ``dvc exp run`` process that started the stage, or ``BERTRACE_PIPELINE_RUN_ID``);
+# the first stage to start creates it. Stages are separate processes; the id is the only thing they
+# share, and it is the same one their provenance records carry. A stage run outside DVC (``python
+# -m stages.x`` with neither ``DVC_STAGE`` nor ``BERTRACE_PIPELINE_RUN_ID`` set) is no pipeline
+# run: it stays a top-level run.
+#
+# The parent holds, for side-by-side comparison of two pipeline runs, every stage's params
+# (``<stage>.<param>``) and the numbers of its DVC metrics files (``<stage>.<metric>``). A stage that
+# DVC did not rerun (its outputs came from an earlier pipeline run) has no run under this parent:
+# the parent gets the tag ``bertrace.reused.<stage>`` = the MLflow run id that made its outputs (from
+# the stage's provenance record), its params and metrics, and a link in the run's description.
+
+KIND_TAG = "bertrace.run_kind"  # "pipeline" on a parent, "stage" on a stage run under one
+PIPELINE_TAG = "bertrace.pipeline"  # on the parent: the pipeline-run id (stage runs: bertrace.pipeline_run_id)
+REUSED_PREFIX = "bertrace.reused."  # + stage: the MLflow run that made the outputs this pipeline run reused
+NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
+
+
+def in_pipeline() -> bool:
+    """Whether this stage runs as part of a pipeline run (under DVC, or with an explicit id)."""
+    return bool(os.environ.get("DVC_STAGE") or os.environ.get("BERTRACE_PIPELINE_RUN_ID"))
+
+
+def _quote(value: str) -> str:
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def pipeline_parent(client, experiment_id: str, pipeline_run_id: str, *, run_name: str | None = None,
+                    tags: dict[str, str] | None = None) -> str:
+    """The id of the parent run of pipeline run ``pipeline_run_id``, created when absent."""
+    found = client.search_runs([experiment_id], max_results=1, order_by=["attributes.start_time ASC"],
+                               filter_string=f"tags.`{KIND_TAG}` = 'pipeline' and "
+                                             f"tags.`{PIPELINE_TAG}` = {_quote(pipeline_run_id)}")
+    if found:
+        return found[0].info.run_id
+    run = client.create_run(experiment_id, run_name=mlflow_name(run_name or f"pipeline {pipeline_run_id[:8]}"),
+                            tags=mlflow_tags({KIND_TAG: "pipeline", PIPELINE_TAG: pipeline_run_id, **(tags or {})}))
+    return run.info.run_id
+
+
+def stage_metrics(stage: str, root: str | os.PathLike = ".") -> dict[str, float]:
+    """The numbers of the DVC metrics files dvc.yaml declares for ``stage``, flattened
+    (``{"dev_acc": 0.81}``); {} when there are none or they are unreadable."""
+    import json
+
+    import yaml
+
+    try:
+        spec = ((yaml.safe_load(Path(root, "dvc.yaml").read_text(encoding="utf-8")) or {}).get("stages") or {})[stage]
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        return {}
+    out: dict[str, float] = {}
+    for entry in (spec or {}).get("metrics") or []:
+        path = Path(root, next(iter(entry)) if isinstance(entry, dict) else str(entry))
+        try:
+            out.update(mlflow_metrics(json.loads(path.read_text(encoding="utf-8"))))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def log_stage_on_parent(client, parent_id: str, stage: str, *, params: dict[str, Any] | None = None,
+                        metrics: dict[str, float] | None = None) -> None:
+    """``<stage>.<param>`` params and ``<stage>.<metric>`` metrics on the parent run (best effort:
+    a param logged before with another value, e.g. by a retried stage, is kept as it was)."""
+    from mlflow.entities import Metric, Param
+
+    prefixed = {mlflow_name(f"{stage}.{k}"): v for k, v in mlflow_params(params or {}).items()}
+    try:
+        logged = client.get_run(parent_id).data.params
+    except Exception:  # noqa: BLE001
+        logged = {}
+    items = [Param(k, v) for k, v in sorted(prefixed.items()) if k not in logged]
+    for i in range(0, len(items), 100):
+        try:
+            client.log_batch(parent_id, params=items[i:i + 100])
+        except Exception:  # noqa: BLE001 - a concurrent writer logged the same key first
+            pass
+    import time
+
+    now = int(time.time() * 1000)
+    values = [Metric(mlflow_name(f"{stage}.{k}"), float(v), now, 0) for k, v in sorted((metrics or {}).items())]
+    for i in range(0, len(values), 1000):
+        client.log_batch(parent_id, metrics=values[i:i + 1000])
+
+
+def link_reused(client, parent_id: str, experiment_id: str, records: dict[str, dict[str, Any]],
+                pipeline_run_id: str, root: str | os.PathLike = ".") -> list[str]:
+    """Tag the parent with the runs that made the outputs of upstream stages DVC did not rerun in
+    this pipeline run (``records``: their provenance records); returns those stages."""
+    reused = []
+    tags = client.get_run(parent_id).data.tags
+    for stage, rec in sorted(records.items()):
+        if not isinstance(rec, dict) or rec.get("pipeline_run_id") == pipeline_run_id:
+            continue
+        key = mlflow_name(REUSED_PREFIX + stage)
+        made_by = rec.get("mlflow_run_id") or "unknown (logged without MLflow)"
+        if tags.get(key) != made_by:
+            client.set_tag(parent_id, key, made_by)
+            log_stage_on_parent(client, parent_id, stage, params=rec.get("params") if isinstance(rec.get("params"), dict) else None,
+                                metrics=stage_metrics(stage, root))
+        reused.append(stage)
+    if reused:
+        tags = client.get_run(parent_id).data.tags
+        lines = ["Stages this pipeline run reused (DVC did not rerun them); the runs that made their outputs:", ""]
+        for key, run_id in sorted(tags.items()):
+            if key.startswith(REUSED_PREFIX):
+                link = f"[{run_id}](#/experiments/{experiment_id}/runs/{run_id})" if len(run_id) == 32 else run_id
+                lines.append(f"- {key[len(REUSED_PREFIX):]}: {link}")
+        client.set_tag(parent_id, NOTE_TAG, "\n".join(lines))
+    return reused

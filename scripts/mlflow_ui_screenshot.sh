@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Screenshot of the MLflow UI filtered by a chain tag (README "Compare runs in the MLflow UI").
+# Screenshot of the MLflow UI filtered by a chain tag (docs/provenance.md "Compare runs in the MLflow UI").
 #
 #   scripts/mlflow_ui_screenshot.sh [REPO] [OUT.png]
 #

@@ -22,7 +22,7 @@ def main() -> None:
         )
         for name in ("train.txt", "valid.txt"):
             run.add_output(OUT / name)
-        run.write_metrics(stats)
+        run.write_details(stats)  # reports/clean.json (data prep: no DVC metrics)
         run.write_provenance()
         print(f"clean: {stats}")
 

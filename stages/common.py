@@ -26,6 +26,7 @@ from pipeline import tracking
 PARAMS_FILE = "params.yaml"
 PROVENANCE_DIR = Path("data/provenance")
 METRICS_DIR = Path("metrics")
+DETAILS_DIR = Path("reports")  # reports/<stage>.json: all of a stage's numbers (metrics/: the few compared)
 PROVENANCE_ARTIFACT_DIR = "provenance"  # MLflow artifact folder of the provenance record
 CHILD_TAGS = ("bertrace.git_", "bertrace.params_hash", "bertrace.pipeline_run_id", prov.CHAIN_TAG_PREFIX)
 MAX_FILE_TAGS = 16  # per-file bertrace.input.* / bertrace.output.* tags per run; all files: the files.json artifact
@@ -74,6 +75,10 @@ class StageRun:
     ``names.json`` artifact, and every input and output file (path → sha256) in ``files.json``
     (per-file tags only for the first ``MAX_FILE_TAGS`` files). On start, runs of this stage that
     a killed process left ``RUNNING`` are marked ``KILLED`` (:func:`pipeline.tracking.close_stale_runs`).
+
+    Under DVC the run is nested in its pipeline run's parent run (:func:`pipeline.tracking.pipeline_parent`),
+    which gets the stage's params and metrics and links the upstream stages DVC did not rerun
+    (``bertrace.reused.<stage>``).
     """
 
     def __init__(self, stage: str, params: dict[str, Any], *, log_mlflow: bool = True, run_name: str | None = None,
@@ -91,6 +96,7 @@ class StageRun:
         self.git = prov.git_state()
         self.dvc_lock = prov.dvc_lock_upstream(stage)  # before DVC rewrites this stage's own entry
         self.mlflow_run_id: str | None = None
+        self.parent_run_id: str | None = None  # the pipeline run's parent (pipeline.tracking, "One parent run")
         self._mlflow = None
         self._chain_tags: dict[str, str] = {}
         self._dag_records: dict[str, Any] | None = None
@@ -123,6 +129,12 @@ class StageRun:
             }
             if self.git["dirty"]:
                 tags["bertrace.git_dirty_paths"] = ", ".join(self.git["dirty_paths"])[:500]
+            exp = self.git.get("experiment") or {}
+            if exp:  # dvc exp run: the experiment's name and the commit it started from
+                tags.update({"bertrace.dvc_experiment": exp["name"], "bertrace.dvc_baseline_rev": exp["baseline_rev"]})
+            self.parent_run_id = self._pipeline_parent(experiment_id, exp)
+            if self.parent_run_id:
+                tags.update({"mlflow.parentRunId": self.parent_run_id, tracking.KIND_TAG: "stage"})
             if self.git["commit"]:
                 tags["mlflow.source.git.commit"] = self.git["commit"]
                 tags["bertrace.git_commit"] = self.git["commit"]
@@ -139,8 +151,51 @@ class StageRun:
                     mlflow.log_params(dict(items[i:i + 100]))
             except BaseException:  # __exit__ will not run: close the run here, not leave it RUNNING
                 mlflow.end_run(status="FAILED")
+                if self.parent_run_id:
+                    mlflow.tracking.MlflowClient().set_terminated(self.parent_run_id, status="FAILED")
                 raise
+            if self.parent_run_id:
+                try:
+                    client = mlflow.tracking.MlflowClient()
+                    tracking.log_stage_on_parent(client, self.parent_run_id, self.stage, params=self.params)
+                    tracking.link_reused(client, self.parent_run_id, experiment_id, self._upstream_records(), self.run_id)
+                except Exception as e:  # noqa: BLE001 - the parent is a convenience, never stop the stage
+                    print(f"{self.stage}: could not update the pipeline's parent MLflow run ({type(e).__name__}: {e})",
+                          file=sys.stderr)
         return self
+
+    def _pipeline_parent(self, experiment_id: str, exp: dict[str, Any]) -> str | None:
+        """The parent run of this pipeline run (:func:`pipeline.tracking.pipeline_parent`), or None
+        for a stage run on its own."""
+        if not tracking.in_pipeline():
+            return None
+        import mlflow
+
+        commit = (self.git.get("commit") or "")[:8]
+        name = f"pipeline {exp['name']}" if exp else f"pipeline {commit or 'no-git'} {self.run_id[:8]}"
+        tags = {"mlflow.source.git.commit": self.git.get("commit"), "bertrace.dvc_experiment": exp.get("name"),
+                "bertrace.dvc_baseline_rev": exp.get("baseline_rev")}
+        try:
+            return tracking.pipeline_parent(mlflow.tracking.MlflowClient(), experiment_id, self.run_id, run_name=name,
+                                            tags={k: v for k, v in tags.items() if v})
+        except Exception as e:  # noqa: BLE001
+            print(f"{self.stage}: no parent MLflow run for this pipeline run ({type(e).__name__}: {e})", file=sys.stderr)
+            return None
+
+    def _upstream_records(self) -> dict[str, Any]:
+        """Provenance records of every stage upstream of this one in dvc.yaml (transitively)."""
+        records: dict[str, Any] = {}
+        todo = list(self.dvc_lock or {})
+        while todo:
+            name = todo.pop()
+            if name in records:
+                continue
+            try:
+                records[name] = upstream_record(name)
+            except BertraceError:
+                records[name] = None
+            todo += [n for n in (prov.dvc_lock_upstream(name) or {}) if n not in records]
+        return {k: v for k, v in records.items() if v is not None}
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._mlflow is not None:
@@ -153,7 +208,18 @@ class StageRun:
                 )
             finally:
                 interrupted = exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit))
-                self._mlflow.end_run(status="KILLED" if interrupted else "FAILED" if exc_type else "FINISHED")
+                status = "KILLED" if interrupted else "FAILED" if exc_type else "FINISHED"
+                self._mlflow.end_run(status=status)
+                if self.parent_run_id:  # the parent's end: its latest stage's
+                    try:
+                        client = self._mlflow.tracking.MlflowClient()
+                        if exc_type is None:
+                            tracking.log_stage_on_parent(client, self.parent_run_id, self.stage,
+                                                         metrics=tracking.stage_metrics(self.stage))
+                        client.set_terminated(self.parent_run_id, status=status)
+                    except Exception as e:  # noqa: BLE001
+                        print(f"{self.stage}: could not update the pipeline's parent MLflow run "
+                              f"({type(e).__name__}: {e})", file=sys.stderr)
 
     @property
     def seconds(self) -> float:
@@ -311,11 +377,28 @@ class StageRun:
                 if child.data.tags.get(key) != value:
                     client.set_tag(child.info.run_id, key, value)
 
-    def write_metrics(self, metrics: dict[str, Any], path: str | os.PathLike | None = None) -> Path:
-        """Write the stage's DVC metrics file and log the same numbers to MLflow."""
+    def write_metrics(self, metrics: dict[str, Any], path: str | os.PathLike | None = None, *,
+                      details: dict[str, Any] | None = None) -> Path:
+        """Write the stage's DVC metrics file (``metrics/<stage>.json``) and log the numbers to MLflow.
+
+        The metrics file holds only the few numbers a user compares across runs: ``dvc metrics
+        show`` and ``dvc exp show`` put every key of every metrics file in one table, which must
+        fit a 160-column terminal (tests/test_daily_loop.py), and a key that two metrics files share
+        becomes ``<path>:<key>`` there, so keys are unique across files. ``details`` (all the numbers: per
+        seed, per class, per expectation …) go to ``reports/<stage>.json`` (:meth:`write_details`)."""
         path = Path(path) if path else METRICS_DIR / f"{self.stage}.json"
+        if details is not None:
+            self.write_details(details)
         write_json(path, metrics)
         self.log_metrics(metrics)
+        return path
+
+    def write_details(self, details: dict[str, Any], path: str | os.PathLike | None = None) -> Path:
+        """Every number the stage measured, as ``reports/<stage>.json`` (a plain DVC output, not
+        a metrics file), logged to MLflow too."""
+        path = Path(path) if path else DETAILS_DIR / f"{self.stage}.json"
+        write_json(path, details)
+        self.log_metrics(details)
         return path
 
 

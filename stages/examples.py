@@ -33,7 +33,7 @@ def main() -> None:
             metrics[split]["shards"] = len(info["shards"])
         metrics["seconds"] = round(run.seconds, 2)
         metrics["examples_per_s"] = round(metrics["train"]["rows"] / max(run.seconds, 1e-9), 1)
-        run.write_metrics(metrics)
+        run.write_details(metrics)  # reports/examples.json (data prep: no DVC metrics)
         run.log_artifact(OUT / "manifest.json")
         run.write_provenance()
         print(f"examples: train {metrics['train']['rows']} rows / valid {metrics['valid']['rows']} rows -> {OUT}")

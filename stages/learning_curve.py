@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from pipeline.finetune import FinetuneConfig, check_tokenizer, finetune, load_pretrained
-from pipeline.io import write_json
+from pipeline.io import sha256_file, write_json
 from pipeline.learning_curve import curve_points, plot_curve, run_curve, write_curve_csv
 from pipeline.scorecard import read_references
 from pipeline.task_data import load_task_data
@@ -69,12 +69,14 @@ def main(progress: bool = True) -> dict:
             run.log_metrics({"dev_accuracy": row["dev_accuracy"]}, step=x)
 
         rows = run_curve(points, fine_tune, on_point)
-        write_curve_csv(CSV, rows)
+        final_sha256 = sha256_file(final)  # which pre-training run the curve belongs to (bertrace plots checks it)
+        write_curve_csv(CSV, [{**r, "pretrain_sha256": final_sha256} for r in rows])
         ref = [(name, float(v)) for name, v in reference.items()]
         plot_curve(PNG, rows, reference=ref, unit=unit,
                    title=f"{ft_params['task'].get('hub', {}).get('config') or 'task'} validation accuracy vs "
                    f"pre-training {unit} ({len(ft_params['seeds'])} seed(s) per point)")
-        metrics = {"unit": unit, "points": rows}
+        metrics = {"unit": unit, "pretrain_checkpoint": {"path": final.as_posix(), "sha256": final_sha256},
+                   "points": rows}
         write_json(METRICS, metrics)
         for path in (CSV, PNG, METRICS):
             run.add_output(path)

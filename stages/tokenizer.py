@@ -40,7 +40,7 @@ def main() -> None:
         run.set_tags({"bertrace.tokenizer_sha256": info["tokenizer_sha256"]})
         run.extra["normalizer"] = {"lowercase": cfg.lowercase, "strip_accents": cfg.strip_accents, **norm}
         numbers = {k: norm[k] for k in ("chars_altered", "chars_removed", "chars_changed", "words_altered") if k in norm}
-        run.write_metrics({**stats, "vocab_size": info["vocab_size"], "normalizer": numbers})
+        run.write_details({**stats, "vocab_size": info["vocab_size"], "normalizer": numbers})  # no DVC metrics
         run.log_artifact(OUT / "vocab.txt")
         run.write_provenance()
         print(f"tokenizer: vocab {info['vocab_size']}, valid UNK rate {stats['unk_rate']:.4%}, "

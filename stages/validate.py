@@ -15,14 +15,15 @@ from pathlib import Path
 
 from pipeline.errors import BertraceError
 from pipeline.io import write_json
-from pipeline.validate import (ValidateConfig, ValidationReport, validate_corpus, validate_normalizer,
-                               validate_shards)
+from pipeline.validate import (ValidateConfig, ValidationReport, build_data_docs, validate_corpus,
+                               validate_normalizer, validate_shards)
 from stages.common import METRICS_DIR, StageRun, load_params, run_stage
 
 CLEAN = Path("data/clean")
 EXAMPLES = Path("data/examples")
 TOKENIZER = Path("data/tokenizer/tokenizer.json")
 REPORT = Path("reports/validate.json")  # every check with observed values and sample rows
+DATA_DOCS = Path("reports/data_docs")  # GX Data Docs site: open reports/data_docs/index.html
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nsp-tolerance", type=float, default=None)
     p.add_argument("--mask-rate-tolerance", type=float, default=None)
     p.add_argument("--report", type=Path, default=None, help="write the JSON report here")
+    p.add_argument("--data-docs", type=Path, default=None,
+                   help=f"build the Great Expectations Data Docs site here (pipeline: {DATA_DOCS})")
     return p
 
 
@@ -49,31 +52,39 @@ def main(argv: list[str] | None = None) -> None:
     shards_dir = args.shards if standalone else EXAMPLES
 
     with StageRun("validate", {**params, "min_chars": min_chars}, log_mlflow=not standalone) as run:
-        results = []
+        results, gx_results = [], []
         if corpus_files:
             for f in corpus_files:
                 if f.exists():
                     run.add_input(f)
-            results += validate_corpus(
-                list(corpus_files), min_chars=min_chars, max_chars=cfg.corpus_max_chars
-            ).results
+            corpus_report = validate_corpus(list(corpus_files), min_chars=min_chars, max_chars=cfg.corpus_max_chars)
+            results += corpus_report.results
+            gx_results += corpus_report.gx_results
         if shards_dir:
             if (shards_dir / "manifest.json").exists():
                 run.add_input(shards_dir / "manifest.json")
-            results += validate_shards(shards_dir, nsp_tolerance=nsp_tol, mask_rate_tolerance=mask_tol).results
+            shards_report = validate_shards(shards_dir, nsp_tolerance=nsp_tol, mask_rate_tolerance=mask_tol)
+            results += shards_report.results
+            gx_results += shards_report.gx_results
         normalizer = None
         if not standalone:  # what the tokenizer's normaliser does to the corpus's letters
             if TOKENIZER.exists():
                 run.add_input(TOKENIZER)
             normalizer = validate_normalizer(TOKENIZER, CLEAN / "train.txt", max_chars_altered=cfg.max_chars_altered)
             results.append(normalizer)
-        report = ValidationReport(results)
+        report = ValidationReport(results, gx_results)
+        docs_dir = args.data_docs or (None if standalone else DATA_DOCS)
+        if docs_dir:  # a page per failed suite run (with GX's sample of unexpected values), one per suite
+            index = build_data_docs(report.gx_results, docs_dir)
+            run.log_artifact(docs_dir)  # MLflow artifacts data_docs/...
+            print(f"validate: Great Expectations Data Docs -> {index}")
         report_path = args.report or (None if standalone else REPORT)
         full = report.to_dict()
         if report_path:
             write_json(report_path, full)
-        if not standalone:  # DVC metrics: the compact, deterministic summary
-            write_json(METRICS_DIR / "validate.json", {k: v for k, v in full.items() if k != "results"})
+        if not standalone:  # DVC metrics: pass/fail counts (per expectation, every check: REPORT)
+            write_json(METRICS_DIR / "validate.json", {"passed": full["checks"] - full["failures"],
+                                                       "failed": full["failures"]})
         run.log_metrics({"checks": len(report.results), "failures": len(report.failures)})
         run.set_tags({"bertrace.validation": "passed" if report.success else "failed"})
         if report_path:

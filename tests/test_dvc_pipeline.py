@@ -168,12 +168,17 @@ def test_mlflow_has_one_run_per_stage_with_a_shared_pipeline_run_id(repo):
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{root}/mlflow.db")
     exp = client.get_experiment_by_name("bertrace")
     runs = client.search_runs([exp.experiment_id], max_results=100)
-    stage_runs = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]  # not the per-seed children
-    seed_runs = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    # one parent run for the `dvc repro` (pipeline.tracking), the stage runs nested, the seeds under finetune's
+    (parent,) = [r for r in runs if r.data.tags.get("bertrace.run_kind") == "pipeline"]
+    stage_runs = [r for r in runs if r.data.tags.get("bertrace.run_kind") == "stage"]
+    seed_runs = [r for r in runs if "bertrace.seed" in r.data.tags]
+    assert len(runs) == 1 + len(stage_runs) + len(seed_runs)
+    assert {r.data.tags["mlflow.parentRunId"] for r in stage_runs} == {parent.info.run_id}
     assert {r.data.tags["bertrace.stage"] for r in seed_runs} == {"finetune"}
     by_stage = {r.data.tags["bertrace.stage"]: r for r in stage_runs}
-    # every stage that makes data logs a run; `scorecard` only redraws a report from committed rows
-    stages = [s for s in yaml.safe_load((root / "dvc.yaml").read_text())["stages"] if s != "scorecard"]
+    # every stage that makes data logs a run; `scorecard` and `plots` only redraw reports from committed rows
+    stages = [s for s in yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+              if s not in ("scorecard", "plots")]
     assert set(by_stage) == set(stages)
     assert len(stage_runs) == len(stages)  # one run per stage
     ids = {r.data.tags["bertrace.pipeline_run_id"] for r in stage_runs}
@@ -209,7 +214,7 @@ def test_every_run_carries_the_chain_ids(repo):
 
     def stages(filter_string):
         runs = client.search_runs([exp], filter_string=filter_string, max_results=100)
-        return sorted(r.data.tags["bertrace.stage"] + ("/seed" if "mlflow.parentRunId" in r.data.tags else "")
+        return sorted(r.data.tags["bertrace.stage"] + ("/seed" if "bertrace.seed" in r.data.tags else "")
                       for r in runs)
 
     downstream = ["evaluate", "examples", "finetune", "finetune/seed", "pretrain", "tokenizer", "validate"]
@@ -308,7 +313,7 @@ def test_same_params_and_seeds_reproduce_bytes_losses_and_metrics(clone):
     before = _lock(dest)
     curve = lambda: [(r["step"], r["loss"], r["mlm_loss"], r["nsp_loss"])  # noqa: E731
                      for r in csv.DictReader((dest / "plots/pretrain_loss.csv").open())]
-    losses, metrics = curve(), json.loads((dest / "metrics/finetune.json").read_text())
+    losses, metrics = curve(), json.loads((dest / "reports/finetune.json").read_text())
     shutil.rmtree(dest / "data/pretrain")  # persist: true, so start over instead of resuming
     out = _run(["dvc", "repro", "--force", "--single-item", "tokenizer", "examples", "pretrain", "finetune"], dest, env)
     assert _ran(out.stdout + out.stderr) == {"tokenizer", "examples", "pretrain", "finetune"}
@@ -316,7 +321,7 @@ def test_same_params_and_seeds_reproduce_bytes_losses_and_metrics(clone):
     assert after["tokenizer"]["data/tokenizer"] == before["tokenizer"]["data/tokenizer"]  # DVC md5: same bytes
     assert after["examples"]["data/examples"] == before["examples"]["data/examples"]
     assert len(losses) >= 6 and curve() == losses
-    again = json.loads((dest / "metrics/finetune.json").read_text())
+    again = json.loads((dest / "reports/finetune.json").read_text())
     for key in ("validation_accuracy", "validation_loss", "best_validation_accuracy"):
         assert again[key] == metrics[key], key
     assert {s: {k: v for k, v in m.items() if "seconds" not in k} for s, m in again["per_seed"].items()} == \
@@ -361,7 +366,7 @@ def test_examples_param_reruns_examples_and_downstream_only(repo):
     client = _mlflow_client(root)
     exp = client.get_experiment_by_name("bertrace").experiment_id
     dirty = client.search_runs([exp], filter_string="tags.`bertrace.git_dirty` = 'True'", max_results=100)
-    assert {r.data.tags["bertrace.stage"] for r in dirty} == _stages_from(root, "examples") - {"scorecard"}
+    assert {r.data.tags["bertrace.stage"] for r in dirty} == _stages_from(root, "examples") - {"scorecard", "plots"}
     assert all(r.data.tags["bertrace.git_dirty_paths"] == "params.yaml" for r in dirty)
 
 
@@ -371,7 +376,8 @@ def test_finetune_param_reruns_finetune_and_evaluate_only(repo):
     lr = float(yaml.safe_load((root / "params.yaml").read_text())["finetune"]["lr"])
     _set_param(root, "finetune", "lr", lr / 2)  # a value the repo does not already hold
     out = _run(["dvc", "repro"], root, env)
-    assert _ran(out.stdout + out.stderr) == {"finetune", "evaluate", "scorecard"}
+    # plots (reports/plots.html) reruns too when the new model's confusion matrix differs
+    assert _ran(out.stdout + out.stderr) - {"plots"} == {"finetune", "evaluate", "scorecard"}
     _unchanged_upstream(before, _lock(root), "finetune", root)
 
 
@@ -387,8 +393,9 @@ def test_tokenizer_param_reruns_tokenizer_and_everything_after(repo):
 @pytest.mark.parametrize("path, expected", [
     # the pre-training loop: pre-training (and so what follows it), nothing upstream
     ("pipeline/train.py", {"pretrain"}),
-    # Hugging Face conversion and export are used by `bertrace export` only: no stage
-    ("pipeline/hf.py", set()),
+    # export is used by `bertrace export` only: no stage; the Hugging Face name maps also convert a
+    # published checkpoint (finetune.checkpoint, pretrain.init: pipeline/hf_import.py)
+    ("pipeline/hf.py", {"pretrain", "finetune"}),
     ("pipeline/export.py", set()),
     # masking: the examples stage (static masks) and pre-training (dynamic masks) both import it
     ("pipeline/masking.py", {"examples", "pretrain"}),

@@ -257,9 +257,9 @@ def test_bengali_corpus_runs_download_to_pretrain_by_params_with_mlflow(tmp_path
     finally:
         torch.set_num_threads(before)
 
-    clean = json.loads((root / "metrics" / "clean.json").read_text())
+    clean = json.loads((root / "reports" / "clean.json").read_text())
     assert clean["documents"] == 48 and clean["dropped_short"] == 0  # one document per file
-    tok_metrics = json.loads((root / "metrics" / "tokenizer.json").read_text())
+    tok_metrics = json.loads((root / "reports" / "tokenizer.json").read_text())
     assert tok_metrics["normalizer"]["chars_altered"] == 0 and tok_metrics["unk_rate"] == 0
     # the tokenizer gives the corpus's text back unchanged
     tok = load_tokenizer(root / "data" / "tokenizer" / "tokenizer.json")
@@ -267,9 +267,9 @@ def test_bengali_corpus_runs_download_to_pretrain_by_params_with_mlflow(tmp_path
         assert tok.normalizer.normalize_str(line) == line
         enc = tok.encode(line, add_special_tokens=False)
         assert "[UNK]" not in enc.tokens and "".join(tok.decode(enc.ids).split()) == "".join(line.split())
-    validate = json.loads((root / "metrics" / "validate.json").read_text())
+    validate = json.loads((root / "reports" / "validate.json").read_text())
     assert validate["success"] and validate["by_expectation"]["normalizer_keeps_letters"] == {"checks": 1, "failures": 0}
-    pretrain = json.loads((root / "metrics" / "pretrain.json").read_text())
+    pretrain = json.loads((root / "reports" / "pretrain.json").read_text())
     assert pretrain["step"] == 4 and {"loss", "mlm_loss", "nsp_loss", "lr"} <= set(pretrain)
 
     client = mlflow.MlflowClient()
@@ -289,7 +289,7 @@ def test_bengali_corpus_runs_download_to_pretrain_by_params_with_mlflow(tmp_path
     params = _params(src)
     params["tokenizer"]["strip_accents"] = True
     _run_stages(root, monkeypatch, params, ["tokenizer", "examples"])
-    damaged = json.loads((root / "metrics" / "tokenizer.json").read_text())["normalizer"]
+    damaged = json.loads((root / "reports" / "tokenizer.json").read_text())["normalizer"]
     assert damaged["chars_altered"] > 0.10 and damaged["words_altered"] > 0.4
     with pytest.raises(BertraceError, match=r"tokenizer.strip_accents: auto .*validate.max_chars_altered"):
         _run_stages(root, monkeypatch, params, ["validate"])

@@ -82,7 +82,13 @@ def test_learning_curve_command_end_to_end(env, tmp_path, monkeypatch):  # noqa:
     assert all(0.0 <= a <= 1.0 for a in accs), accs
     assert all(float(r["dev_std"]) == 0.0 for r in rows)  # one seed per point: no spread
     assert all(int(r["steps"]) > 0 for r in rows)  # every point was really fine-tuned
+    # the curve names the checkpoint it belongs to (reports/plots.html draws it only while that is current)
+    from pipeline.io import sha256_file
+
+    assert {r["pretrain_sha256"] for r in rows} == {sha256_file(root / "data" / "pretrain" / "best.pt")}
     assert (root / "reports" / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((root / "metrics" / "learning_curve.json").read_text())
     assert saved["unit"] == "steps"
+    assert saved["pretrain_checkpoint"] == {"path": "data/pretrain/best.pt",
+                                            "sha256": sha256_file(root / "data" / "pretrain" / "best.pt")}
     assert [p["dev_accuracy"] for p in saved["points"]] == pytest.approx(accs)

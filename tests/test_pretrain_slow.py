@@ -195,7 +195,7 @@ def test_stage_writes_checkpoints_metrics_plots_provenance_and_mlflow(tmp_path):
                        text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "pretrain: step 8" in p.stdout
-    metrics = json.loads((work / "metrics" / "pretrain.json").read_text())
+    metrics = json.loads((work / "reports" / "pretrain.json").read_text())
     assert metrics["step"] == 8 and metrics["completed"] and "val_mlm_loss" in metrics
     state = torch.load(work / "data" / "pretrain" / "last.pt", weights_only=True)
     manifest = work / "data" / "examples" / "manifest.json"
@@ -255,7 +255,7 @@ def test_stage_under_torchrun_two_ranks(tmp_path):
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                         "-m", "stages.pretrain"], cwd=work, env=_env(), capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    metrics = json.loads((work / "metrics" / "pretrain.json").read_text())
+    metrics = json.loads((work / "reports" / "pretrain.json").read_text())
     assert metrics["world_size"] == 2 and metrics["step"] == 6
     state = torch.load(work / "data" / "pretrain" / "last.pt", weights_only=True)
     assert len(state["rng"]) == 2 and state["provenance"]["world_size"] == 2

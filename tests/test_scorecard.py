@@ -46,7 +46,7 @@ def test_run_row_needs_the_records_and_metrics():
     del recs["download"]
     with pytest.raises(BertraceError, match=r"no record for \['download'\]"):
         run_row("x", records=recs, finetune_metrics=FT, eval_metrics=EV)
-    with pytest.raises(BertraceError, match="metrics/finetune.json"):
+    with pytest.raises(BertraceError, match="reports/finetune.json"):
         run_row("x", records=_records(), finetune_metrics={}, eval_metrics=EV)
 
 
