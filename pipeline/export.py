@@ -311,12 +311,24 @@ def _export_hf(tf, model_pt, out_dir, tokenizer_path, verify) -> dict[str, Any]:
                             "name BERT's parameters differently")
     hf_model.eval()
 
+    return write_export(tf, hf_model, hf_cls, loaded, src, out_dir, kind, verify,
+                        write_tokenizer=lambda d: write_tokenizer_files(
+                            loaded["tokenizer"], loaded["tokenizer_path"], d,
+                            loaded["max_len"] if kind == "classifier" else config.max_position),
+                        verify_fn=_verify)
+
+
+def write_export(tf, hf_model, hf_cls, loaded: dict[str, Any], src: Path, out_dir: Path, kind: str, verify: bool, *,
+                 write_tokenizer, verify_fn) -> dict[str, Any]:
+    """Write ``out_dir`` atomically (a temp directory renamed into place): ``hf_model``'s
+    ``save_pretrained`` files, the tokenizer files (``write_tokenizer(dir)``) and
+    ``bertrace_export.json`` (source, hashes, provenance, and ``verify_fn``'s logits check when
+    ``verify``). Shared by the BERT/ELECTRA export here and the GPT-2 one (pipeline/export_gpt.py)."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
         hf_model.save_pretrained(tmp)
-        write_tokenizer_files(loaded["tokenizer"], loaded["tokenizer_path"], tmp,
-                              loaded["max_len"] if kind == "classifier" else config.max_position)
+        write_tokenizer(tmp)
         info: dict[str, Any] = {
             "kind": kind,
             "architecture": hf_cls.__name__,
@@ -332,7 +344,7 @@ def _export_hf(tf, model_pt, out_dir, tokenizer_path, verify) -> dict[str, Any]:
             info["note"] = (f"fine-tuned with {loaded['truncation']} truncation to {loaded['max_len']} tokens; "
                             "the HF tokenizer truncates the head only")
         if verify:
-            info["verification"] = _verify(loaded, tf, hf_cls, tmp)
+            info["verification"] = verify_fn(loaded, tf, hf_cls, tmp)
         write_json(tmp / EXPORT_INFO, info)
         if out_dir.exists():
             shutil.rmtree(out_dir)

@@ -21,7 +21,6 @@ GPT-2 would add them as token embeddings.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ import numpy as np
 import torch
 
 from pipeline.errors import BertraceError
-from pipeline.export import EXPORT_INFO, SCRIPT_PROBES, normalizer_settings
+from pipeline.export import SCRIPT_PROBES, normalizer_settings, write_export
 from pipeline.formats import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID
 from pipeline.generate import encode_prompt, find_tokenizer, is_causal_state_dict
 from pipeline.io import sha256_file, write_json
@@ -160,36 +159,8 @@ def export_gpt2(tf, model_pt: str | Path, out_dir: str | Path, tokenizer_path: s
                             f"transformers {tf.__version__} may name GPT-2's parameters differently")
     hf_model.eval()
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
-        hf_model.save_pretrained(tmp)
-        write_gpt_tokenizer_files(loaded, tmp)
-        info: dict[str, Any] = {
-            "kind": kind,
-            "architecture": hf_cls.__name__,
-            "source_checkpoint": str(src),
-            "source_sha256": sha256_file(src),
-            "tokenizer_sha256": loaded["tokenizer_sha256"],
-            "label_names": loaded["label_names"],
-            "task": loaded["checkpoint"].get("task"),
-            "transformers_version": tf.__version__,
-            "provenance": loaded["checkpoint"].get("provenance"),
-        }
-        if kind == "classifier" and loaded["truncation"] != "head":
-            info["note"] = (f"fine-tuned with {loaded['truncation']} truncation to {loaded['max_len']} tokens; "
-                            "the HF tokenizer truncates the head only")
-        if verify:
-            info["verification"] = _verify(loaded, tf, hf_cls, tmp)
-        write_json(tmp / EXPORT_INFO, info)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return {**{k: v for k, v in info.items() if k != "provenance"}, "path": str(out_dir),
-            "files": sorted(p.name for p in out_dir.iterdir())}
+    return write_export(tf, hf_model, hf_cls, loaded, src, out_dir, kind, verify,
+                        write_tokenizer=lambda d: write_gpt_tokenizer_files(loaded, d), verify_fn=_verify)
 
 
 def _padded(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

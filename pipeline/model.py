@@ -457,9 +457,8 @@ def pretraining_correct(
     return mlm_correct, valid.sum(), nsp_correct, torch.tensor(nsp_labels.numel(), device=nsp_labels.device)
 
 
-class BertForSequenceClassification(nn.Module):
-    """BertModel -> dropout -> Linear on the pooled [CLS] vector (run_classifier.py
-    ``create_model``). ``forward -> logits [B, num_labels]``."""
+class _EncoderWithHead(nn.Module):
+    """BertModel + dropout + a Linear head of ``num_labels``; what the fine-tuning heads share."""
 
     def __init__(self, config: BertConfig, num_labels: int, classifier_dropout: float | None = None):
         super().__init__()
@@ -469,16 +468,6 @@ class BertForSequenceClassification(nn.Module):
         self.drop = nn.Dropout(config.dropout if classifier_dropout is None else classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         init_weights(self.classifier, config.initializer_range)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        no_rows = torch.zeros(0, dtype=torch.long, device=input_ids.device)  # only [CLS] is read
-        _, pooled = self.bert(input_ids, token_type_ids, attention_mask, rows=no_rows)
-        return self.classifier(self.drop(pooled))
 
     def load_pretrained_encoder(self, pretraining_state_dict: dict, source: str = "checkpoint") -> None:
         """Load the encoder (``bert.*``) from a BertForPreTraining state dict; the MLM and NSP
@@ -491,20 +480,26 @@ class BertForSequenceClassification(nn.Module):
         _load_strict(self.bert, encoder, source)
 
 
-class BertForTokenClassification(nn.Module):
+class BertForSequenceClassification(_EncoderWithHead):
+    """BertModel -> dropout -> Linear on the pooled [CLS] vector (run_classifier.py
+    ``create_model``). ``forward -> logits [B, num_labels]``."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        no_rows = torch.zeros(0, dtype=torch.long, device=input_ids.device)  # only [CLS] is read
+        _, pooled = self.bert(input_ids, token_type_ids, attention_mask, rows=no_rows)
+        return self.classifier(self.drop(pooled))
+
+
+class BertForTokenClassification(_EncoderWithHead):
     """BertModel -> dropout -> Linear at every position (transformers' BertForTokenClassification;
     BERT paper section 5.3 for NER). ``forward -> logits [B, T, num_labels]``. The encoder's
     pooler is kept (so a pre-training checkpoint loads strictly) but unused; the HF export drops it
     (transformers' class has none)."""
-
-    def __init__(self, config: BertConfig, num_labels: int, classifier_dropout: float | None = None):
-        super().__init__()
-        self.config = config
-        self.num_labels = num_labels
-        self.bert = BertModel(config)
-        self.drop = nn.Dropout(config.dropout if classifier_dropout is None else classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, num_labels)
-        init_weights(self.classifier, config.initializer_range)
 
     def forward(
         self,
@@ -515,10 +510,6 @@ class BertForTokenClassification(nn.Module):
         seq, _ = self.bert(input_ids, token_type_ids, attention_mask)
         return self.classifier(self.drop(seq))
 
-    def load_pretrained_encoder(self, pretraining_state_dict: dict, source: str = "checkpoint") -> None:
-        """As :meth:`BertForSequenceClassification.load_pretrained_encoder`: the encoder (``bert.*``)
-        from a BertForPreTraining state dict; the classifier keeps its fresh init."""
-        BertForSequenceClassification.load_pretrained_encoder(self, pretraining_state_dict, source)
 
 
 def _strip_wrappers(key: str) -> str:
