@@ -230,6 +230,11 @@ def plot_confusion(path: str | Path, cm: Sequence[Sequence[int]], label_names: S
         for j in range(k):
             ax.text(j, i, f"{cm[i, j]}\n{share[i, j]:.1%}", ha="center", va="center", fontsize=9,
                     color="white" if share[i, j] > 0.5 else "black")
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out ``fig`` and write it as a PNG, atomically."""
     fig.tight_layout()
     path = Path(path)
     with atomic_path(path) as tmp:

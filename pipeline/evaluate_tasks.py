@@ -22,8 +22,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pipeline.evaluate import confusion_matrix
-from pipeline.io import atomic_open, atomic_path
+from pipeline.evaluate import confusion_matrix, save_figure
+from pipeline.io import atomic_open
 from pipeline.task_metrics import entity_metrics, regression_metrics, score_buckets
 
 GRADES = [str(g) for g in range(6)]  # STS-B's 0..5 similarity grades: the regression confusion's classes
@@ -120,11 +120,7 @@ def plot_scatter(path: str | Path, predicted: Sequence[float] | None, gold: Sequ
         ax.set_ylabel("predicted score")
         ax.legend(loc="upper left", fontsize=8)
         ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    return path
+    return save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------------------------

@@ -180,6 +180,31 @@ class Classifier:
         return ids, types
 
     # -- model ------------------------------------------------------------------------------
+    def _sorted_batches(self, input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]],
+                        batch_size: int, progress: bool):
+        """``(indices, logits)`` per batch of length-sorted sequences (little padding; padding is
+        masked, so the logits do not depend on the batching), under the device's autocast."""
+        from pipeline.device import amp_dtype
+        from pipeline.task_data import collate
+
+        if batch_size < 1:
+            raise BertraceError(f"batch_size must be at least 1, got {batch_size}")
+        amp = amp_dtype(self.device)  # bf16 (fp16 on older GPUs) autocast on CUDA, fp32 elsewhere
+        n = len(input_ids)
+        self.model.eval()
+        order = sorted(range(n), key=lambda i: len(input_ids[i]))
+        starts = range(0, n, batch_size)
+        if progress:
+            from tqdm.auto import tqdm
+            starts = tqdm(starts, desc="predict", unit="batch")
+        for s in starts:
+            idx = order[s:s + batch_size]
+            batch = collate([(input_ids[i], token_type_ids[i], 0) for i in idx])
+            with torch.autocast(self.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                logits = self.model(batch["input_ids"].to(self.device), batch["token_type_ids"].to(self.device),
+                                    batch["attention_mask"].to(self.device))
+            yield idx, logits.float().cpu().numpy()
+
     @torch.no_grad()
     def logits_from_ids(self, input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]],
                         batch_size: int = 64, progress: bool = False) -> np.ndarray:
@@ -188,32 +213,15 @@ class Classifier:
         Batches are formed from length-sorted sequences (little padding); padding is masked,
         so the result does not depend on the batching.
         """
-        from pipeline.device import amp_dtype
-        from pipeline.task_data import collate
-
         if self.task_type == "token_classification":
             raise BertraceError("logits_from_ids: a token classification model gives logits per position; use "
                                 "token_logits_from_ids")
-        amp = amp_dtype(self.device)  # bf16 (fp16 on older GPUs) autocast on CUDA, fp32 elsewhere
         n = len(input_ids)
         out = np.zeros((n, int(self.model.num_labels)), dtype=np.float32)
         if n == 0:
             return out
-        if batch_size < 1:
-            raise BertraceError(f"batch_size must be at least 1, got {batch_size}")
-        self.model.eval()
-        order = sorted(range(n), key=lambda i: len(input_ids[i]))
-        starts = range(0, n, batch_size)
-        if progress:
-            from tqdm.auto import tqdm
-            starts = tqdm(starts, desc="predict", unit="batch")
-        for s in starts:
-            idx = order[s:s + batch_size]
-            batch = collate([(input_ids[i], token_type_ids[i], 0) for i in idx])
-            with torch.autocast(self.device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                logits = self.model(batch["input_ids"].to(self.device), batch["token_type_ids"].to(self.device),
-                                    batch["attention_mask"].to(self.device))
-            out[idx] = logits.float().cpu().numpy()
+        for idx, logits in self._sorted_batches(input_ids, token_type_ids, batch_size, progress):
+            out[idx] = logits
         return out
 
     @torch.no_grad()
@@ -221,27 +229,10 @@ class Classifier:
                               batch_size: int = 64, progress: bool = False) -> list[np.ndarray]:
         """Token classification: per sequence its logits ``[T_i, num_labels]`` (float32), in input
         order, batched as :meth:`logits_from_ids`."""
-        from pipeline.device import amp_dtype
-        from pipeline.task_data import collate
-
         if batch_size < 1:
             raise BertraceError(f"batch_size must be at least 1, got {batch_size}")
-        amp = amp_dtype(self.device)
-        n = len(input_ids)
-        out: list[np.ndarray] = [np.zeros((0, len(self.label_names)), dtype=np.float32)] * n
-        self.model.eval()
-        order = sorted(range(n), key=lambda i: len(input_ids[i]))
-        starts = range(0, n, batch_size)
-        if progress:
-            from tqdm.auto import tqdm
-            starts = tqdm(starts, desc="predict", unit="batch")
-        for s in starts:
-            idx = order[s:s + batch_size]
-            batch = collate([(input_ids[i], token_type_ids[i], 0) for i in idx])
-            with torch.autocast(self.device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                logits = self.model(batch["input_ids"].to(self.device), batch["token_type_ids"].to(self.device),
-                                    batch["attention_mask"].to(self.device))
-            logits = logits.float().cpu().numpy()
+        out: list[np.ndarray] = [np.zeros((0, len(self.label_names)), dtype=np.float32)] * len(input_ids)
+        for idx, logits in self._sorted_batches(input_ids, token_type_ids, batch_size, progress):
             for j, i in enumerate(idx):
                 out[i] = logits[j, :len(input_ids[i])]
         return out
