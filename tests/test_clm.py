@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -276,19 +275,10 @@ def test_the_gpt_profile_is_the_default_budget_with_the_causal_objective():
 def test_the_causal_dag_runs_end_to_end_under_dvc(tmp_path):
     """`dvc repro` of every stage with the gpt profile's params on a slice of WikiText-2 (tiny model)."""
     from pipeline.profiles import apply_overrides, flatten_overrides, load_profile
-    from test_dvc_pipeline import _copy_other_deps, _run, _tiny_finetune, _tiny_pretrain
+    from test_dvc_pipeline import _run, _tiny_finetune, _tiny_pretrain, copy_repo
 
     root = tmp_path / "repo"
-    for item in ["pipeline", "stages", "mirrors", "params.yaml", "dvc.yaml", ".gitignore", "pyproject.toml"]:
-        src = REPO / item
-        (shutil.copytree(src, root / item, ignore=shutil.ignore_patterns("__pycache__")) if src.is_dir()
-         else shutil.copy2(src, root / item))
-    _copy_other_deps(root)
-    (root / ".dvc").mkdir()
-    shutil.copy2(REPO / ".dvc" / "config", root / ".dvc" / "config")
-    lines = shared_file("wikitext-2-raw", "wiki.test.raw").read_text(encoding="utf-8").splitlines(keepends=True)
-    (root / "data" / "sources").mkdir(parents=True)
-    (root / "data" / "sources" / "wiki.raw").write_text("".join(lines[:1500]), encoding="utf-8")
+    copy_repo(root)
     shared_file("sst2", "train.tsv")
     params = yaml.safe_load((root / "params.yaml").read_text())
     params = apply_overrides(params, flatten_overrides(load_profile("gpt", REPO / "profiles"), params))

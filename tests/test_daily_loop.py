@@ -19,7 +19,6 @@ import io
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -299,25 +298,14 @@ def _run(cmd, cwd, env, check=True, timeout=900):
 def repo(tmp_path_factory):
     """A tiny copy of the repo (tests/test_dvc_pipeline.py's params) beside a link to the shared data,
     so that mirrors/shared-data.yaml's ``../../shared/data`` resolves; finetune.mirror points at it."""
-    from tests.test_dvc_pipeline import _copy_other_deps, _tiny_finetune, _tiny_pretrain
+    from tests.test_dvc_pipeline import _tiny_finetune, _tiny_pretrain, copy_repo
 
     shared_file("sst2", "dev.tsv")
     base = tmp_path_factory.mktemp("daily")
     root = base / "repo"
     root.mkdir()
     (base / "shared").symlink_to(SHARED_DATA.parent, target_is_directory=True)
-    for item in ["pipeline", "stages", "mirrors", "params.yaml", "dvc.yaml", ".gitignore", "pyproject.toml"]:
-        src = REPO / item
-        if src.is_dir():
-            shutil.copytree(src, root / item, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, root / item)
-    _copy_other_deps(root)
-    (root / ".dvc").mkdir()
-    shutil.copy2(REPO / ".dvc" / "config", root / ".dvc" / "config")
-    lines = shared_file("wikitext-2-raw", "wiki.test.raw").read_text(encoding="utf-8").splitlines(keepends=True)
-    (root / "data" / "sources").mkdir(parents=True)
-    (root / "data" / "sources" / "wiki.raw").write_text("".join(lines[:1500]), encoding="utf-8")
+    copy_repo(root)
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["download"]["source"] = "local"
     params["download"]["local"]["path"] = "data/sources/wiki.raw"

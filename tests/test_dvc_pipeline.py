@@ -59,19 +59,7 @@ def _mlflow_client(root: Path):
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     root = tmp_path_factory.mktemp("repo")
-    for item in ["pipeline", "stages", "mirrors", "params.yaml", "dvc.yaml", ".gitignore", "pyproject.toml"]:
-        src = REPO / item
-        if src.is_dir():
-            shutil.copytree(src, root / item, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, root / item)
-    _copy_other_deps(root)
-    (root / ".dvc").mkdir()
-    shutil.copy2(REPO / ".dvc" / "config", root / ".dvc" / "config")
-    # A small slice of the real WikiText-2 test split as the local source.
-    lines = shared_file("wikitext-2-raw", "wiki.test.raw").read_text(encoding="utf-8").splitlines(keepends=True)
-    (root / "data" / "sources").mkdir(parents=True)
-    (root / "data" / "sources" / "wiki.raw").write_text("".join(lines[:1500]), encoding="utf-8")
+    copy_repo(root)
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["download"]["source"] = "local"
     params["download"]["local"]["path"] = "data/sources/wiki.raw"
@@ -96,6 +84,24 @@ def repo(tmp_path_factory):
     _run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"], root)
     first = _run(["dvc", "repro"], root, env)
     return root, env, first.stdout + first.stderr
+
+
+def copy_repo(root: Path) -> None:
+    """The code, params and DAG of this repo copied into ``root`` (its own .dvc config, the
+    dvc.yaml deps no stage writes), with a small slice of the real WikiText-2 test split
+    (1,500 lines) as the local corpus ``data/sources/wiki.raw``: the start of every tiny-repo test."""
+    for item in ["pipeline", "stages", "mirrors", "params.yaml", "dvc.yaml", ".gitignore", "pyproject.toml"]:
+        src = REPO / item
+        if src.is_dir():
+            shutil.copytree(src, root / item, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, root / item)
+    _copy_other_deps(root)
+    (root / ".dvc").mkdir()
+    shutil.copy2(REPO / ".dvc" / "config", root / ".dvc" / "config")
+    lines = shared_file("wikitext-2-raw", "wiki.test.raw").read_text(encoding="utf-8").splitlines(keepends=True)
+    (root / "data" / "sources").mkdir(parents=True)
+    (root / "data" / "sources" / "wiki.raw").write_text("".join(lines[:1500]), encoding="utf-8")
 
 
 def _copy_other_deps(root: Path) -> None:

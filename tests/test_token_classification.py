@@ -22,7 +22,6 @@ from pipeline.io import sha256_file
 from pipeline.task_data import collate, load_task_data
 from pipeline.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
 from pipeline.token_data import (bio_violations, check_bio, encode_text, encode_words, entities, read_conll, spans)
-from tests.conftest import REPO
 from tests.test_finetune import make_pretrain_checkpoint
 
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
@@ -304,22 +303,10 @@ def test_hf_export_token_classification_round_trip(trained, tmp_path):
 def tiny_repo(root: Path, finetune_task: dict, files: dict[str, bytes]) -> tuple[Path, dict]:
     """A copy of the repo with tiny pretrain params (as tests/test_dvc_pipeline.py), the task data
     ``files`` written under data/sources and ``finetune.task`` set; committed to git."""
-    from tests.test_dvc_pipeline import _copy_other_deps, _run, _tiny_pretrain
-    from tests.conftest import shared_file
+    from tests.test_dvc_pipeline import _run, _tiny_pretrain, copy_repo
 
-    for item in ["pipeline", "stages", "mirrors", "params.yaml", "dvc.yaml", ".gitignore", "pyproject.toml"]:
-        src = REPO / item
-        if src.is_dir():
-            shutil.copytree(src, root / item, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, root / item)
-    _copy_other_deps(root)
-    (root / ".dvc").mkdir()
-    shutil.copy2(REPO / ".dvc" / "config", root / ".dvc" / "config")
+    copy_repo(root)
     sources = root / "data" / "sources"
-    sources.mkdir(parents=True)
-    lines = shared_file("wikitext-2-raw", "wiki.test.raw").read_text(encoding="utf-8").splitlines(keepends=True)
-    (sources / "wiki.raw").write_text("".join(lines[:1500]), encoding="utf-8")
     for name, data in files.items():
         (sources / name).write_bytes(data)
     params = yaml.safe_load((root / "params.yaml").read_text())
