@@ -810,10 +810,9 @@ def _schema_problems(table, spec: _ShardSpec) -> tuple[list[str], bool]:
     return problems, usable
 
 
-def _check_shard(path: Path, entry: dict, spec: _ShardSpec, columns_suite: _Definition, row_suite: _Definition,
-                 max_sample_rows: int) -> tuple[list[CheckResult], tuple | None]:
-    """All checks of one shard; also its (labels, lengths, masked counts) for the split totals."""
-    import pandas as pd
+def open_shard(path: Path, entry: dict) -> tuple[list[CheckResult], Any]:
+    """The file-level checks of one listed shard (present, sha256 as in manifest.json, readable
+    Parquet) and its table (None when a check stops it); shared by the MLM and packed suites."""
     import pyarrow.parquet as pq
 
     target = str(path)
@@ -830,6 +829,18 @@ def _check_shard(path: Path, entry: dict, spec: _ShardSpec, columns_suite: _Defi
     except Exception as e:  # pyarrow raises several types for corrupt files
         results.append(_fail(target, "parquet_readable",
                              f"{path}: cannot read as Parquet ({type(e).__name__}: {e}); delete it and rerun the examples stage"))
+        return results, None
+    return results, table
+
+
+def _check_shard(path: Path, entry: dict, spec: _ShardSpec, columns_suite: _Definition, row_suite: _Definition,
+                 max_sample_rows: int) -> tuple[list[CheckResult], tuple | None]:
+    """All checks of one shard; also its (labels, lengths, masked counts) for the split totals."""
+    import pandas as pd
+
+    target = str(path)
+    results, table = open_shard(path, entry)
+    if table is None:
         return results, None
 
     (r,) = columns_suite.run(pd.DataFrame(columns=table.column_names), run_name=target)

@@ -26,8 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.io import sha256_file
-from pipeline.validate import (CheckResult, ValidationReport, _fail, _GX, _lists, _schema_problems, _segment_max,
+from pipeline.validate import (CheckResult, ValidationReport, _fail, _GX, _lists, open_shard, _schema_problems, _segment_max,
                                _segment_sum, _to_check)
 
 _PREVIEW = 24  # ids shown around a bad spot of a block
@@ -111,23 +110,10 @@ def _derive(table, spec: _PackedSpec):
 def _check_shard(path: Path, entry: dict, spec: _PackedSpec, columns_suite, row_suite, max_sample_rows: int):
     """All checks of one shard; also ``(lengths, separators, block digests)`` for the split and overlap checks."""
     import pandas as pd
-    import pyarrow.parquet as pq
 
     target = str(path)
-    if not path.is_file():
-        return [_fail(target, "shard_exists",
-                      f"{path}: listed in manifest.json but missing; rerun the examples stage")], None
-    actual = sha256_file(path)
-    results = [CheckResult(target, "sha256_matches_manifest", actual == entry["sha256"],
-                           {"manifest": entry["sha256"], "actual": actual}, 0, [],
-                           "file sha256 matches manifest.json" if actual == entry["sha256"] else
-                           f"{path}: sha256 differs from manifest.json (modified after the examples stage?); "
-                           "rerun the examples stage")]
-    try:
-        table = pq.read_table(path)
-    except Exception as e:  # pyarrow raises several types for corrupt files
-        results.append(_fail(target, "parquet_readable", f"{path}: cannot read as Parquet ({type(e).__name__}: {e}); "
-                                                         "delete it and rerun the examples stage"))
+    results, table = open_shard(path, entry)
+    if table is None:
         return results, None
     (r,) = columns_suite.run(pd.DataFrame(columns=table.column_names), run_name=target)
     check = _to_check(r, target)
