@@ -105,6 +105,36 @@ class FinetuneConfig(Section):
         return cfg
 
 
+SHARED_KEYS = ("checkpoint", "tokenizer")  # a variant's DVC deps are finetune's: it cannot change them
+
+
+def variant_params(finetune_params: dict, overrides: Any, name: str) -> dict:
+    """The ``finetune`` section with variant ``name``'s overrides (params.yaml ``finetune_variants``)
+    applied: a nested dict (``task``) is merged key by key, anything else replaced. Unknown keys and
+    the shared ones (the checkpoint and tokenizer, which dvc.yaml tracks for every variant) are errors
+    naming ``finetune_variants.<name>.<key>``."""
+    where = f"params.yaml: finetune_variants.{name}"
+    if overrides is None:
+        overrides = {}
+    if not isinstance(overrides, dict):
+        raise BertraceError(f"{where}: expected a mapping of finetune keys to values (e.g. {{mode: frozen, lr: 1.0e-3}}), "
+                            f"got {type(overrides).__name__} {overrides!r}")
+    known = set(FinetuneConfig.model_fields)
+    for key in overrides:
+        if key in SHARED_KEYS:
+            raise BertraceError(f"{where}.{key}: every variant fine-tunes finetune.{key} (a DVC dependency of the "
+                                f"variant stages); remove the key, or compare checkpoints with `dvc exp run -S finetune.{key}=...`")
+        if key not in known:
+            raise BertraceError(f"{where}.{key}: not a finetune key; use one of {sorted(known - set(SHARED_KEYS))}")
+
+    def merge(base: Any, over: Any) -> Any:
+        if isinstance(base, dict) and isinstance(over, dict):
+            return {**base, **{k: merge(base.get(k), v) for k, v in over.items()}}
+        return over
+
+    return merge(dict(finetune_params), overrides)
+
+
 # ---------------------------------------------------------------------------------------------
 # Transplant: pre-training checkpoint -> classifier
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import re
 import subprocess
 import sys
 import uuid
@@ -331,6 +332,58 @@ def _overlaps(a: str, b: str) -> bool:
     return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 
 
+def expand_stages(stages: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """dvc.yaml's ``stages`` with each ``foreach``/``do`` stage expanded as DVC does: one stage
+    ``<name>@<key>`` per key of the mapping (or item of the list) ``foreach`` names, ``${key}`` and
+    ``${item}`` / ``${item.x}`` filled in (``finetune_variant@frozen``). Other ``${...}`` are left
+    for :func:`_dvc_paths`."""
+    out: dict[str, Any] = {}
+    for name, spec in stages.items():
+        if not (isinstance(spec, dict) and "foreach" in spec and isinstance(spec.get("do"), dict)):
+            out[name] = spec
+            continue
+        items = spec["foreach"]
+        if isinstance(items, str):
+            m = re.fullmatch(r"\$\{([^}]*)\}", items.strip())
+            items = params
+            for key in (m.group(1).strip().split(".") if m else ["\0"]):
+                items = items.get(key) if isinstance(items, dict) else None
+        pairs = (list(items.items()) if isinstance(items, dict)
+                 else [(str(v), v) for v in items] if isinstance(items, list) else [])
+        for key, item in pairs:
+            def fill(node: Any, key=key, item=item) -> Any:
+                if isinstance(node, dict):
+                    return {fill(k): fill(v) for k, v in node.items()}
+                if isinstance(node, list):
+                    return [fill(v) for v in node]
+                if isinstance(node, str):
+                    return re.sub(r"\$\{\s*(key|item(?:\.[\w-]+)*)\s*\}",
+                                  lambda m: str(key if m.group(1) == "key"
+                                                else _lookup(item, m.group(1).split(".")[1:])), node)
+                return node
+            out[f"{name}@{key}"] = fill(spec["do"])
+    return out
+
+
+def _lookup(node: Any, keys: list[str]) -> Any:
+    for key in keys:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def dvc_stages(root: str | os.PathLike = ".") -> dict[str, Any]:
+    """The stages of ``root``/dvc.yaml, ``foreach`` stages expanded (:func:`expand_stages`); {} when
+    there is no readable dvc.yaml."""
+    root = Path(root)
+    try:
+        stages = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}).get("stages") or {}
+        params = (yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {}
+                  if (root / "params.yaml").is_file() else {})
+    except (OSError, yaml.YAMLError, AttributeError):
+        return {}
+    return expand_stages(stages, params if isinstance(params, dict) else {}) if isinstance(stages, dict) else {}
+
+
 def dvc_lock_upstream(stage: str, root: str | os.PathLike = ".") -> dict[str, Any] | None:
     """The ``dvc.lock`` entries of the stages whose outputs ``stage`` depends on, as they are now.
 
@@ -341,8 +394,8 @@ def dvc_lock_upstream(stage: str, root: str | os.PathLike = ".") -> dict[str, An
     reads. ``None`` outside a DVC project or for a stage dvc.yaml does not know.
     """
     root = Path(root)
+    stages = dvc_stages(root)
     try:
-        stages = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}).get("stages") or {}
         locked = {}
         if (root / "dvc.lock").is_file():
             locked = (yaml.safe_load((root / "dvc.lock").read_text(encoding="utf-8")) or {}).get("stages") or {}

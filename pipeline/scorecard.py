@@ -31,7 +31,38 @@ PIPELINE_STAGES = tuple(reversed(STAGE_ORDER[1:]))  # download … finetune: the
 ROW_KEYS = ("name", "corpus", "model", "pretrain_minutes", "device", "tokens_seen", "pretrain_budget", "task",
             "dev_mean", "dev_std", "seeds", "test", "imdb_test", "dag_minutes", "params_hash", "git_commit", "git_dirty", "date", "note",
             "warning",  # warning: evaluate's collapse check (pipeline.evaluate.collapse_warnings)
-            "objective")  # pretrain.objective (mlm_nsp | mlm | electra ...); None without pre-training
+            "objective",  # pretrain.objective (mlm_nsp | mlm | electra ...); None without pre-training
+            "variants")  # the finetune_variant@<name> stages' results: {name: {mode, settings, dev_mean, dev_std, ...}}
+VARIANTS_DIR = Path("reports/variants")  # finetune_variant@<name>: reports/variants/<name>.json
+_SELECTION_KEYS = ("validation_accuracy", "validation_f1", "validation_pearson")  # per task type
+
+
+def read_variants(directory: str | Path = VARIANTS_DIR, names: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+    """``{name: {mode, settings, dev_mean, dev_std, seeds, minutes}}`` from the ``finetune_variant``
+    stages' ``reports/variants/<name>.json`` (dev in %, as the scorecard's rows); {} without any.
+    ``names``: the variants params.yaml declares now; a file of a variant removed since (DVC leaves a
+    removed stage's outputs in place) is skipped."""
+    out: dict[str, dict[str, Any]] = {}
+    keep = None if names is None else set(names)
+    for path in sorted(Path(directory).glob("*.json")):
+        if keep is not None and path.stem not in keep:
+            continue
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise BertraceError(f"{path}: unreadable ({e}); rerun `dvc repro finetune_variant@{path.stem}`") from None
+        key = next((k for k in _SELECTION_KEYS if isinstance(d.get(k), dict)), None)
+        if key is None:
+            raise BertraceError(f"{path}: no {' / '.join(_SELECTION_KEYS)} mean; rerun "
+                                f"`dvc repro finetune_variant@{path.stem}`")
+        scale = 1 if key == "validation_pearson" else 100
+        overrides = d.get("overrides") or {}
+        out[str(d.get("variant") or path.stem)] = {
+            "mode": d.get("mode"), "settings": ", ".join(f"{k}: {v}" for k, v in overrides.items()) or "as finetune",
+            "dev_mean": round(d[key]["mean"] * scale, 2 if scale == 100 else 4),
+            "dev_std": round(d[key]["std"] * scale, 2 if scale == 100 else 4),
+            "seeds": d.get("n_seeds"), "minutes": d.get("wall_minutes")}
+    return out
 
 
 def _minutes(record: dict[str, Any]) -> float | None:
@@ -190,6 +221,21 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
         met = [r["name"] for r in same_task if r["dev_mean"] >= goal["dev_mean"] and r.get("seeds", 0) >= 3
                and (r.get("dag_minutes") or 1e9) <= goal["dag_minutes"]]
         lines += ["", f"Goal met by: {', '.join(met) if met else 'none of these rows'}."]
+    with_variants = [r for r in rows if r.get("variants")]
+    if with_variants:
+        lines += ["", "## Fine-tuning variants", "",
+                  "The `finetune_variant@<name>` stages (params.yaml `finetune_variants`): the run's checkpoint, task "
+                  "and seeds fine-tuned again with other settings. `frozen`: a linear probe on the frozen encoder "
+                  "(what its features alone carry); `scratch`: the same model from random weights (what "
+                  "pre-training adds). Δ: against the run's own `finetune` (full) row above.", "",
+                  "| run | variant | settings | dev (mean ± std) | Δ vs full | wall min |", "|---|---|---|---:|---:|---:|"]
+        for r in with_variants:
+            lines.append(f"| {r['name']} | full (`finetune`) | mode: full | {r['dev_mean']:.2f} ± {r['dev_std']:.2f} "
+                         f"| — | — |")
+            for name, v in r["variants"].items():
+                delta = v["dev_mean"] - r["dev_mean"]
+                lines.append(f"| {r['name']} | {name} | {v.get('settings') or '—'} | {v['dev_mean']:.2f} ± "
+                             f"{v['dev_std']:.2f} | {delta:+.2f} | {_fmt(v.get('minutes'), '.1f')} |")
     anchors = list(anchors)
     if anchors:
         lines += ["", "## Anchors: the stock Hugging Face route, measured on the same machine kind (2 CPU cores)", "",
@@ -230,12 +276,15 @@ def write_run_row(row: dict[str, Any] | None, json_path: str | Path = SCORECARD_
 
 
 def write_scorecard(row: dict[str, Any] | None, *, references: dict[str, Any], task: str | None = None,
-                    profiles_dir: str | Path = PROFILES_DIR, md_path: str | Path = SCORECARD_MD) -> list[dict[str, Any]]:
+                    profiles_dir: str | Path = PROFILES_DIR, md_path: str | Path = SCORECARD_MD,
+                    variants: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Write ``md_path`` from ``row`` (the run in ``data/``, or None), the rows recorded in
     ``profiles_dir`` (a recorded row named like ``row`` is that run's older copy and is left out) and
     ``references`` (:func:`read_references`; the goal, the anchors and the published numbers are
     shown only when ``task`` is theirs: the goal's ``task``, or references.yaml's top-level ``task``,
     and "Goal met by" counts only rows of that task). Returns the rows shown."""
+    if row is not None and variants:
+        row = {**row, "variants": variants}  # this run's finetune_variant stages (read_variants)
     profiles = [r for r in read_profiles(profiles_dir) if row is None or r["name"] != row["name"]]
     rows = [r for r in (row, *profiles) if r]
     goal = references.get("goal")

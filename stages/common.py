@@ -103,6 +103,7 @@ class StageRun:
         self._renamed: dict[str, str] = {}  # MLflow name -> original, for names.json
         self._file_tags = {"input": 0, "output": 0}
         self.stale_runs: list[str] = []  # runs of this stage a killed process had left RUNNING
+        self.parent_metrics: dict[str, float] | None = None  # for the parent run; None: the stage's metrics file
 
     # -- lifecycle ------------------------------------------------------------------------
     def __enter__(self) -> "StageRun":
@@ -214,8 +215,10 @@ class StageRun:
                     try:
                         client = self._mlflow.tracking.MlflowClient()
                         if exc_type is None:
-                            tracking.log_stage_on_parent(client, self.parent_run_id, self.stage,
-                                                         metrics=tracking.stage_metrics(self.stage))
+                            metrics = self.parent_metrics
+                            if metrics is None:
+                                metrics = tracking.stage_metrics(self.stage)
+                            tracking.log_stage_on_parent(client, self.parent_run_id, self.stage, metrics=metrics)
                         client.set_terminated(self.parent_run_id, status=status)
                     except Exception as e:  # noqa: BLE001
                         print(f"{self.stage}: could not update the pipeline's parent MLflow run "

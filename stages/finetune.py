@@ -7,6 +7,11 @@ env ``BERTRACE_HUB_MIRROR``) or local files (``finetune.task``). Writes ``data/f
 minutes …), one nested
 MLflow run per seed under the stage's run, and ``data/provenance/finetune.json``.
 
+``python -m stages.finetune --variant NAME`` (the DVC stages ``finetune_variant@NAME``) fine-tunes the same
+checkpoint with params.yaml ``finetune_variants.NAME`` laid over ``finetune`` (e.g. ``mode: frozen``):
+``data/variants/NAME/model.pt``, ``reports/variants/NAME.json`` (no DVC metrics file: the scorecard's
+"Fine-tuning variants" table shows them) and ``data/provenance/finetune_variant@NAME.json``.
+
 ``finetune.checkpoint`` may also be a published checkpoint (a Hugging Face model directory or hub
 pointer file, ``pipeline/hf_import.py``): its converted tokenizer is the one written next to the
 model, and its ``imported`` record (source, revision, sha256 of every file read) ends the chain.
@@ -14,7 +19,9 @@ model, and its ``imported`` record (source, revision, sha256 of every file read)
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import functools
 import os
 import shutil
 import time
@@ -24,7 +31,7 @@ import torch
 
 from pipeline.errors import BertraceError
 from pipeline.finetune import (FinetuneConfig, architecture, check_tokenizer, checkpoint_metrics, finetune,
-                               headline_metrics, load_pretrained, resolve_checkpoint, save_finetuned)
+                               headline_metrics, load_pretrained, resolve_checkpoint, save_finetuned, variant_params)
 from pipeline.hf_import import describe, import_checkpoint, is_hf_source, write_tokenizer
 from pipeline.io import atomic_path, sha256_bytes
 from pipeline.task_data import load_task_data
@@ -32,12 +39,23 @@ from pipeline.tokenizer import load_tokenizer
 from stages.common import StageRun, load_params, run_stage
 
 OUT = Path("data/finetune")
+VARIANTS_OUT = Path("data/variants")  # data/variants/<name>/model.pt
+VARIANTS_REPORTS = Path("reports/variants")  # reports/variants/<name>.json: what the scorecard's table reads
 
 
-def main(progress: bool = True) -> dict:
+def main(progress: bool = True, variant: str | None = None) -> dict:
     t_cpu = time.process_time()
     params = load_params("finetune")
-    cfg = FinetuneConfig.from_params(params)
+    stage, out = "finetune", OUT
+    if variant is not None:
+        variants = load_params("finetune_variants") or {}
+        if variant not in variants:
+            raise BertraceError(f"params.yaml: finetune_variants has no {variant!r} (it has {sorted(variants)}); "
+                                "add it, or run `dvc repro` to run the variants dvc.yaml expands from it")
+        overrides = variants[variant]
+        params = variant_params(params, overrides, variant)
+        stage, out = f"finetune_variant@{variant}", VARIANTS_OUT / variant
+    cfg = FinetuneConfig.from_params(params, section=f"finetune_variants.{variant}" if variant else None)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     mirror = cfg.mirror or os.environ.get("BERTRACE_HUB_MIRROR") or None
@@ -51,9 +69,9 @@ def main(progress: bool = True) -> dict:
             f"tokenizer (converted from its vocab.txt / tokenizer.json), but finetune.tokenizer is {cfg.tokenizer}; "
             f"set finetune.tokenizer: {cfg.checkpoint} too")
     ckpt_path = Path(cfg.checkpoint) if imported else resolve_checkpoint(cfg.checkpoint)
-    tokenizer_path = OUT / "tokenizer.json" if imported else Path(cfg.tokenizer)
+    tokenizer_path = out / "tokenizer.json" if imported else Path(cfg.tokenizer)
 
-    with StageRun("finetune", params) as run:
+    with StageRun(stage, params) as run:
         if imported:
             ckpt = import_checkpoint(cfg.checkpoint)
             write_tokenizer(ckpt, tokenizer_path)  # the checkpoint's tokenizer replaces the pipeline's
@@ -80,7 +98,7 @@ def main(progress: bool = True) -> dict:
             run.add_input(path, digest)
         if mirror:
             run.extra["mirror"] = str(mirror)
-        common_tags = {"bertrace.stage": "finetune", "bertrace.mode": cfg.mode,
+        common_tags = {"bertrace.stage": stage, "bertrace.mode": cfg.mode,
                        "bertrace.pretrain_checkpoint_sha256": ckpt_sha, "bertrace.tokenizer_sha256": tokenizer_sha}
         run.set_tags({**common_tags, "bertrace.seeds": ",".join(map(str, cfg.seeds))})
         print(f"finetune: {cfg.mode} from {ckpt_path}, train {len(data.splits['train'])} / validation "
@@ -127,29 +145,38 @@ def main(progress: bool = True) -> dict:
             # docs/formats.md: None for scratch (only the architecture came from the checkpoint).
             "pretrain": None if cfg.mode == "scratch" else ckpt.get("provenance"),
         })
+        if variant is not None:
+            metrics = {"variant": variant, "overrides": overrides, "mode": cfg.mode, **metrics}
         save_finetuned(
-            OUT / "model.pt", state_dict=best.state_dict, model_config=ckpt["model_config"],
+            out / "model.pt", state_dict=best.state_dict, model_config=ckpt["model_config"],
             label_names=data.label_names, task=data.task_info(), tokenizer_sha256=tokenizer_sha, mode=cfg.mode,
             seed=best.seed, metrics=checkpoint_metrics(summary, best, cfg.seeds), provenance=provenance,
             num_labels=data.num_labels, architecture=architecture(ckpt),
         )
-        with atomic_path(OUT / "tokenizer.json") as tmp:
-            shutil.copyfile(tokenizer_path, tmp)
-        run.add_output(OUT / "model.pt")
-        run.add_output(OUT / "tokenizer.json", tokenizer_sha)
+        if tokenizer_path != out / "tokenizer.json":
+            with atomic_path(out / "tokenizer.json") as tmp:
+                shutil.copyfile(tokenizer_path, tmp)
+        run.add_output(out / "model.pt")
+        run.add_output(out / "tokenizer.json", tokenizer_sha)
         run.set_tags({"bertrace.best_seed": best.seed})
         # metrics/finetune.json: the selection metric's dev mean ± std over the seeds (classification:
         # dev_acc; token classification: dev_f1, entity level; regression: dev_pearson)
         main, short = {"token_classification": ("f1", "f1"), "regression": ("pearson", "pearson")}.get(
             data.task_type, ("accuracy", "acc"))
         acc = summary[f"validation_{main}"]
-        run.write_metrics({f"dev_{short}": acc["mean"], "dev_std": acc["std"]}, details=metrics)  # all: reports/
+        if variant is None:
+            run.write_metrics({f"dev_{short}": acc["mean"], "dev_std": acc["std"]}, details=metrics)  # all: reports/
+        else:  # no metrics file: `dvc exp show` stays 160 columns wide whatever the number of variants
+            run.write_details(metrics, VARIANTS_REPORTS / f"{variant}.json")
+            run.parent_metrics = {f"dev_{short}": acc["mean"], "dev_std": acc["std"]}
         run.write_provenance()
         what = {"accuracy": "accuracy", "f1": "entity F1", "pearson": "Pearson r"}[main]
         print(f"finetune: validation {what} {acc['mean']:.4f} ± {acc['std']:.4f} over {len(cfg.seeds)} seed(s); "
-              f"best seed {best.seed} ({best.score:.4f}) -> {OUT / 'model.pt'}")
+              f"best seed {best.seed} ({best.score:.4f}) -> {out / 'model.pt'}")
         return metrics
 
 
 if __name__ == "__main__":
-    run_stage(main)
+    ap = argparse.ArgumentParser(prog="python -m stages.finetune", description=__doc__.splitlines()[0])
+    ap.add_argument("--variant", metavar="NAME", help="a key of params.yaml finetune_variants")
+    run_stage(functools.partial(main, variant=ap.parse_args().variant))

@@ -21,7 +21,7 @@ import yaml
 from pipeline.errors import BertraceError
 from pipeline.io import read_json, write_json
 from pipeline.scorecard import (PROFILES_DIR, ROW_KEYS, SCORECARD_JSON, SCORECARD_MD, read_profiles,
-                                read_references, write_scorecard)
+                                read_references, read_variants, write_scorecard)
 
 
 def record(name: str, note: str | None = None, sets: list[str] = ()) -> Path:
@@ -32,6 +32,8 @@ def record(name: str, note: str | None = None, sets: list[str] = ()) -> Path:
         raise BertraceError(f"{SCORECARD_JSON}: the last evaluate run made no row of its own; run the whole "
                             "pipeline (dvc repro) first")
     row = {**row, "name": name}
+    if variants := read_variants(names=declared_variants()):  # the finetune_variant stages' table travels with the row
+        row["variants"] = variants
     if note:
         row["note"] = note
     for item in sets:
@@ -50,7 +52,17 @@ def render() -> list[dict]:
     if row is None and not read_profiles(PROFILES_DIR):
         raise BertraceError(f"no rows: {SCORECARD_JSON} has no run of its own and {PROFILES_DIR}/ records none; "
                             "run the pipeline (dvc repro) or record a row first")
-    return write_scorecard(row, references=read_references(), task=(row or {}).get("task"))
+    return write_scorecard(row, references=read_references(), task=(row or {}).get("task"),
+                           variants=read_variants(names=declared_variants()) if row else None)
+
+
+def declared_variants() -> list[str] | None:
+    """The keys of params.yaml ``finetune_variants`` (None without params.yaml or the section)."""
+    path = Path("params.yaml")
+    if not path.exists():
+        return None
+    variants = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("finetune_variants")
+    return list(variants) if isinstance(variants, dict) else None
 
 
 def main(argv: list[str] | None = None) -> int:

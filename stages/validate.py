@@ -1,5 +1,8 @@
 """DVC stage `validate`: Great Expectations data checks on the clean corpus and the shards.
 
+Writes ``reports/validate.json`` (every check), ``metrics/validate.json`` (pass / fail counts), the Data
+Docs site and ``data/provenance/validate.json``.
+
 In the pipeline: ``python -m stages.validate`` (params from params.yaml). On any directory
 of shards, e.g. in CI: ``python -m stages.validate --shards path/to/examples`` (or
 ``bertrace validate path/to/examples``). Exit status 1 when an expectation fails; 2 (one
@@ -89,6 +92,11 @@ def main(argv: list[str] | None = None) -> None:
         run.set_tags({"bertrace.validation": "passed" if report.success else "failed"})
         if report_path:
             run.log_artifact(report_path)
+        if not standalone:  # data/provenance/validate.json: what was checked, so later runs link this one
+            run.extra["validation"] = {"passed": report.success, "checks": full["checks"], "failed": full["failures"]}
+            for path in (REPORT, METRICS_DIR / "validate.json"):
+                run.add_output(path)
+            run.write_provenance()
         print(report.format_text())
     if normalizer is not None and not normalizer.success:
         raise BertraceError(normalizer.message)

@@ -289,6 +289,7 @@ def test_the_causal_dag_runs_end_to_end_under_dvc(tmp_path):
     params["examples"].update(docs_per_shard=8, max_seq_len=64, workers=2)
     params["pretrain"] = {**_tiny_pretrain(params["pretrain"]), "objective": "clm"}
     params["finetune"] = _tiny_finetune(params["finetune"])
+    params["finetune_variants"] = {}  # the frozen / scratch stages: tests/test_dvc_pipeline.py
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": str(root), "BERTRACE_HUB_MIRROR": str(REPO / "mirrors" / "shared-data.yaml"),

@@ -315,6 +315,7 @@ def repo(tmp_path_factory):
     params["validate"]["nsp_tolerance"] = 0.1
     params["pretrain"] = _tiny_pretrain(params["pretrain"])
     params["finetune"] = _tiny_finetune(params["finetune"])
+    params["finetune_variants"] = {}  # the frozen / scratch stages: tests/test_dvc_pipeline.py
     params["finetune"]["mirror"] = "mirrors/shared-data.yaml"  # relative, as a user writes it
     params["evaluate"]["log_model"] = False
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

@@ -78,6 +78,7 @@ def stage_modules() -> dict[str, str]:
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
     out = {}
     for name, stage in stages.items():
+        stage = stage.get("do", stage)  # a foreach stage: its template
         m = re.search(r"python -m ([\w.]+)", stage["cmd"])
         assert m, f"dvc.yaml: stage {name}: cmd {stage['cmd']!r} is not `python -m stages.<module>`"
         out[name] = m.group(1)
@@ -86,7 +87,8 @@ def stage_modules() -> dict[str, str]:
 
 def listed_code(stage: str) -> set[str]:
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
-    deps = [d if isinstance(d, str) else next(iter(d)) for d in stages[stage].get("deps", [])]
+    spec = stages[stage].get("do", stages[stage])  # a foreach stage: its template
+    deps = [d if isinstance(d, str) else next(iter(d)) for d in spec.get("deps", [])]
     return {d for d in deps if d.endswith(".py")}
 
 
@@ -133,18 +135,19 @@ def write_code_deps(dvc_yaml: Path) -> None:
     """Replace each stage's ``pipeline/`` and ``stages/`` .py deps in ``dvc_yaml`` by its closure."""
     modules = stage_modules()
     code = re.compile(r"^\s+- (pipeline|stages)/\S+\.py\s*(#.*)?$")
-    out, stage, in_deps = [], None, False
+    out, stage, in_deps, items = [], None, False, ""
     for line in dvc_yaml.read_text(encoding="utf-8").splitlines():
         m = re.match(r"^  (\w[\w-]*):\s*(#.*)?$", line)
         if m:
             stage, in_deps = m.group(1), False
-        if stage in modules and re.match(r"^    deps:\s*$", line):
-            in_deps = True
+        deps = re.match(r"^(    |      )deps:\s*$", line)  # a stage's, or a foreach stage's `do:`
+        if stage in modules and deps:
+            in_deps, items = True, deps.group(1) + "  "
             out.append(line)
             files = sorted(closure(modules[stage]), key=lambda p: (not p.startswith("stages/"), p))
-            out += [f"      - {f}" for f in files]
+            out += [f"{items}- {f}" for f in files]
             continue
-        if in_deps and not line.startswith("      "):
+        if in_deps and not line.startswith(items):
             in_deps = False
         if in_deps and code.match(line):
             continue

@@ -40,6 +40,17 @@ def _ran(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([^']+)'", output))
 
 
+def _stages(root: Path) -> list[str]:
+    """dvc.yaml's stage names in order, ``foreach`` stages expanded as DVC names them
+    (``finetune_variant@frozen``)."""
+    from pipeline.provenance import dvc_stages
+
+    return list(dvc_stages(root))
+
+
+VARIANTS = ["finetune_variant@frozen", "finetune_variant@scratch"]  # params.yaml finetune_variants
+
+
 def _lock(root: Path) -> dict[str, dict[str, str]]:
     """``{stage: {out path: md5}}`` from dvc.lock."""
     stages = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
@@ -106,15 +117,20 @@ def copy_repo(root: Path) -> None:
 
 def _copy_other_deps(root: Path) -> None:
     """Copy the dvc.yaml dependencies that no stage writes (e.g. reports/profiles) and the copy lacks."""
-    from pipeline.provenance import _dvc_paths
+    from pipeline.provenance import _dvc_paths, dvc_stages
 
-    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    stages = dvc_stages(REPO)
     outs = {o for spec in stages.values()
             for o in _dvc_paths((spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or []))}
     for spec in stages.values():
         for dep in _dvc_paths(spec.get("deps")):
             src, dst = REPO / dep, root / dep
             if dep in outs or dst.exists() or not src.exists() or dep.startswith("data/"):
+                continue
+            if any(o.startswith(dep + "/") for o in outs):  # a folder stages write into (reports/variants)
+                dst.mkdir(parents=True)
+                for keep in src.glob(".gitkeep"):
+                    shutil.copy2(keep, dst / keep.name)
                 continue
             dst.parent.mkdir(parents=True, exist_ok=True)
             (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
@@ -139,8 +155,8 @@ def _tiny_finetune(p: dict) -> dict:
 
 def test_first_repro_runs_every_stage_and_writes_outputs(repo):
     root, _, out = repo
-    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    assert _ran(out) == set(stages), out
+    assert _ran(out) == set(_stages(root)), out
+    assert set(VARIANTS) <= _ran(out)
     assert (root / "data/clean/train.txt").stat().st_size > 0
     assert (root / "data/tokenizer/vocab.txt").read_text().splitlines()[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     manifest = yaml.safe_load((root / "data/examples/manifest.json").read_text())
@@ -180,11 +196,10 @@ def test_mlflow_has_one_run_per_stage_with_a_shared_pipeline_run_id(repo):
     seed_runs = [r for r in runs if "bertrace.seed" in r.data.tags]
     assert len(runs) == 1 + len(stage_runs) + len(seed_runs)
     assert {r.data.tags["mlflow.parentRunId"] for r in stage_runs} == {parent.info.run_id}
-    assert {r.data.tags["bertrace.stage"] for r in seed_runs} == {"finetune"}
+    assert {r.data.tags["bertrace.stage"] for r in seed_runs} == {"finetune", *VARIANTS}
     by_stage = {r.data.tags["bertrace.stage"]: r for r in stage_runs}
     # every stage that makes data logs a run; `scorecard` and `plots` only redraw reports from committed rows
-    stages = [s for s in yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-              if s not in ("scorecard", "plots")]
+    stages = [s for s in _stages(root) if s not in ("scorecard", "plots")]
     assert set(by_stage) == set(stages)
     assert len(stage_runs) == len(stages)  # one run per stage
     ids = {r.data.tags["bertrace.pipeline_run_id"] for r in stage_runs}
@@ -223,12 +238,13 @@ def test_every_run_carries_the_chain_ids(repo):
         return sorted(r.data.tags["bertrace.stage"] + ("/seed" if "bertrace.seed" in r.data.tags else "")
                       for r in runs)
 
-    downstream = ["evaluate", "examples", "finetune", "finetune/seed", "pretrain", "tokenizer", "validate"]
+    variants = sorted(VARIANTS + [f"{v}/seed" for v in VARIANTS])
+    downstream = ["evaluate", "examples", "finetune", "finetune/seed", *variants, "pretrain", "tokenizer", "validate"]
     assert stages(f"tags.`bertrace.chain.tokenizer_sha256` = '{tok}'") == downstream
     assert stages(f"tags.`bertrace.chain.examples_sha256` = '{examples}'") == [
-        "evaluate", "examples", "finetune", "finetune/seed", "pretrain", "validate"]
+        "evaluate", "examples", "finetune", "finetune/seed", *variants, "pretrain", "validate"]
     assert stages(f"tags.`bertrace.chain.pretrain_checkpoint_sha256` = '{best}'") == [
-        "evaluate", "finetune", "finetune/seed", "pretrain"]
+        "evaluate", "finetune", "finetune/seed", *variants, "pretrain"]
     assert stages("tags.`bertrace.git_dirty` = 'True'") == []  # committed tree: clean
 
 
@@ -342,12 +358,12 @@ def _set_param(root: Path, section: str, key: str, value) -> None:
 
 def _stages_from(root: Path, first: str) -> set[str]:
     """``first`` and every stage after it in dvc.yaml order (the DAG is a chain)."""
-    order = list(yaml.safe_load((root / "dvc.yaml").read_text())["stages"])
+    order = _stages(root)
     return set(order[order.index(first):])
 
 
 def _unchanged_upstream(before: dict, after: dict, first: str, root: Path) -> None:
-    order = list(yaml.safe_load((root / "dvc.yaml").read_text())["stages"])
+    order = _stages(root)
     for stage in order[:order.index(first)]:
         assert after[stage] == before[stage], stage
 
@@ -383,8 +399,38 @@ def test_finetune_param_reruns_finetune_and_evaluate_only(repo):
     _set_param(root, "finetune", "lr", lr / 2)  # a value the repo does not already hold
     out = _run(["dvc", "repro"], root, env)
     # plots (reports/plots.html) reruns too when the new model's confusion matrix differs
-    assert _ran(out.stdout + out.stderr) - {"plots"} == {"finetune", "evaluate", "scorecard"}
+    # the variants lay their keys over finetune's: they rerun too
+    assert _ran(out.stdout + out.stderr) - {"plots"} == {"finetune", *VARIANTS, "evaluate", "scorecard"}
     _unchanged_upstream(before, _lock(root), "finetune", root)
+
+
+def test_a_variant_reruns_alone_and_the_scorecard_tabulates_it(repo):
+    """finetune_variant@frozen's own key reruns it (and the scorecard), not finetune or the other
+    variant; its results are the scorecard's "Fine-tuning variants" rows."""
+    root, env, _ = repo
+    before = _lock(root)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    assert params["finetune_variants"]["frozen"]["mode"] == "frozen"
+    params["finetune_variants"]["frozen"]["lr"] = 2e-3
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = _run(["dvc", "repro"], root, env)
+    assert _ran(out.stdout + out.stderr) == {"finetune_variant@frozen", "scorecard"}
+    after = _lock(root)
+    assert after["finetune_variant@scratch"] == before["finetune_variant@scratch"]
+    assert after["finetune"] == before["finetune"]
+    frozen = json.loads((root / "reports/variants/frozen.json").read_text())
+    assert frozen["mode"] == "frozen" and frozen["overrides"] == {"mode": "frozen", "lr": 2e-3}
+    model = __import__("torch").load(root / "data/variants/frozen/model.pt", weights_only=False)
+    assert model["mode"] == "frozen"
+    card = (root / "reports/scorecard.md").read_text()
+    assert "## Fine-tuning variants" in card
+    acc = 100 * frozen["validation_accuracy"]["mean"]
+    row = next(line for line in card.splitlines() if line.startswith("| this run | frozen |"))
+    assert f"| {acc:.2f} ± " in row and "lr: 0.002" in row, row
+    assert "| this run | scratch |" in card
+    record = json.loads((root / "data/provenance/finetune_variant@frozen.json").read_text())
+    assert record["stage"] == "finetune_variant@frozen" and record["params"]["lr"] == 2e-3
+    assert record["dvc_lock"]["pretrain"]["outs"]["data/pretrain"] == after["pretrain"]["data/pretrain"]
 
 
 def test_tokenizer_param_reruns_tokenizer_and_everything_after(repo):
@@ -401,12 +447,12 @@ def test_tokenizer_param_reruns_tokenizer_and_everything_after(repo):
     ("pipeline/train.py", {"pretrain"}),
     # export is used by `bertrace export` only: no stage; the Hugging Face name maps also convert a
     # published checkpoint (finetune.checkpoint, pretrain.init: pipeline/hf_import.py)
-    ("pipeline/hf.py", {"pretrain", "finetune"}),
+    ("pipeline/hf.py", {"pretrain", "finetune", *VARIANTS}),
     ("pipeline/export.py", set()),
     # masking: the examples stage (static masks) and pre-training (dynamic masks) both import it
     ("pipeline/masking.py", {"examples", "pretrain"}),
     # device resolution: the stages that run a model, not the data stages
-    ("pipeline/device.py", {"pretrain", "finetune", "evaluate"}),
+    ("pipeline/device.py", {"pretrain", "finetune", *VARIANTS, "evaluate"}),
     # a reference number is not a param: only the scorecard is redrawn
     ("reports/references.yaml", {"scorecard"}),
 ])

@@ -498,3 +498,23 @@ def test_probe_script_fine_tunes_each_variant(env, tmp_path):
     with pytest.raises(BertraceError, match="--variant 'lr=0'"):
         probe.main(["--checkpoint", str(env["ckpt_path"]), "--tokenizer", str(env["tokenizer_path"]),
                     "--params", str(params), "--variant", "lr=0"])
+
+
+def test_a_variant_lays_its_keys_over_finetune():
+    """params.yaml finetune_variants.<name>: nested task keys merge, others replace; unknown keys and
+    the checkpoint / tokenizer (DVC deps every variant shares) are errors naming the key."""
+    from pipeline.finetune import variant_params
+
+    base = {"mode": "full", "lr": 1e-4, "task": {"type": "classification", "max_examples": {"train": None}},
+            "checkpoint": "data/pretrain/best.pt"}
+    out = variant_params(base, {"mode": "frozen", "lr": 1e-3, "task": {"max_examples": {"train": 100}}}, "frozen")
+    assert out == {"mode": "frozen", "lr": 1e-3, "task": {"type": "classification", "max_examples": {"train": 100}},
+                   "checkpoint": "data/pretrain/best.pt"}
+    assert base["mode"] == "full" and base["task"]["max_examples"]["train"] is None  # not modified
+    assert variant_params(base, None, "same") == base
+    with pytest.raises(BertraceError, match=r"finetune_variants\.frozen\.lrr: not a finetune key; use one of"):
+        variant_params(base, {"lrr": 1}, "frozen")
+    with pytest.raises(BertraceError, match=r"finetune_variants\.x\.checkpoint: every variant fine-tunes"):
+        variant_params(base, {"checkpoint": "other.pt"}, "x")
+    with pytest.raises(BertraceError, match=r"finetune_variants\.x: expected a mapping"):
+        variant_params(base, "frozen", "x")

@@ -166,6 +166,31 @@ def test_dvc_lock_upstream_names_the_stages_a_stage_reads(tmp_path):
     assert prov.dvc_lock_upstream("ex", tmp_path / "elsewhere") is None
 
 
+def test_foreach_stages_expand_as_dvc_names_them(tmp_path):
+    """``foreach`` over a params mapping or a list: one ``name@key`` stage each, ``${key}`` /
+    ``${item.x}`` filled; their upstream and downstream edges are found like any stage's."""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"variants": {"frozen": {"lr": 1}, "scratch": {"lr": 2}}}))
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "ft": {"cmd": "f", "outs": ["data/ft"]},
+        "v": {"foreach": "${variants}", "do": {"cmd": "g --variant ${key} --lr ${item.lr}", "deps": ["data/ft"],
+                                                "outs": ["data/v/${key}", {"reports/v/${key}.json": {"cache": False}}]}},
+        "l": {"foreach": ["a", "b"], "do": {"cmd": "h ${item}"}},
+        "card": {"cmd": "c", "deps": ["reports/v"]},
+    }}, sort_keys=False))
+    (tmp_path / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": {
+        "ft": {"cmd": "f", "outs": [{"path": "data/ft", "md5": "f.dir"}]},
+        "v@frozen": {"cmd": "g", "outs": [{"path": "data/v/frozen", "md5": "v.dir"},
+                                          {"path": "reports/v/frozen.json", "md5": "r"}]}}}))
+    stages = prov.dvc_stages(tmp_path)
+    assert list(stages) == ["ft", "v@frozen", "v@scratch", "l@a", "l@b", "card"]
+    assert stages["v@scratch"] == {"cmd": "g --variant scratch --lr 2", "deps": ["data/ft"],
+                                   "outs": ["data/v/scratch", {"reports/v/scratch.json": {"cache": False}}]}
+    assert stages["l@b"] == {"cmd": "h b"}
+    assert prov.dvc_lock_upstream("v@frozen", tmp_path) == {"ft": {"outs": {"data/ft": "f.dir"}, "deps": {}}}
+    assert prov.dvc_lock_upstream("card", tmp_path) == {"v@frozen": {"outs": {"data/v/frozen": "v.dir"}, "deps": {}},
+                                                        "v@scratch": None}
+
+
 def test_stage_run_on_a_dirty_tree_says_so_in_mlflow_and_trace(tmp_path, monkeypatch):
     """Chain and git tags on the run and its child runs; the record and trace show the dirty tree."""
     import mlflow

@@ -63,6 +63,7 @@ EXCLUDED: dict[str, dict[str, str]] = {
         "history/*/tokens_per_s": "loss curve: throughput",
     },
     "data/finetune/model.pt": _RUN,  # in the embedded provenance records
+    "data/variants/*/model.pt": _RUN,
     "reports/download.json": {"seconds": "stage wall time"},
     "reports/examples.json": {"seconds": "stage wall time", "examples_per_s": "throughput"},
     "metrics/pretrain.json": {"tok_per_s": "throughput"},
@@ -70,6 +71,8 @@ EXCLUDED: dict[str, dict[str, str]] = {
                               "steps_per_s": "throughput", "mfu": "model FLOPs utilisation, from wall time"},
     "reports/finetune.json": {"cpu_minutes": "CPU time", "wall_minutes": "wall time",
                               "per_seed/*/cpu_seconds": "CPU time", "per_seed/*/wall_seconds": "wall time"},
+    "reports/variants/*.json": {"cpu_minutes": "CPU time", "wall_minutes": "wall time",
+                                "per_seed/*/cpu_seconds": "CPU time", "per_seed/*/wall_seconds": "wall time"},
     "plots/pretrain_loss.csv": {"seconds": "wall-clock time of each row", "tokens_per_s": "throughput"},
     "plots/pretrain_val.csv": {"seconds": "wall-clock time of each row"},
     "reports/evaluation.md": {r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d":
@@ -80,7 +83,8 @@ EXCLUDED: dict[str, dict[str, str]] = {
     "reports/plots.html": {r"(plots/pretrain_(loss|val)\.csv</code> sha256 <code>)[0-9a-f]{12}":
                            "the hash of a loss-curve CSV, whose timing columns differ (compared above without them)"},
     "reports/scorecard.md": {r"\| (none|[0-9.]+ min( \w+)?) \|": "minutes: this run's pre-training and DAG wall "
-                             "time (a pre-training that rounds to 0.0 min is shown as 'none')"},
+                             "time (a pre-training that rounds to 0.0 min is shown as 'none')",
+                             r"\| [0-9.]+ \|\n": "fine-tuning variants: each one's wall minutes (last column)"},
 }
 
 # Outputs compared by their loaded contents (canonical tensor hash), not their bytes.
@@ -100,13 +104,15 @@ def _run(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.Compl
 
 def _other_deps() -> list[str]:
     """dvc.yaml dependencies that no stage writes and that are not data (e.g. reports/profiles)."""
-    from pipeline.provenance import _dvc_paths
+    from pipeline.provenance import _dvc_paths, dvc_stages
 
-    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    stages = dvc_stages(REPO)  # foreach stages expanded
     outs = {o for spec in stages.values()
             for o in _dvc_paths((spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or []))}
-    return sorted({dep for spec in stages.values() for dep in _dvc_paths(spec.get("deps"))
-                   if dep not in outs and not dep.startswith("data/") and (REPO / dep).exists()})
+    deps = {dep for spec in stages.values() for dep in _dvc_paths(spec.get("deps"))
+            if dep not in outs and not dep.startswith("data/") and (REPO / dep).exists()}
+    # a folder stages write into (reports/variants): its .gitkeep only
+    return sorted(f"{d}/.gitkeep" if any(o.startswith(d + "/") for o in outs) else d for d in deps)
 
 
 def _tiny_params(params: dict) -> dict:
@@ -125,6 +131,7 @@ def _tiny_params(params: dict) -> dict:
     f = params["finetune"]
     f["task"] = dict(f["task"], max_examples={"train": 256, "validation": 128, "test": 128})
     f.update(epochs=1, seeds=[0], batch_size=32)
+    params["finetune_variants"] = {"frozen": params["finetune_variants"]["frozen"]}  # one variant: its bytes too
     return params
 
 
@@ -325,7 +332,9 @@ def test_two_clean_builds_write_identical_outputs(tmp_path):
         (dst.parent / "shared").symlink_to(SHARED_DATA.parent, target_is_directory=True)  # <repo>/../shared/data
     out_a = _run(["dvc", "repro"], a, _env(a))
     out_b = _run(["dvc", "repro", "--force"], b, _env(b))
-    stages = set(yaml.safe_load((a / "dvc.yaml").read_text())["stages"])
+    from pipeline.provenance import dvc_stages
+
+    stages = set(dvc_stages(a))
     for out in (out_a, out_b):
         assert set(re.findall(r"Running stage '([^']+)'", out.stdout + out.stderr)) == stages, out.stdout
     built = time.perf_counter() - t0

@@ -157,3 +157,52 @@ def test_a_custom_task_is_never_scored_against_another_tasks_goal(tmp_path):
     md = md_path.read_text()
     assert "Goal met by: none of these rows." in md and "| BERT-Tiny | 83.2 |" in md
     assert f"**90.00** ± 0.00 (3 seeds) on {five}" in md  # the other task's row says which task it is
+
+
+def _variant_report(path, name, overrides, mean, std):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"variant": name, "overrides": overrides, "mode": overrides.get("mode", "full"),
+                                "validation_accuracy": {"mean": mean, "std": std}, "n_seeds": 3,
+                                "wall_minutes": 2.25}))
+
+
+def test_variants_table_from_the_variant_stages_and_recorded_rows(tmp_path, monkeypatch, capsys):
+    """The finetune_variant stages' reports become the "Fine-tuning variants" table beside the
+    run's full row (Δ against it); `record` keeps them with the row; a variant params.yaml no
+    longer declares (its stale report DVC left behind) is not shown."""
+    import yaml
+
+    from pipeline.scorecard import read_variants
+    from stages.scorecard import main
+
+    monkeypatch.chdir(tmp_path)
+    reports = tmp_path / "reports"
+    _variant_report(reports / "variants" / "frozen.json", "frozen", {"mode": "frozen", "lr": 1e-3}, 0.7512, 0.004)
+    _variant_report(reports / "variants" / "scratch.json", "scratch", {"mode": "scratch"}, 0.8055, 0.002)
+    _variant_report(reports / "variants" / "old.json", "old", {"lr": 5e-5}, 0.5, 0.0)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"finetune_variants": {"frozen": {"mode": "frozen", "lr": 1e-3},
+                                                                                "scratch": {"mode": "scratch"}}}))
+    assert list(read_variants(reports / "variants")) == ["frozen", "old", "scratch"]
+    variants = read_variants(reports / "variants", names=["frozen", "scratch"])
+    assert variants["frozen"] == {"mode": "frozen", "settings": "mode: frozen, lr: 0.001", "dev_mean": 75.12,
+                                  "dev_std": 0.4, "seeds": 3, "minutes": 2.25}
+    row = run_row("this run", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
+    (reports / "scorecard.json").write_text(json.dumps({"this_run": row}))
+    assert main(["render"]) == 0
+    md = (reports / "scorecard.md").read_text()
+    assert "## Fine-tuning variants" in md and "| old |" not in md
+    assert "| this run | full (`finetune`) | mode: full | 84.12 ± 0.31 | — | — |" in md
+    assert "| this run | frozen | mode: frozen, lr: 0.001 | 75.12 ± 0.40 | -9.00 | 2.2 |" in md
+    assert "| this run | scratch | mode: scratch | 80.55 ± 0.20 | -3.57 | 2.2 |" in md
+    assert main(["record", "bert"]) == 0
+    saved = read_profiles(reports / "profiles")[0]
+    assert set(saved["variants"]) == {"frozen", "scratch"} and saved["variants"]["scratch"]["dev_mean"] == 80.55
+    capsys.readouterr()
+
+
+def test_a_broken_variant_report_names_its_stage(tmp_path):
+    from pipeline.scorecard import read_variants
+
+    (tmp_path / "frozen.json").write_text(json.dumps({"variant": "frozen", "per_seed": {}}))
+    with pytest.raises(BertraceError, match=r"frozen.json: no validation_accuracy .*dvc repro finetune_variant@frozen"):
+        read_variants(tmp_path)

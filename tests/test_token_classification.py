@@ -320,6 +320,7 @@ def tiny_repo(root: Path, finetune_task: dict, files: dict[str, bytes]) -> tuple
     params["finetune"]["task"] = {**params["finetune"]["task"], **finetune_task}
     params["finetune"].update(epochs=2, seeds=[0], batch_size=16, max_len=64, lr=1e-3, threads=1)
     params["evaluate"]["log_model"] = False
+    params["finetune_variants"] = {}  # the frozen / scratch stages: tests/test_dvc_pipeline.py
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
