@@ -2,7 +2,7 @@
 
 Both models get the same config, the same initial weights (ours copied into HF's), the same
 batches of ``--seq`` tokens (packed blocks: no padding) and the same fused AdamW (decay groups
-from ``param_groups``). A step is forward + next-token loss (ours: ``causal_lm_loss``; HF:
+from ``param_groups``). A step is forward + next-token loss (ours: the fused head + loss of training, ``targets=``; HF:
 ``labels=input_ids``, which shifts inside) + backward + AdamW step. Each dropout setting runs
 four models: ours and HF in fp32, and both under ``torch.autocast(dtype=bfloat16)``. After warmup
 the timed steps rotate through the four in this one process (the order shifts every round), so
@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.gpt import GPT, causal_lm_loss, flops_per_token  # noqa: E402
+from pipeline.gpt import GPT, flops_per_token  # noqa: E402
 from pipeline.hf_gpt import hf_gpt2_config, to_hf_gpt2_state_dict  # noqa: E402
 from pipeline.model import BertConfig, num_parameters, param_groups  # noqa: E402
 
@@ -64,6 +64,11 @@ def make_config(args, dropout: float) -> BertConfig:
                       layer_norm_eps=1e-5, gelu="tanh")
 
 
+def rows(B: int, T: int) -> torch.Tensor:
+    """The predicting positions (all but each block's last), as pipeline/objectives/clm.py."""
+    return (torch.arange(B)[:, None] * T + torch.arange(T - 1)[None, :]).reshape(-1)
+
+
 def build(args, config: BertConfig, variant: str):
     """step_fn(ids) -> loss for a variant: forward + loss + backward + AdamW step."""
     torch.manual_seed(args.seed)
@@ -82,8 +87,9 @@ def build(args, config: BertConfig, variant: str):
 
     def step(ids):
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
-            if variant.startswith("ours"):
-                loss = causal_lm_loss(model(ids).logits, ids)
+            if variant.startswith("ours"):  # as pretrain.objective clm trains: fused head + loss (no logits)
+                B, T = ids.shape
+                loss = model(ids, rows=rows(B, T), targets=ids[:, 1:].reshape(-1)).loss
             else:
                 loss = model(input_ids=ids, labels=ids).loss
         loss.backward()

@@ -98,9 +98,10 @@ class Block(nn.Module):
 
 
 class GPTOutput(NamedTuple):
-    logits: torch.Tensor  # [B, T, V'] (V' = tokenizer vocabulary), or [R, V'] at ``rows``
+    logits: torch.Tensor | None  # [B, T, V'] (V' = tokenizer vocabulary), or [R, V'] at ``rows``; None with targets
     hidden: torch.Tensor  # [B, T, H] after the final LayerNorm, or [R, H] at ``rows``
     past_key_values: KVCache | None  # with use_cache: every layer's keys and values so far
+    loss: torch.Tensor | None = None  # with targets: the mean next-token cross entropy
 
 
 class GPT(nn.Module):
@@ -131,6 +132,7 @@ class GPT(nn.Module):
         use_cache: bool = False,
         positions: torch.Tensor | None = None,
         rows: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
     ) -> GPTOutput:
         """``input_ids`` [B, T] follow the ``past_key_values`` positions when given.
 
@@ -141,7 +143,9 @@ class GPT(nn.Module):
         into B*T (``b * T + t``); the last block's position-wise part (attention output, MLP), the
         final LayerNorm and the LM head then run at those rows only, and ``logits`` / ``hidden``
         are [R, ...] (fine-tuning reads one row per example). Exact: the keys and values of the
-        last block still come from every position.
+        last block still come from every position. ``targets``: the token each output row predicts
+        (-100: none); ``loss`` is then their mean cross entropy and, while autograd records, the
+        logits are never materialised (:func:`linear_cross_entropy`; ``logits`` is None).
         """
         B, T = input_ids.shape
         past_len = past_key_values[0][0].size(2) if past_key_values is not None else 0
@@ -168,8 +172,63 @@ class GPT(nn.Module):
         hidden = self.ln_f(x)
         # a padded vocabulary's extra ids are never predicted: the head stops at the tokenizer's
         # (a slice of the weight, not of the logits, which would make them non-contiguous)
-        logits = F.linear(hidden, self.lm_head.weight[: self.config.predicted_vocab_size])
-        return GPTOutput(logits, hidden, tuple(cache) if use_cache else None)
+        head = self.lm_head.weight[: self.config.predicted_vocab_size]
+        cache = tuple(cache) if use_cache else None
+        if targets is not None and torch.is_grad_enabled():
+            loss = linear_cross_entropy(hidden.reshape(-1, hidden.size(-1)), head, targets.reshape(-1))
+            return GPTOutput(None, hidden, cache, loss)
+        logits = F.linear(hidden, head)
+        loss = None if targets is None else F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
+                                                            targets.reshape(-1))
+        return GPTOutput(logits, hidden, cache, loss)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """``F.cross_entropy(hidden @ weight.T, targets)`` (mean over targets != -100) a chunk of rows
+    at a time, each chunk's gradients computed as soon as its loss is (Liger Kernel's fused linear
+    cross entropy, Hsu et al. 2024): the [N, V] logits, their float copy, log-softmax and its
+    gradient never exist at full size, only [chunk, V] of them, which stays in cache. A 16k
+    vocabulary's head is over half of a small decoder's step (docs/results.md)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk: int):
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        valid = targets != -100
+        n = valid.sum().clamp(min=1)
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty(hidden.shape, dtype=dtype, device=hidden.device)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=hidden.device)
+        with torch.autocast(device, enabled=False):
+            w = weight.to(dtype)
+            for start in range(0, hidden.size(0), chunk):
+                h = hidden[start:start + chunk].to(dtype)
+                t, keep = targets[start:start + chunk].clamp(min=0), valid[start:start + chunk]
+                logits = (h @ w.t()).float()  # [chunk, V]
+                lse = torch.logsumexp(logits, dim=1)
+                total += ((lse - logits.gather(1, t[:, None]).squeeze(1)) * keep).sum()
+                grad = logits.sub_(lse[:, None]).exp_()  # softmax, in place
+                grad[torch.arange(t.numel(), device=t.device), t] -= 1.0
+                grad = grad.mul_((keep / n)[:, None]).to(dtype)  # d mean loss / d logits
+                grad_hidden[start:start + chunk] = grad @ w
+                grad_weight += (grad.t() @ h).float()
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return (grad_hidden * grad_loss).to(ctx.dtypes[0]), (grad_weight * grad_loss).to(ctx.dtypes[1]), None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         chunk: int = 256) -> torch.Tensor:
+    """Mean cross entropy of ``hidden`` [N, H] @ ``weight`` [V, H].T against ``targets`` [N]
+    (-100: ignored), without the [N, V] logits (:class:`_LinearCrossEntropy`); under autocast
+    the matmuls run in its dtype and the softmax in float32, as ``F.cross_entropy(logits.float())``.
+    256 rows per chunk: 0.57 s vs 0.61 / 0.75 s per step at 512 / 1024 (4 / 256, 16k vocabulary, CPU)."""
+    return _LinearCrossEntropy.apply(hidden, weight, targets, chunk)
 
 
 def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:

@@ -96,9 +96,14 @@ def test_registered_and_its_loss_is_the_shifted_cross_entropy(packed):
     ids = torch.randint(5, 300, (3, 17))
     batch = collate_packed([(r.numpy(), None, 0, None, None) for r in ids], [0, 1, 2])
     obj = CausalLM()
-    out = obj.forward(model, batch)
-    assert tuple(out.logits.shape) == (3 * 16, 300)  # every position but each block's last
+    model.eval()  # no dropout: the same function in every call below
+    trained = obj.forward(model, batch)  # autograd on: the fused head + loss, no logits
+    assert trained.logits is None
     expected = causal_lm_loss(model(ids).logits, ids)
+    assert torch.allclose(obj.losses(trained, batch)["loss"], expected, rtol=1e-6, atol=1e-6)
+    with torch.no_grad():  # validation: logits of every position but each block's last
+        out = obj.forward(model, batch)
+    assert tuple(out.logits.shape) == (3 * 16, 300)
     assert torch.allclose(obj.losses(out, batch)["loss"], expected, rtol=1e-6, atol=1e-6)
     sums = obj.eval_sums(out, batch)
     assert sums[2].item() == 48 and sums[0].item() / 48 == pytest.approx(expected.item(), rel=1e-5)

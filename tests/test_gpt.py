@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from pipeline.errors import BertraceError
 from pipeline.gpt import GPT, GPTForSequenceClassification, causal_lm_loss, flops_per_token, last_token_rows
@@ -290,6 +291,47 @@ def test_causal_lm_loss_shifts_by_one_and_ignores():
     assert causal_lm_loss(logits, ids).item() > 10
     ignored = torch.tensor([[1, 2, 3, -100]])  # ... unless its target is ignored
     assert causal_lm_loss(logits, ignored).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_fused_head_and_loss_equal_logits_then_cross_entropy():
+    """linear_cross_entropy (chunks that do not divide the rows, ignored targets) gives the loss and
+    the gradients of F.cross_entropy(hidden @ W.T): to float32 rounding in float32, to bfloat16's
+    under autocast; GPT(targets=...) trains through it and returns no logits."""
+    from pipeline.gpt import linear_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(37, 16, generator=g, requires_grad=True)
+    weight = torch.randn(V, 16, generator=g, requires_grad=True)
+    targets = torch.randint(0, V, (37,), generator=g)
+    targets[[3, 20]] = -100
+    ref = F.cross_entropy(hidden @ weight.t(), targets)
+    ref_grads = torch.autograd.grad(ref * 2.5, (hidden, weight))  # a non-unit upstream gradient
+    fused = linear_cross_entropy(hidden, weight, targets, chunk=8)
+    grads = torch.autograd.grad(fused * 2.5, (hidden, weight))
+    assert fused.item() == pytest.approx(ref.item(), rel=1e-6)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref_bf16 = F.cross_entropy((hidden @ weight.t()).float(), targets)
+        fused_bf16 = linear_cross_entropy(hidden, weight, targets, chunk=8)
+    assert fused_bf16.dtype == torch.float32
+    assert fused_bf16.item() == pytest.approx(ref_bf16.item(), rel=1e-3)
+    assert torch.autograd.grad(fused_bf16, hidden)[0].dtype == torch.float32  # the input's dtype
+
+    torch.manual_seed(0)
+    model = GPT(tiny()).eval()  # no dropout; autograd still records
+    ids, _ = batch()
+    rows = (torch.arange(4)[:, None] * 24 + torch.arange(23)[None, :]).reshape(-1)
+    out = model(ids, rows=rows, targets=ids[:, 1:].reshape(-1))
+    assert out.logits is None
+    out.loss.backward()
+    fused_grad = model.wte.weight.grad.clone()
+    model.zero_grad()
+    causal_lm_loss(model(ids).logits, ids).backward()
+    torch.testing.assert_close(fused_grad, model.wte.weight.grad, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():  # no autograd: the logits are returned with the loss
+        evaluated = model(ids, rows=rows, targets=ids[:, 1:].reshape(-1))
+    assert evaluated.logits.shape == (4 * 23, V) and evaluated.loss.item() == pytest.approx(out.loss.item(), rel=1e-5)
 
 
 def test_flops_per_token_matches_flop_counter():

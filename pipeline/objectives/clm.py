@@ -69,9 +69,11 @@ class CausalLM(Objective):
         ``[B * (T - 1), V]`` rows (``GPT.forward(rows=...)``): the LM head, by far the largest
         matmul of a small model with a 16k vocabulary, skips the last position, and the logits come
         out contiguous, in target order, so the loss needs no slice (whose backward would write a
-        zero-filled ``[B, T, V]`` gradient) and no copy. Blocks are never padded: no attention mask."""
+        zero-filled ``[B, T, V]`` gradient) and no copy. Blocks are never padded: no attention mask.
+        While training (autograd on) the model also gets the targets and returns the loss from
+        the fused head + cross entropy (:func:`pipeline.gpt.linear_cross_entropy`), no logits."""
         B, T = batch.input_ids.shape
-        return model(batch.input_ids, rows=_prediction_rows(B, T, batch.input_ids.device))
+        return model(batch.input_ids, rows=_prediction_rows(B, T, batch.input_ids.device), targets=self.targets(batch))
 
     @staticmethod
     def targets(batch) -> torch.Tensor:
@@ -80,7 +82,7 @@ class CausalLM(Objective):
 
     def losses(self, out: GPTOutput, batch) -> dict[str, torch.Tensor]:
         # = pipeline.gpt.causal_lm_loss(model(input_ids).logits, input_ids) (tests/test_clm.py)
-        return {"loss": F.cross_entropy(out.logits.float(), self.targets(batch))}
+        return {"loss": out.loss if out.loss is not None else F.cross_entropy(out.logits.float(), self.targets(batch))}
 
     def eval_sums(self, out: GPTOutput, batch) -> torch.Tensor:
         # loss sum (nats), correct, targets, unigram loss sum (nats)
