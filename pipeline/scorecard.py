@@ -113,10 +113,13 @@ def run_row(name: str, *, records: dict[str, dict[str, Any]], finetune_metrics: 
     acc = finetune_metrics.get("validation_accuracy") or {}
     if not isinstance(acc, dict) or "mean" not in acc:
         raise BertraceError("reports/finetune.json: no validation_accuracy mean; rerun dvc repro finetune")
-    minutes = [_minutes(records[s]) for s in (("finetune",) if imported else PIPELINE_STAGES) if s in records]
-    dag = sum(m for m in minutes if m is not None) + extra_minutes
-    git = records["finetune"].get("git") or {}
     pretrain_metrics = {} if imported else pretrain_metrics or {}
+    minutes = {s: _minutes(records[s]) for s in (("finetune",) if imported else PIPELINE_STAGES) if s in records}
+    if minutes.get("pretrain") is not None and "train_seconds" in pretrain_metrics:
+        # a pre-training resumed from a finished last.pt ran seconds; its weights took train_seconds
+        minutes["pretrain"] = max(minutes["pretrain"], pretrain_metrics["train_seconds"] / 60.0)
+    dag = sum(m for m in minutes.values() if m is not None) + extra_minutes
+    git = records["finetune"].get("git") or {}
     mode = (records["finetune"].get("params") or {}).get("mode", "full")
     return {
         "name": name,
@@ -283,8 +286,9 @@ def write_scorecard(row: dict[str, Any] | None, *, references: dict[str, Any], t
     ``references`` (:func:`read_references`; the goal, the anchors and the published numbers are
     shown only when ``task`` is theirs: the goal's ``task``, or references.yaml's top-level ``task``,
     and "Goal met by" counts only rows of that task). Returns the rows shown."""
-    if row is not None and variants:
-        row = {**row, "variants": variants}  # this run's finetune_variant stages (read_variants)
+    if row is not None and variants:  # this run's finetune_variant stages (read_variants): in the DAG's minutes too
+        extra = sum(v.get("minutes") or 0.0 for v in variants.values())
+        row = {**row, "variants": variants, "dag_minutes": round((row.get("dag_minutes") or 0.0) + extra, 1)}
     profiles = [r for r in read_profiles(profiles_dir) if row is None or r["name"] != row["name"]]
     rows = [r for r in (row, *profiles) if r]
     goal = references.get("goal")

@@ -304,7 +304,8 @@ def lineage(target: str | os.PathLike, root: str | os.PathLike = ".") -> dict[st
         if up in nodes:
             nodes[up]["dvc_outs"] = outs
     order = {s: i for i, s in enumerate(STAGE_ORDER)}
-    chain = sorted(nodes.values(), key=lambda n: order.get(n["stage"], len(order)))
+    order["finetune_variant"] = order["finetune"]  # finetune_variant@<name>: a fine-tuning, in the same place
+    chain = sorted(nodes.values(), key=lambda n: order.get(str(n["stage"]).split("@")[0], len(order)))
     return {"target": path.as_posix() if path.exists() else text, "kind": loaded["kind"],
             "target_sha256": loaded["target_sha256"], "chain": chain, "conflicts": conflicts,
             "checks": loaded["checks"]}

@@ -694,7 +694,9 @@ class Trainer:
             "tokens_seen": self.tokens_seen,
             "train_seconds": round(self.elapsed, 3),
             "epochs": round(self.epoch + self.batch_in_epoch / self.train_data.batches_per_epoch(self.epoch), 4),
-            "tokens_per_s": round((self.tokens_seen - self.start_tokens) / session_s, 1) if ran else None,
+            # this session's throughput; a resume of a finished run (no step): the whole training's average
+            "tokens_per_s": (round((self.tokens_seen - self.start_tokens) / session_s, 1) if ran
+                             else round(self.tokens_seen / self.elapsed, 1) if self.elapsed > 0 else None),
             "steps_per_s": round((self.step - self.start_step) / session_s, 3) if ran else None,
             **{k: v for k, v in self.train_metrics.items() if k != "tokens_per_s"},
             **self.last_val,

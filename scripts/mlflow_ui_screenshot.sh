@@ -4,8 +4,10 @@
 #   scripts/mlflow_ui_screenshot.sh [REPO] [OUT.png]
 #
 # REPO: a repository after `dvc repro` (its mlflow.db; default .). Needs a headless Chromium
-# (Debian: apt-get install chromium). Filters the bertrace experiment on the pre-trained
-# checkpoint's hash from REPO/data/provenance/pretrain.json: the runs that share it.
+# (Debian: apt-get install chromium). VIEW (env) picks the page:
+#   pipelines (default): the parent runs, one per `dvc repro` / `dvc exp run`, stage runs nested;
+#   compare: the two latest parent runs side by side (params and metrics of every stage);
+#   chain: the runs that share the pre-trained checkpoint of REPO/data/provenance/pretrain.json.
 set -euo pipefail
 REPO=$(cd "${1:-.}" && pwd)
 OUT=$(realpath -m "${2:-docs/mlflow-ui.png}")
@@ -16,15 +18,26 @@ BROWSER=$(command -v chromium || command -v chromium-browser || command -v googl
 [ -n "$BROWSER" ] || { echo "error: no chromium found; apt-get install chromium" >&2; exit 2; }
 [ -f "$REPO/mlflow.db" ] || { echo "error: $REPO/mlflow.db not found; run dvc repro there first" >&2; exit 2; }
 
-read -r EXP FILTER < <("$PY" - "$REPO" <<'PYEOF'
+VIEW=${VIEW:-pipelines}
+read -r PAGE < <("$PY" - "$REPO" "$VIEW" <<'PYEOF'
 import json, sys, urllib.parse
 from pathlib import Path
 import mlflow
 repo = Path(sys.argv[1])
 client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{repo}/mlflow.db")
 exp = client.get_experiment_by_name("bertrace").experiment_id
-best = json.loads((repo / "data/provenance/pretrain.json").read_text())["outputs"]["data/pretrain/best.pt"]
-print(exp, urllib.parse.quote(f"tags.`bertrace.chain.pretrain_checkpoint_sha256` = '{best}'"))
+view = sys.argv[2]
+if view == "chain":
+    best = json.loads((repo / "data/provenance/pretrain.json").read_text())["outputs"]["data/pretrain/best.pt"]
+    path = "runs?searchFilter=" + urllib.parse.quote(f"tags.`bertrace.chain.pretrain_checkpoint_sha256` = '{best}'")
+    print(f"#/experiments/{exp}/{path}")
+elif view == "pipelines":
+    print(f"#/experiments/{exp}/runs?searchFilter=" + urllib.parse.quote("tags.`bertrace.run_kind` = 'pipeline'"))
+else:
+    runs = client.search_runs([exp], filter_string="tags.`bertrace.run_kind` = 'pipeline'",
+                              order_by=["attributes.start_time DESC"], max_results=2)
+    ids = ",".join(f'"{r.info.run_id}"' for r in runs)
+    print(f"#/compare-runs?runs=[{ids}]&experiments=[\"{exp}\"]")
 PYEOF
 )
 
@@ -36,5 +49,5 @@ for _ in $(seq 60); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && br
 mkdir -p "$(dirname "$OUT")"
 "$BROWSER" --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1600,900 \
     --virtual-time-budget=20000 --screenshot="$OUT" \
-    "http://127.0.0.1:$PORT/#/experiments/$EXP/runs?searchFilter=$FILTER" 2>/dev/null
+    "http://127.0.0.1:$PORT/$PAGE" 2>/dev/null
 echo "wrote $OUT"

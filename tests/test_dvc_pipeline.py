@@ -431,6 +431,9 @@ def test_a_variant_reruns_alone_and_the_scorecard_tabulates_it(repo):
     record = json.loads((root / "data/provenance/finetune_variant@frozen.json").read_text())
     assert record["stage"] == "finetune_variant@frozen" and record["params"]["lr"] == 2e-3
     assert record["dvc_lock"]["pretrain"]["outs"]["data/pretrain"] == after["pretrain"]["data/pretrain"]
+    out = _trace(root, env, "data/variants/frozen/model.pt", "--verify").stdout  # its own record first
+    assert out.splitlines()[1].startswith("└─ finetune_variant@frozen  commit"), out
+    assert "└─ pretrain  commit" in out and "0 changed" in out, out
 
 
 def test_tokenizer_param_reruns_tokenizer_and_everything_after(repo):

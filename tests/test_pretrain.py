@@ -205,7 +205,9 @@ def test_exact_resume_matches_an_uninterrupted_run(small_dynamic, tmp_path):
     b = torch.load(tmp_path / "parts" / "last.pt", weights_only=True)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert a["tokens_seen"] == b["tokens_seen"] and untimed(a["history"]) == untimed(b["history"])
-    assert full_metrics["model_sha256"] == run(cfg, small_dynamic, tmp_path / "parts")[0]["model_sha256"]
+    done = run(cfg, small_dynamic, tmp_path / "parts")[0]  # a resume of a finished run: no step
+    assert done["model_sha256"] == full_metrics["model_sha256"] and done["steps_per_s"] is None
+    assert done["tokens_per_s"] == pytest.approx(done["tokens_seen"] / done["train_seconds"], rel=1e-3)  # the average
     # the CSV of the resumed run is the uninterrupted run's
     assert (tmp_path / "full" / "pretrain_loss.csv").read_text().count("\n") == \
         (tmp_path / "parts" / "pretrain_loss.csv").read_text().count("\n") == 17

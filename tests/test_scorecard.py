@@ -32,7 +32,11 @@ def test_run_row_numbers():
                   model_config={"num_layers": 2, "hidden_size": 128}, extra_minutes=0.5)
     assert row["dev_mean"] == 84.12 and row["dev_std"] == 0.31 and row["seeds"] == 3
     assert row["test"] == 83.01 and row["pretrain_minutes"] == 38.0 and row["model"] == "2L/128"
-    assert row["dag_minutes"] == 14.5  # 7 stages x 2 minutes + 0.5 (gaps between stages not counted)
+    # 7 stages x 2 minutes + 0.5 (gaps between stages not counted), but pre-training counts the 38 minutes
+    # its weights took (train_seconds), not its record's 2: a pretrain resumed from a finished last.pt
+    assert row["dag_minutes"] == 6 * 2 + 38 + 0.5
+    quick = run_row("q", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics={"train_seconds": 60})
+    assert quick["dag_minutes"] == 14.0  # the record's 2 minutes when training took less
     assert row["corpus"] == "local: ../shared/data/enwiki-extract" and row["git_dirty"] is True
     other = run_row("x", records=_records("q" * 64), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
     assert other["params_hash"] != row["params_hash"]  # one stage's params differ -> another recipe
@@ -193,6 +197,7 @@ def test_variants_table_from_the_variant_stages_and_recorded_rows(tmp_path, monk
     assert "## Fine-tuning variants" in md and "| old |" not in md
     assert "| this run | full (`finetune`) | mode: full | 84.12 ± 0.31 | — | — |" in md
     assert "| this run | frozen | mode: frozen, lr: 0.001 | 75.12 ± 0.40 | -9.00 | 2.2 |" in md
+    assert f"| {row['dag_minutes'] + 4.5:.1f} min |" in md  # the variants' minutes count in the DAG's
     assert "| this run | scratch | mode: scratch | 80.55 ± 0.20 | -3.57 | 2.2 |" in md
     assert main(["record", "bert"]) == 0
     saved = read_profiles(reports / "profiles")[0]
