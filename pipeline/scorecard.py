@@ -273,6 +273,13 @@ def read_references(path: str | Path = REFERENCES) -> dict[str, Any]:
     return refs
 
 
+def with_variants(row: dict[str, Any], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``row`` with its run's finetune_variant results (:func:`read_variants`); their minutes count in
+    the DAG's (the evaluate stage that made the row does not wait for them)."""
+    extra = sum(v.get("minutes") or 0.0 for v in variants.values())
+    return {**row, "variants": variants, "dag_minutes": round((row.get("dag_minutes") or 0.0) + extra, 1)}
+
+
 def write_run_row(row: dict[str, Any] | None, json_path: str | Path = SCORECARD_JSON) -> None:
     """The evaluated run's own row (``{"this_run": row}``), read by ``write_scorecard``."""
     write_json(json_path, {"this_run": row})
@@ -286,9 +293,8 @@ def write_scorecard(row: dict[str, Any] | None, *, references: dict[str, Any], t
     ``references`` (:func:`read_references`; the goal, the anchors and the published numbers are
     shown only when ``task`` is theirs: the goal's ``task``, or references.yaml's top-level ``task``,
     and "Goal met by" counts only rows of that task). Returns the rows shown."""
-    if row is not None and variants:  # this run's finetune_variant stages (read_variants): in the DAG's minutes too
-        extra = sum(v.get("minutes") or 0.0 for v in variants.values())
-        row = {**row, "variants": variants, "dag_minutes": round((row.get("dag_minutes") or 0.0) + extra, 1)}
+    if row is not None and variants:
+        row = with_variants(row, variants)
     profiles = [r for r in read_profiles(profiles_dir) if row is None or r["name"] != row["name"]]
     rows = [r for r in (row, *profiles) if r]
     goal = references.get("goal")

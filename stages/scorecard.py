@@ -21,7 +21,7 @@ import yaml
 from pipeline.errors import BertraceError
 from pipeline.io import read_json, write_json
 from pipeline.scorecard import (PROFILES_DIR, ROW_KEYS, SCORECARD_JSON, SCORECARD_MD, read_profiles,
-                                read_references, read_variants, write_scorecard)
+                                read_references, read_variants, with_variants, write_scorecard)
 
 
 def record(name: str, note: str | None = None, sets: list[str] = ()) -> Path:
@@ -33,7 +33,7 @@ def record(name: str, note: str | None = None, sets: list[str] = ()) -> Path:
                             "pipeline (dvc repro) first")
     row = {**row, "name": name}
     if variants := read_variants(names=declared_variants()):  # the finetune_variant stages' table travels with the row
-        row["variants"] = variants
+        row = with_variants(row, variants)
     if note:
         row["note"] = note
     for item in sets:

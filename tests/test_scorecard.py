@@ -202,6 +202,7 @@ def test_variants_table_from_the_variant_stages_and_recorded_rows(tmp_path, monk
     assert main(["record", "bert"]) == 0
     saved = read_profiles(reports / "profiles")[0]
     assert set(saved["variants"]) == {"frozen", "scratch"} and saved["variants"]["scratch"]["dev_mean"] == 80.55
+    assert saved["dag_minutes"] == round(row["dag_minutes"] + 4.5, 1)  # with the variants' minutes
     capsys.readouterr()
 
 
