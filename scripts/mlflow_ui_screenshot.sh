@@ -6,7 +6,8 @@
 # REPO: a repository after `dvc repro` (its mlflow.db; default .). Needs a headless Chromium
 # (Debian: apt-get install chromium). VIEW (env) picks the page:
 #   pipelines (default): the parent runs, one per `dvc repro` / `dvc exp run`, stage runs nested;
-#   compare: the two latest parent runs side by side (params and metrics of every stage);
+#   compare: the two latest parent runs (or RUN_IDS=id1,id2) side by side (every stage's params and metrics);
+#   (HEIGHT=1800: a taller page.)
 #   chain: the runs that share the pre-trained checkpoint of REPO/data/provenance/pretrain.json.
 set -euo pipefail
 REPO=$(cd "${1:-.}" && pwd)
@@ -34,9 +35,13 @@ if view == "chain":
 elif view == "pipelines":
     print(f"#/experiments/{exp}/runs?searchFilter=" + urllib.parse.quote("tags.`bertrace.run_kind` = 'pipeline'"))
 else:
-    runs = client.search_runs([exp], filter_string="tags.`bertrace.run_kind` = 'pipeline'",
-                              order_by=["attributes.start_time DESC"], max_results=2)
-    ids = ",".join(f'"{r.info.run_id}"' for r in runs)
+    import os
+    chosen = [r for r in os.environ.get("RUN_IDS", "").split(",") if r]
+    if not chosen:
+        runs = client.search_runs([exp], filter_string="tags.`bertrace.run_kind` = 'pipeline'",
+                                  order_by=["attributes.start_time DESC"], max_results=2)
+        chosen = [r.info.run_id for r in runs]
+    ids = ",".join(f'"{r}"' for r in chosen)
     print(f"#/compare-runs?runs=[{ids}]&experiments=[\"{exp}\"]")
 PYEOF
 )
@@ -47,7 +52,7 @@ SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 60); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
 mkdir -p "$(dirname "$OUT")"
-"$BROWSER" --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1600,900 \
+"$BROWSER" --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1600,${HEIGHT:-900} \
     --virtual-time-budget=20000 --screenshot="$OUT" \
     "http://127.0.0.1:$PORT/$PAGE" 2>/dev/null
 echo "wrote $OUT"
