@@ -31,9 +31,10 @@ else
 endif
 
 # Experiments side by side in 160 columns: the params that differ and the metrics (tests/test_daily_loop.py).
-# A sweep: `dvc exp run --queue -S finetune.lr=1e-4` (once per point), `dvc queue start -j 2`, then `make exps`.
+# A sweep: `dvc exp run --queue -S finetune.lr=1e-4 -S finetune.threads=1` (once per point; threads = cores / -j),
+# `dvc queue start -j 2`, then `make exps`.
 exps: install
-	PATH="$(abspath $(BIN)):$$PATH" dvc exp show --no-pager --only-changed --drop 'Created|.*/' --keep 'dev_|test_'
+	PATH="$(abspath $(BIN)):$$PATH" dvc exp show --no-pager --only-changed --drop 'Created|Executor|.*/' --keep 'dev_|test_'
 
 # SST-2 dev accuracy vs pre-training steps from data/pretrain/snapshots (pretrain.snapshot_steps).
 learning-curve: install

@@ -35,7 +35,7 @@ WIDTH = 160
 # --only-changed: the params and metrics that differ between the rows; --drop: the creation time and
 # the deps' hashes (every dep is a path with a "/"; params and metrics keys have none); --keep: the
 # dev / test metrics even when they are equal.
-EXP_SHOW = ["dvc", "exp", "show", "--no-pager", "--only-changed", "--drop", "Created|.*/", "--keep", "dev_|test_"]
+EXP_SHOW = ["dvc", "exp", "show", "--no-pager", "--only-changed", "--drop", "Created|Executor|.*/", "--keep", "dev_|test_"]
 
 
 def _git(root: Path, *args: str) -> str:
