@@ -207,7 +207,8 @@ def test_exact_resume_matches_an_uninterrupted_run(small_dynamic, tmp_path):
     assert a["tokens_seen"] == b["tokens_seen"] and untimed(a["history"]) == untimed(b["history"])
     done = run(cfg, small_dynamic, tmp_path / "parts")[0]  # a resume of a finished run: no step
     assert done["model_sha256"] == full_metrics["model_sha256"] and done["steps_per_s"] is None
-    assert done["tokens_per_s"] == pytest.approx(done["tokens_seen"] / done["train_seconds"], rel=1e-3)  # the average
+    # the average (train_seconds is rounded to the millisecond, and this run lasts about a second)
+    assert done["tokens_per_s"] == pytest.approx(done["tokens_seen"] / done["train_seconds"], rel=2e-2)
     # the CSV of the resumed run is the uninterrupted run's
     assert (tmp_path / "full" / "pretrain_loss.csv").read_text().count("\n") == \
         (tmp_path / "parts" / "pretrain_loss.csv").read_text().count("\n") == 17
