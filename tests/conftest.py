@@ -21,6 +21,18 @@ def _isolated_mlflow(tmp_path_factory, monkeypatch):
     yield
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for a module (``pytestmark = pytest.mark.usefixtures("one_thread")``): tiny
+    models run fastest without thread sync, and CI machines are shared."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def shared_file(*parts: str) -> Path:
     path = SHARED_DATA.joinpath(*parts)
     if not path.exists():

@@ -37,12 +37,7 @@ MODEL = {"preset": "tiny", "hidden_size": 32, "num_layers": 2, "num_heads": 2, "
          "max_position": 64, "dropout": 0.0, "attention_dropout": 0.0}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models, one torch thread
 
 
 TEMPLATES = ["the cat sat on the mat .", "a dog ran to the park and back .", "she reads a book every night .",

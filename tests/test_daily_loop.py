@@ -298,7 +298,7 @@ def _run(cmd, cwd, env, check=True, timeout=900):
 def repo(tmp_path_factory):
     """A tiny copy of the repo (tests/test_dvc_pipeline.py's params) beside a link to the shared data,
     so that mirrors/shared-data.yaml's ``../../shared/data`` resolves; finetune.mirror points at it."""
-    from tests.test_dvc_pipeline import _tiny_finetune, _tiny_pretrain, copy_repo
+    from tests.test_dvc_pipeline import copy_repo, tiny_params
 
     shared_file("sst2", "dev.tsv")
     base = tmp_path_factory.mktemp("daily")
@@ -306,15 +306,7 @@ def repo(tmp_path_factory):
     root.mkdir()
     (base / "shared").symlink_to(SHARED_DATA.parent, target_is_directory=True)
     copy_repo(root)
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    params["download"]["source"] = "local"
-    params["download"]["local"]["path"] = "data/sources/wiki.raw"
-    params["clean"]["valid_fraction"] = 0.1
-    params["tokenizer"]["vocab_size"] = 2000
-    params["examples"].update(dupe_factor=2, docs_per_shard=8, workers=2)
-    params["validate"]["nsp_tolerance"] = 0.1
-    params["pretrain"] = _tiny_pretrain(params["pretrain"])
-    params["finetune"] = _tiny_finetune(params["finetune"])
+    params = tiny_params(yaml.safe_load((root / "params.yaml").read_text()))
     params["finetune_variants"] = {}  # the frozen / scratch stages: tests/test_dvc_pipeline.py
     params["finetune"]["mirror"] = "mirrors/shared-data.yaml"  # relative, as a user writes it
     params["evaluate"]["log_model"] = False

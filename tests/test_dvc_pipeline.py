@@ -71,15 +71,7 @@ def _mlflow_client(root: Path):
 def repo(tmp_path_factory):
     root = tmp_path_factory.mktemp("repo")
     copy_repo(root)
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    params["download"]["source"] = "local"
-    params["download"]["local"]["path"] = "data/sources/wiki.raw"
-    params["clean"]["valid_fraction"] = 0.1
-    params["tokenizer"]["vocab_size"] = 2000
-    params["examples"].update(dupe_factor=2, docs_per_shard=8, workers=2)
-    params["validate"]["nsp_tolerance"] = 0.1
-    params["pretrain"] = _tiny_pretrain(params["pretrain"])
-    params["finetune"] = _tiny_finetune(params["finetune"])
+    params = tiny_params(yaml.safe_load((root / "params.yaml").read_text()))
     params["evaluate"]["registered_model_name"] = MODEL_NAME
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = dict(os.environ)
@@ -113,6 +105,21 @@ def copy_repo(root: Path) -> None:
     lines = shared_file("wikitext-2-raw", "wiki.test.raw").read_text(encoding="utf-8").splitlines(keepends=True)
     (root / "data" / "sources").mkdir(parents=True)
     (root / "data" / "sources" / "wiki.raw").write_text("".join(lines[:1500]), encoding="utf-8")
+
+
+def tiny_params(params: dict) -> dict:
+    """``params`` (params.yaml's) shrunk for a tiny-repo run on 2 cores: the WikiText-2 slice
+    ``copy_repo`` writes as the local corpus, a 2k vocabulary, a 1-layer model trained 6 steps,
+    SST-2 fine-tuning on a few hundred examples with one seed."""
+    params["download"]["source"] = "local"
+    params["download"]["local"]["path"] = "data/sources/wiki.raw"
+    params["clean"]["valid_fraction"] = 0.1
+    params["tokenizer"]["vocab_size"] = 2000
+    params["examples"].update(dupe_factor=2, docs_per_shard=8, workers=2)
+    params["validate"]["nsp_tolerance"] = 0.1
+    params["pretrain"] = _tiny_pretrain(params["pretrain"])
+    params["finetune"] = _tiny_finetune(params["finetune"])
+    return params
 
 
 def _copy_other_deps(root: Path) -> None:

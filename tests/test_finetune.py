@@ -80,13 +80,7 @@ def make_pretrain_checkpoint(path: Path, tokenizer_path: Path, seed: int = 1234)
                                   "provenance": provenance})
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread (no sync overhead; CI machines are shared)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models, one torch thread
 
 
 @pytest.fixture(scope="module")

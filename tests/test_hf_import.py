@@ -23,12 +23,7 @@ WORDS = FILLER + ["good", "bad", "great", "awful", "café", "naïve", "running",
 PIECES = ["##s", "##ed", "##ing", "##ly", "##e", "##a", ".", ",", "!"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models, one torch thread
 
 
 def vocab(google_order: bool) -> list[str]:

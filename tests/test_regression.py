@@ -78,12 +78,7 @@ def tok_path(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models, one torch thread
 
 
 # ---------------------------------------------------------------------------------------------

@@ -72,12 +72,7 @@ def tok_path(tmp_path_factory) -> Path:
     return train_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models, one torch thread
 
 
 def task(d: Path, **over) -> dict:
