@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.gpt import GPT, flops_per_token  # noqa: E402
 from pipeline.hf_gpt import hf_gpt2_config, to_hf_gpt2_state_dict  # noqa: E402
+from pipeline.objectives.clm import CausalLM  # noqa: E402
 from pipeline.model import BertConfig, num_parameters, param_groups  # noqa: E402
 
 VARIANTS = ("ours", "hf", "ours_bf16", "hf_bf16")
@@ -64,11 +66,6 @@ def make_config(args, dropout: float) -> BertConfig:
                       layer_norm_eps=1e-5, gelu="tanh")
 
 
-def rows(B: int, T: int) -> torch.Tensor:
-    """The predicting positions (all but each block's last), as pipeline/objectives/clm.py."""
-    return (torch.arange(B)[:, None] * T + torch.arange(T - 1)[None, :]).reshape(-1)
-
-
 def build(args, config: BertConfig, variant: str):
     """step_fn(ids) -> loss for a variant: forward + loss + backward + AdamW step."""
     torch.manual_seed(args.seed)
@@ -84,12 +81,12 @@ def build(args, config: BertConfig, variant: str):
     opt = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-4, fused=True)
     device_type = args.device.split(":")[0]
     bf16 = variant.endswith("bf16")
+    objective = CausalLM()
 
     def step(ids):
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
-            if variant.startswith("ours"):  # as pretrain.objective clm trains: fused head + loss (no logits)
-                B, T = ids.shape
-                loss = model(ids, rows=rows(B, T), targets=ids[:, 1:].reshape(-1)).loss
+            if variant.startswith("ours"):  # pretrain.objective clm's own forward: fused head + loss, no logits
+                loss = objective.forward(model, SimpleNamespace(input_ids=ids)).loss
             else:
                 loss = model(input_ids=ids, labels=ids).loss
         loss.backward()

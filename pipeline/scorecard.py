@@ -22,6 +22,7 @@ from typing import Any, Iterable, Sequence
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_open, sha256_json, write_json
 from pipeline.provenance import STAGE_ORDER
+from pipeline.task_metrics import SELECTION
 
 SCORECARD_JSON = Path("reports/scorecard.json")  # the evaluate stage's rows; `scorecard record` reads it
 SCORECARD_MD = Path("reports/scorecard.md")  # the same rows as markdown, beside anchors and published numbers
@@ -34,7 +35,7 @@ ROW_KEYS = ("name", "corpus", "model", "pretrain_minutes", "device", "tokens_see
             "objective",  # pretrain.objective (mlm_nsp | mlm | electra ...); None without pre-training
             "variants")  # the finetune_variant@<name> stages' results: {name: {mode, settings, dev_mean, dev_std, ...}}
 VARIANTS_DIR = Path("reports/variants")  # finetune_variant@<name>: reports/variants/<name>.json
-_SELECTION_KEYS = ("validation_accuracy", "validation_f1", "validation_pearson")  # per task type
+_SELECTION_KEYS = tuple(f"validation_{m}" for m in SELECTION.values())  # reports/<stage>.json, per task type
 
 
 def read_variants(directory: str | Path = VARIANTS_DIR, names: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -55,7 +56,7 @@ def read_variants(directory: str | Path = VARIANTS_DIR, names: Iterable[str] | N
         if key is None:
             raise BertraceError(f"{path}: no {' / '.join(_SELECTION_KEYS)} mean; rerun "
                                 f"`dvc repro finetune_variant@{path.stem}`")
-        scale = 1 if key == "validation_pearson" else 100
+        scale = 1 if key == f"validation_{SELECTION['regression']}" else 100  # a correlation, not a %
         overrides = d.get("overrides") or {}
         out[str(d.get("variant") or path.stem)] = {
             "mode": d.get("mode"), "settings": ", ".join(f"{k}: {v}" for k, v in overrides.items()) or "as finetune",
