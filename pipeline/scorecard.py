@@ -33,6 +33,7 @@ ROW_KEYS = ("name", "corpus", "model", "pretrain_minutes", "device", "tokens_see
             "dev_mean", "dev_std", "seeds", "test", "imdb_test", "dag_minutes", "params_hash", "git_commit", "git_dirty", "date", "note",
             "warning",  # warning: evaluate's collapse check (pipeline.evaluate.collapse_warnings)
             "objective",  # pretrain.objective (mlm_nsp | mlm | electra ...); None without pre-training
+            "val_metric", "val_loss",  # the objective's own best validation loss (val_mlm_loss, val_disc_loss ...)
             "variants")  # the finetune_variant@<name> stages' results: {name: {mode, settings, dev_mean, dev_std, ...}}
 VARIANTS_DIR = Path("reports/variants")  # finetune_variant@<name>: reports/variants/<name>.json
 _SELECTION_KEYS = tuple(f"validation_{m}" for m in SELECTION.values())  # reports/<stage>.json, per task type
@@ -79,7 +80,9 @@ def _corpus(download_params: dict[str, Any]) -> str:
     if download_params.get("source") == "local":
         return f"local: {(download_params.get('local') or {}).get('path')}"
     hub = download_params.get("hub") or {}
-    return f"hub: {hub.get('dataset')}/{hub.get('config')}"
+    splits = list(hub.get("splits") or [])
+    some = f" ({'+'.join(splits)})" if splits and splits != ["train", "validation", "test"] else ""
+    return f"hub: {hub.get('dataset')}/{hub.get('config')}{some}"
 
 
 def _model(model_config: dict[str, Any] | None) -> str:
@@ -122,6 +125,8 @@ def run_row(name: str, *, records: dict[str, dict[str, Any]], finetune_metrics: 
     dag = sum(m for m in minutes.values() if m is not None) + extra_minutes
     git = records["finetune"].get("git") or {}
     mode = (records["finetune"].get("params") or {}).get("mode", "full")
+    objective = ((records.get("pretrain") or {}).get("params") or {}).get("objective") if mode != "scratch" else None
+    val_metric = _own_val_metric(pretrain_metrics) if objective else None
     return {
         "name": name,
         "corpus": (f"published: {imported.get('source')}@{str(imported.get('resolved_revision') or 'local')[:10]}"
@@ -145,8 +150,18 @@ def run_row(name: str, *, records: dict[str, dict[str, Any]], finetune_metrics: 
         "date": str(records["finetune"].get("finished") or "")[:10] or None,
         "note": "",
         "warning": "; ".join(warnings) or None,
-        "objective": ((records.get("pretrain") or {}).get("params") or {}).get("objective") if mode != "scratch" else None,
+        "objective": objective,
+        "val_metric": val_metric,
+        "val_loss": (round(float(pretrain_metrics[f"best_{val_metric}"]), 4)
+                     if val_metric and pretrain_metrics.get(f"best_{val_metric}") is not None else None),
     }
+
+
+def _own_val_metric(pretrain_metrics: dict[str, Any]) -> str | None:
+    """The validation loss the run's objective selects best.pt by: the pre-training summary's one
+    ``best_<metric>`` key (``Objective.best_metric``: val_mlm_loss, val_disc_loss, val_loss)."""
+    names = [k[len("best_"):] for k in pretrain_metrics if k.startswith("best_val_")]
+    return names[0] if len(names) == 1 else None
 
 
 def task_name(source: dict[str, Any] | None) -> str | None:
@@ -240,6 +255,7 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
                 delta = v["dev_mean"] - r["dev_mean"]
                 lines.append(f"| {r['name']} | {name} | {v.get('settings') or '—'} | {v['dev_mean']:.2f} ± "
                              f"{v['dev_std']:.2f} | {delta:+.2f} | {_fmt(v.get('minutes'), '.1f')} |")
+    lines += objective_corpus_table(rows, task)
     anchors = list(anchors)
     if anchors:
         lines += ["", "## Anchors: the stock Hugging Face route, measured on the same machine kind (2 CPU cores)", "",
@@ -252,6 +268,48 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
                   "", "| model | acc. (%) |", "|---|---:|"]
         lines += [f"| {name} | {float(v):.1f} |" for name, v in baselines.items()]
     return "\n".join(lines).rstrip() + "\n"
+
+
+GRID_OBJECTIVES = ("mlm_nsp", "mlm", "electra")  # issue #15's objective x corpus grid; other objectives join it
+
+
+def objective_corpus_table(rows: Sequence[dict[str, Any]], task: str | None) -> list[str]:
+    """Markdown lines: every pre-trained row of ``task`` by corpus and objective, with the objective's own
+    validation loss, dev, the frozen probe, the gain over the same model from random weights (the
+    ``scratch`` variant), IMDB test and minutes; a grid objective a corpus has no row for says so."""
+    pre = [r for r in rows if r.get("objective") and r.get("pretrain_minutes") is not None
+           and (task is None or r.get("task") == task)]
+    if not pre:
+        return []
+    lines = ["", "## Pre-training objective × corpus", "",
+             "Every pre-trained row above on this task, by corpus. Val. loss: the objective's own best validation "
+             "loss (MLM cross-entropy for mlm_nsp / mlm, the discriminator's replaced-token loss for electra, "
+             "next-token loss for clm: not comparable across objectives). Frozen: the `frozen` variant (linear "
+             "probe). Δ scratch: dev minus the `scratch` variant (the same model and recipe from random weights). "
+             "Minutes: pre-training's own (train_seconds), and the whole DAG's.", "",
+             "| corpus | objective | run | val. loss | dev (mean ± std) | frozen | Δ scratch | IMDB test | "
+             "pre-train min | DAG min |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    corpora = list(dict.fromkeys(r.get("corpus") for r in pre))
+    for corpus in corpora:
+        here = [r for r in pre if r.get("corpus") == corpus]
+        objectives = list(GRID_OBJECTIVES) + [o for o in dict.fromkeys(r["objective"] for r in here)
+                                               if o not in GRID_OBJECTIVES]
+        for objective in objectives:
+            runs = [r for r in here if r["objective"] == objective]
+            if not runs:
+                lines.append(f"| {_fmt(corpus)} | {objective} | not run yet | — | — | — | — | — | — | — |")
+            for r in runs:
+                variants = r.get("variants") or {}
+                frozen = next((v for v in variants.values() if v.get("mode") == "frozen"), None)
+                scratch = next((v for v in variants.values() if v.get("mode") == "scratch"), None)
+                val = (f"{r['val_metric']} {r['val_loss']:.3f}" if r.get("val_loss") is not None else "—")
+                lines.append(
+                    f"| {_fmt(corpus)} | {objective} | {r['name']} | {val} | {r['dev_mean']:.2f} ± {r['dev_std']:.2f} "
+                    f"| {_fmt(frozen and frozen['dev_mean'], '.2f')} "
+                    f"| {_fmt(scratch and r['dev_mean'] - scratch['dev_mean'], '+.2f')} "
+                    f"| {_fmt(r.get('imdb_test'), '.2f')} | {_fmt(r.get('pretrain_minutes'), '.1f')} "
+                    f"| {_fmt(r.get('dag_minutes'), '.1f')} |")
+    return lines
 
 
 def read_references(path: str | Path = REFERENCES) -> dict[str, Any]:

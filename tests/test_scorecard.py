@@ -212,3 +212,25 @@ def test_a_broken_variant_report_names_its_stage(tmp_path):
     (tmp_path / "frozen.json").write_text(json.dumps({"variant": "frozen", "per_seed": {}}))
     with pytest.raises(BertraceError, match=r"frozen.json: no validation_accuracy .*dvc repro finetune_variant@frozen"):
         read_variants(tmp_path)
+
+
+def test_objective_by_corpus_table_and_the_objectives_own_val_loss():
+    recs = _records()
+    recs["pretrain"]["params"] = {"objective": "electra"}
+    row = run_row("el", records=recs, finetune_metrics=FT, eval_metrics=EV, task="glue/sst2",
+                  pretrain_metrics={**PT, "best_val_disc_loss": 0.23456789})
+    assert row["objective"] == "electra" and (row["val_metric"], row["val_loss"]) == ("val_disc_loss", 0.2346)
+    hub = run_row("h", records={**recs, "download": {**recs["download"], "params": {
+        "source": "hub", "hub": {"dataset": "stanfordnlp/imdb", "config": "plain_text", "splits": ["unsupervised"]}}}},
+        finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
+    assert hub["corpus"] == "hub: stanfordnlp/imdb/plain_text (unsupervised)"
+    row["variants"] = {"frozen": {"mode": "frozen", "dev_mean": 60.5, "dev_std": 1.0},
+                       "scratch": {"mode": "scratch", "dev_mean": 81.0, "dev_std": 0.2}}
+    other_task = {**row, "name": "imdb", "task": "imdb"}
+    md = render_scorecard([row, other_task], task="glue/sst2")
+    table = md[md.index("## Pre-training objective × corpus"):]
+    lines = [ln for ln in table.splitlines() if ln.startswith("| local:")]
+    assert len(lines) == 3  # mlm_nsp and mlm not run, electra's row; the other task's row left out
+    assert "| mlm_nsp | not run yet |" in lines[0] and "| mlm | not run yet |" in lines[1]
+    assert lines[2].split(" | ")[1:8] == ["electra", "el", "val_disc_loss 0.235", "84.12 ± 0.31", "60.50", "+3.12",
+                                          "—"]
