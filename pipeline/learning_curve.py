@@ -90,9 +90,10 @@ def write_curve_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
     return Path(path)
 
 
-def plot_curve(path: str | Path, rows: Sequence[dict[str, Any]], *, title: str, unit: str = "minutes",
+def plot_curve(path: str | Path, series: dict[str, Sequence[dict[str, Any]]], *, title: str, unit: str = "minutes",
                reference: Sequence[tuple[str, float]] = ()) -> Path:
-    """PNG: accuracy (%) against pre-training steps or minutes, error bars = std over seeds."""
+    """PNG: accuracy (%) against pre-training steps or minutes, one line per series (label -> rows),
+    error bars = std over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,9 +101,10 @@ def plot_curve(path: str | Path, rows: Sequence[dict[str, Any]], *, title: str, 
 
     column, label = UNITS[unit]
     fig, ax = plt.subplots(figsize=(6, 4))
-    xs = [r[column] for r in rows]
-    ys = [100 * r["dev_accuracy"] for r in rows]
-    ax.errorbar(xs, ys, yerr=[100 * r["dev_std"] for r in rows], marker="o", capsize=3, label="this project")
+    for name, rows in series.items():
+        xs = [r[column] for r in rows]
+        ys = [100 * r["dev_accuracy"] for r in rows]
+        ax.errorbar(xs, ys, yerr=[100 * r["dev_std"] for r in rows], marker="o", capsize=3, label=name)
     for (name, value), style in zip(reference, ("--", ":", "-.")):
         ax.axhline(value, linestyle=style, color="gray", linewidth=1)
         ax.annotate(f"{name} ({value:g})", (0, value), textcoords="offset points", xytext=(2, 2), fontsize=7,
@@ -111,11 +113,41 @@ def plot_curve(path: str | Path, rows: Sequence[dict[str, Any]], *, title: str, 
     ax.set_ylabel("validation accuracy (%)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
+    if len(series) > 1:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+def save_series(directory: str | Path, label: str, record: dict[str, Any]) -> Path:
+    """Keep one run's curve as ``directory/<label>.json`` (``{label, objective, tokenizer_sha256,
+    pretrain_sha256, unit, points}``), so curves of several objectives can share one plot."""
+    from pipeline.io import write_json
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", label):
+        raise BertraceError(f"learning_curve.label {label!r}: use letters, digits, '.', '_' or '-' (it names a file)")
+    path = Path(directory) / f"{label}.json"
+    write_json(path, {**record, "label": label})
+    return path
+
+
+def read_series(directory: str | Path, tokenizer_sha256: str) -> dict[str, list[dict[str, Any]]]:
+    """The saved curves (:func:`save_series`) made with this tokenizer, i.e. on this corpus: label -> points.
+    A curve of another corpus or tokenizer is left out (its ids, and its task data, differ)."""
+    import json
+
+    out = {}
+    for path in sorted(Path(directory).glob("*.json")) if Path(directory).is_dir() else []:
+        try:
+            rec = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BertraceError(f"{path}: not valid JSON ({e}); delete it and run `make learning-curve` again") from None
+        if rec.get("tokenizer_sha256") == tokenizer_sha256 and rec.get("points"):
+            out[str(rec.get("label") or path.stem)] = rec["points"]
+    return out
 
 
 def run_curve(points: Sequence[Point], fine_tune: Callable[[Path | None], dict[str, Any]],

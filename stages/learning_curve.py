@@ -5,7 +5,10 @@ snapshot in ``data/pretrain/snapshots/`` (``pretrain.snapshot_steps``, or the wa
 ``pretrain.snapshot_minutes``), the final checkpoint, and the same model from random weights
 (0 steps). The x axis is pre-training steps (minutes for minute snapshots). Writes
 ``plots/learning_curve.csv`` (a DVC plot: ``dvc plots show``), ``reports/learning_curve.png``
-and ``metrics/learning_curve.json``, and logs an MLflow run. Not a stage of ``dvc repro``: it
+and ``metrics/learning_curve.json``, and logs an MLflow run. The curve is also kept as
+``reports/learning_curves/<label>.json`` (``learning_curve.label``, default the objective), and
+the PNG draws every kept curve of the same tokenizer (so corpus) against pre-training minutes:
+run it after an ``electra`` and after an ``mlm_nsp`` pre-training to compare the two. Not a stage of ``dvc repro``: it
 costs one fine-tuning per point, more than the default 60-minute budget allows.
 """
 
@@ -16,7 +19,8 @@ from pathlib import Path
 
 from pipeline.finetune import FinetuneConfig, check_tokenizer, finetune, load_pretrained
 from pipeline.io import sha256_file, write_json
-from pipeline.learning_curve import curve_points, plot_curve, run_curve, write_curve_csv
+from pipeline.finetune import checkpoint_objective
+from pipeline.learning_curve import curve_points, plot_curve, read_series, run_curve, save_series, write_curve_csv
 from pipeline.scorecard import read_references
 from pipeline.task_data import load_task_data
 from pipeline.tokenizer import load_tokenizer
@@ -27,6 +31,7 @@ TOKENIZER = Path("data/tokenizer/tokenizer.json")
 CSV = Path("plots/learning_curve.csv")
 PNG = Path("reports/learning_curve.png")
 METRICS = Path("metrics/learning_curve.json")
+SERIES_DIR = Path("reports/learning_curves")  # one <label>.json per run: the PNG draws those of this corpus
 
 
 def main(progress: bool = True) -> dict:
@@ -72,11 +77,22 @@ def main(progress: bool = True) -> dict:
         final_sha256 = sha256_file(final)  # which pre-training run the curve belongs to (bertrace plots checks it)
         write_curve_csv(CSV, [{**r, "pretrain_sha256": final_sha256} for r in rows])
         ref = [(name, float(v)) for name, v in reference.items()]
-        plot_curve(PNG, rows, reference=ref, unit=unit,
-                   title=f"{ft_params['task'].get('hub', {}).get('config') or 'task'} validation accuracy vs "
-                   f"pre-training {unit} ({len(ft_params['seeds'])} seed(s) per point)")
+        objective = checkpoint_objective(final_ckpt)
+        label = str(params.get("label") or objective)
+        tokenizer_sha = sha256_file(tokenizer_path)
+        series_path = save_series(SERIES_DIR, label, {
+            "objective": objective, "tokenizer_sha256": tokenizer_sha, "pretrain_sha256": final_sha256,
+            "unit": unit, "points": rows})
+        run.add_output(series_path)
+        series = read_series(SERIES_DIR, tokenizer_sha)  # this run's and earlier runs' on the same corpus
+        if len(series) > 1:  # objectives differ in cost per update: compare them per minute of pre-training
+            unit = "minutes"
+        task = ft_params["task"].get("hub", {}).get("config") or "task"
+        plot_curve(PNG, series, reference=ref, unit=unit,
+                   title=(f"{task} validation accuracy vs pre-training {unit} ({len(ft_params['seeds'])} seed(s) per "
+                          f"point)" + (f": {', '.join(series)}" if len(series) > 1 else "")))
         metrics = {"unit": unit, "pretrain_checkpoint": {"path": final.as_posix(), "sha256": final_sha256},
-                   "points": rows}
+                   "label": label, "objective": objective, "points": rows, "plotted": sorted(series)}
         write_json(METRICS, metrics)
         for path in (CSV, PNG, METRICS):
             run.add_output(path)

@@ -92,3 +92,35 @@ def test_learning_curve_command_end_to_end(env, tmp_path, monkeypatch):  # noqa:
     assert saved["pretrain_checkpoint"] == {"path": "data/pretrain/best.pt",
                                             "sha256": sha256_file(root / "data" / "pretrain" / "best.pt")}
     assert [p["dev_accuracy"] for p in saved["points"]] == pytest.approx(accs)
+
+
+def test_curves_of_two_objectives_share_one_plot_per_corpus(env, tmp_path, monkeypatch):  # noqa: F811
+    """Each run's curve is kept under its label; the PNG draws those of the same tokenizer, per minute."""
+    from pipeline.learning_curve import read_series, save_series
+
+    rows = [{"pretrain_steps": 0, "pretrain_minutes": 0.0, "dev_accuracy": 0.8, "dev_std": 0.0}]
+    save_series(tmp_path, "electra", {"tokenizer_sha256": "aa", "points": rows})
+    save_series(tmp_path, "mlm_nsp", {"tokenizer_sha256": "aa", "points": rows})
+    save_series(tmp_path, "other-corpus", {"tokenizer_sha256": "bb", "points": rows})
+    assert sorted(read_series(tmp_path, "aa")) == ["electra", "mlm_nsp"]
+    with pytest.raises(BertraceError, match="learning_curve.label"):
+        save_series(tmp_path, "../x", {"points": rows})
+
+    import stages.learning_curve as stage
+
+    root = tmp_path / "repo"
+    (root / "data" / "tokenizer").mkdir(parents=True)
+    (root / "data" / "tokenizer" / "tokenizer.json").write_bytes(env["tokenizer_path"].read_bytes())
+    _with_minutes(env["ckpt_path"], root / "data" / "pretrain" / "best.pt", 2.0, 1.0, step=40)
+    ft = {"tokenizer": "data/tokenizer/tokenizer.json", "mirror": "", "task": env["task"], "mode": "full",
+          "max_len": 32, "epochs": 1, "batch_size": 16, "lr": 3e-3, "patience": 0, "seeds": [0]}
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    torch.set_num_threads(1)
+    for label in ("first", "second"):
+        (root / "params.yaml").write_text(yaml.safe_dump({"learning_curve": {"seeds": [0], "label": label},
+                                                          "finetune": ft}), encoding="utf-8")
+        metrics = stage.main(progress=False)
+    assert metrics["plotted"] == ["first", "second"] and metrics["unit"] == "minutes" and metrics["label"] == "second"
+    kept = json.loads((root / "reports" / "learning_curves" / "first.json").read_text())
+    assert kept["objective"] == "mlm_nsp" and [p["pretrain_steps"] for p in kept["points"]] == [0, 40]
