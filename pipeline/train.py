@@ -74,6 +74,7 @@ from pipeline.io import atomic_open, canonical_json, sha256_file
 from pipeline.model import BertConfig, config_from_params, num_parameters, param_groups
 from pipeline.objectives import OBJECTIVES, ElectraParams, Objective, make_objective
 from pipeline.pretrain_data import PretrainingData, continuation_table, load_manifest, prefetch
+from pipeline.wordvec import EmbeddingInit, initialise_embedding
 
 # Keys a resumed run may change: the budget (to extend the schedule), cadence and hardware.
 # Any other change would silently mix two recipes in one checkpoint.
@@ -109,6 +110,7 @@ class PretrainConfig(Section):
     eps: Float = 1e-6
     clip_grad_norm: Float = 1.0  # 0 disables clipping
     electra: ElectraParams = ElectraParams()  # objective electra: generator size, discriminator loss weight
+    embedding_init: EmbeddingInit = EmbeddingInit()  # random, or skip-gram vectors from the examples (wordvec.py)
     # budget: exactly one of these
     max_steps: Int | None = 2000  # optimizer updates (reproducible)
     epochs: Float | None = None  # passes over the training shards, may be fractional (reproducible)
@@ -755,6 +757,9 @@ def _init_checkpoint(cfg: PretrainConfig, tokenizer_sha: str, tokenizer_json: Pa
     return {**init, "record": record}
 
 
+LEGACY_VALUES = {"objective": "mlm_nsp", "embedding_init": EmbeddingInit(method="random").to_dict()}
+
+
 def _check_resumable(state: dict, last_path: Path, cfg: PretrainConfig, config, out_dir: Path, *,
                      tokenizer_sha: str, manifest_sha: str, manifest_path: Path) -> None:
     """Raise BertraceError when ``state`` cannot be continued with the current data and params."""
@@ -769,7 +774,9 @@ def _check_resumable(state: dict, last_path: Path, cfg: PretrainConfig, config, 
     old, new = dict(state.get("train_config") or {}), cfg.to_dict()
     if old.get("objective") == "bert":  # named so before mlm_nsp / mlm; nsp_weight 0 was MLM only
         old["objective"] = "mlm" if old.pop("nsp_weight", 1.0) == 0 else "mlm_nsp"
-    defaults = PretrainConfig().to_dict()  # for keys added since the checkpoint was written
+    # for keys added since the checkpoint was written: the value they had before they existed (the
+    # recipe was then BERT's from a random embedding), else today's default
+    defaults = {**PretrainConfig().to_dict(), **LEGACY_VALUES}
     changed = {k: (old.get(k, defaults.get(k)), new[k]) for k in new if k not in RESUMABLE_CHANGES and k != "model"
                and old.get(k, defaults.get(k)) != new[k]}
     if changed:
@@ -946,6 +953,15 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
             raise BertraceError(f"params.yaml: pretrain.init {cfg.init}: its weights do not fit the "
                                 f"{type(model).__name__} of objective {cfg.objective} ({str(e).splitlines()[0][:300]} "
                                 "...); continue pre-training with the objective it was trained with") from None
+    if cfg.embedding_init.method != "random" and init is not None:
+        raise BertraceError("params.yaml: pretrain.embedding_init.method is skipgram but pretrain.init starts from "
+                            "trained weights; set one of them (embedding_init.method: random to continue pre-training)")
+    embedding_record = (state.get("provenance") or {}).get("embedding_init") if state is not None else None
+    if cfg.embedding_init.method != "random" and init is None and state is None:  # a resume has its weights
+        embedding_record = initialise_embedding(model, examples_dir, manifest, cfg.embedding_init,
+                                                std=config.initializer_range, progress=progress and main)
+    if embedding_record is not None:
+        provenance = {**provenance, "embedding_init": embedding_record}
     model = model.to(device)
     trainer = Trainer(cfg, objective, model=model, config=config, train_data=train_data, valid_data=valid_data,
                       device=device, autocast_dtype=autocast_dtype, use_scaler=use_scaler, world=world, rank=rank,
@@ -972,4 +988,7 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
                                 f"{device}; set pretrain.deterministic: false in params.yaml to run it (the "
                                 "run is then not bit-reproducible)") from None
         raise
-    return trainer.summary(completed, objective.flops_per_token(config, manifest), precision)
+    summary = trainer.summary(completed, objective.flops_per_token(config, manifest), precision)
+    if embedding_record is not None:  # wall time before the first update, not in train_seconds
+        summary["embedding_init_seconds"] = embedding_record["seconds"]
+    return summary

@@ -26,7 +26,7 @@ TINY = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size"
 
 
 def tiny_cfg(**kw) -> PretrainConfig:
-    base = dict(model=dict(TINY), batch_size=16, lr=3e-3, warmup=0.1, max_steps=20, eval_every=0,
+    base = dict(objective="mlm_nsp", embedding_init={"method": "random"}, model=dict(TINY), batch_size=16, lr=3e-3, warmup=0.1, max_steps=20, eval_every=0,
                 eval_batches=None, log_every=1, checkpoint_every=None, checkpoint_minutes=None,
                 shuffle_buffer=64, seed=0, num_threads=1, snapshot_steps=[])
     base.update(kw)
@@ -394,7 +394,8 @@ def test_resume_refuses_changed_recipe_params(examples, tmp_path):
     assert metrics["step"] == 4
     # a checkpoint written before a key existed resumes when the key has its default value
     state = ckpt_lib.load_checkpoint(tmp_path / "last.pt")
-    for key in ("objective", "deterministic", "verify_shards", "snapshot_steps"):
+    # (objective and embedding_init read as they were before they existed: mlm_nsp, random; not today's defaults)
+    for key in ("objective", "embedding_init", "deterministic", "verify_shards", "snapshot_steps"):
         del state["train_config"][key]
     ckpt_lib.save_checkpoint(tmp_path / "last.pt", {k: v for k, v in state.items() if k not in ("format", "version")})
     assert run(tiny_cfg(max_steps=6), examples, tmp_path)[0]["step"] == 6
