@@ -65,12 +65,12 @@ _SENTENCE_END = (".", "!", "?", "।", "॥", "。", "！", "？", "؟", "۔", "
 
 
 class HubSource(Section):
-    dataset: Str = "Salesforce/wikitext"
-    config: Str | None = "wikitext-2-raw-v1"
+    dataset: Str = "stanfordnlp/imdb"
+    config: Str | None = "plain_text"
     revision: Str = "main"  # a branch, tag or commit sha of the dataset repo
-    splits: list[Str] = Field(default_factory=lambda: ["train", "validation", "test"], min_length=1)
+    splits: list[Str] = Field(default_factory=lambda: ["unsupervised"], min_length=1)
     text_column: Str = "text"
-    format: SourceFormat = "wikitext"
+    format: SourceFormat = "documents"
 
 
 class LocalSource(Section):

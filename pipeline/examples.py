@@ -122,7 +122,7 @@ class ExamplesConfig(EngineParams):
     short_seq_prob: Float = 0.1
     masked_lm_prob: Float = 0.15
     max_predictions_per_seq: Int = 20
-    dupe_factor: Int = 5
+    dupe_factor: Int = 2
     valid_dupe_factor: Int = 1
     masking: Literal["static", "dynamic"] = "static"
     whole_word_masking: Bool = False

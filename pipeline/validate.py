@@ -51,7 +51,7 @@ class ValidateConfig(Section):
 
     SECTION: ClassVar[str] = "validate"
 
-    nsp_tolerance: Annotated[Float, Field(ge=0, le=0.5)] = 0.08  # NSP label mean in 0.5 ± this
+    nsp_tolerance: Annotated[Float, Field(ge=0, le=0.5)] = 0.1  # NSP label mean in 0.5 ± this
     mask_rate_tolerance: Annotated[Float, Field(ge=0, le=1)] = 0.03  # static masking: masked share ± this
     corpus_max_chars: Annotated[Int, Field(ge=1)] | None = None  # optional upper bound on article length
     max_chars_altered: Annotated[Float, Field(ge=0, le=1)] = 0.05  # share of letters the tokenizer's normaliser may alter

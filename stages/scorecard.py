@@ -2,7 +2,7 @@
 
 ``record`` keeps the row of the run just evaluated (``reports/scorecard.json``, written by the
 evaluate stage) as ``reports/profiles/NAME.json``, so later runs' scorecards show it beside their
-own (e.g. after ``make repro PROFILE=imdb-indomain``: ``... record imdb-indomain``). ``--set``
+own (e.g. after ``make repro PROFILE=wikitext2``: ``... record wikitext2``). ``--set``
 fills fields measured elsewhere, e.g. ``--set imdb_test=86.9``.
 
 ``render`` (the DVC stage ``scorecard``) writes ``reports/scorecard.md`` from the evaluated run's

@@ -72,7 +72,7 @@ def packed(tmp_path_factory):
 
 
 def clm_cfg(**kw) -> PretrainConfig:
-    base = dict(objective="clm", model=MODEL, batch_size=8, lr=3e-3, warmup=2, max_steps=30, eval_every=10,
+    base = dict(objective="clm", embedding_init={"method": "random"}, model=MODEL, batch_size=8, lr=3e-3, warmup=2, max_steps=30, eval_every=10,
                 eval_batches=0, log_every=5, checkpoint_every=10, snapshot_steps=[], seed=0, shuffle_buffer=64)
     return PretrainConfig(**{**base, **kw})
 
@@ -153,7 +153,7 @@ def test_objective_and_examples_mode_must_agree(packed, tmp_path):
         run(clm_cfg(max_steps=1), mlm, tmp_path / "a")
     with pytest.raises(BertraceError, match=r"pretrain.objective is 'mlm_nsp'.*packed causal-LM blocks "
                                             r"\(examples.mode: causal\).*or set pretrain.objective: clm"):
-        run(PretrainConfig(model=MODEL, batch_size=8, max_steps=1, snapshot_steps=[]), packed, tmp_path / "b")
+        run(PretrainConfig(objective="mlm_nsp", embedding_init={"method": "random"}, model=MODEL, batch_size=8, max_steps=1, snapshot_steps=[]), packed, tmp_path / "b")
 
 
 # ----------------------------------------------------------------------------- fine-tuning
@@ -223,7 +223,7 @@ import torch.distributed as dist
 from pipeline.train import PretrainConfig, pretrain
 dist.init_process_group("gloo")
 examples, out, model = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
-cfg = PretrainConfig(objective="clm", model=model, batch_size=8, lr=3e-3, warmup=2, max_steps=6, eval_every=3,
+cfg = PretrainConfig(objective="clm", embedding_init={"method": "random"}, model=model, batch_size=8, lr=3e-3, warmup=2, max_steps=6, eval_every=3,
                      eval_batches=0, log_every=1, checkpoint_every=3, snapshot_steps=[], num_threads=1)
 m = pretrain(cfg, examples_dir=examples, out_dir=out / "run", provenance={}, progress=False)
 (out / f"report{dist.get_rank()}.json").write_text(json.dumps(m))
@@ -263,11 +263,12 @@ def test_the_gpt_profile_is_the_default_budget_with_the_causal_objective():
 
     params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
     flat = flatten_overrides(load_profile("gpt", REPO / "profiles"), params)
-    assert flat == {"examples.mode": "causal", "pretrain.objective": "clm"}
+    assert flat["examples.mode"] == "causal" and flat["pretrain.objective"] == "clm"
+    assert flat["download.hub.dataset"] == "Salesforce/wikitext"  # pinned to the corpus its row was measured on
     merged = apply_overrides(params, flat)
     assert ExamplesConfig.from_params(merged["examples"]).mode == "causal"
     cfg = PretrainConfig.from_params(merged["pretrain"])
-    assert cfg.objective == "clm" and cfg.max_steps == 2000 == PretrainConfig().max_steps
+    assert cfg.objective == "clm" and cfg.max_steps == 2000 and cfg.embedding_init.method == "random"
     assert cfg.model == PretrainConfig().model and cfg.batch_size == PretrainConfig().batch_size
 
 

@@ -46,7 +46,7 @@ TINY = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size"
 
 
 def tiny_cfg(**kw) -> PretrainConfig:
-    base = dict(model=dict(TINY), batch_size=16, lr=3e-3, warmup=0.1, max_steps=6, eval_every=0, eval_batches=None,
+    base = dict(objective="mlm_nsp", embedding_init={"method": "random"}, model=dict(TINY), batch_size=16, lr=3e-3, warmup=0.1, max_steps=6, eval_every=0, eval_batches=None,
                 log_every=1, checkpoint_every=None, checkpoint_minutes=None, shuffle_buffer=64, seed=0, num_threads=1,
                 snapshot_steps=[])
     base.update(kw)
@@ -119,7 +119,7 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
 rank = dist.get_rank()
 report = {}
 for name, stop in (("full", None), ("parts", 4), ("parts", None)):
-    cfg = PretrainConfig(model=model, batch_size=16, grad_accum=2, lr=2e-3, warmup=0.1, max_steps=8, eval_every=4,
+    cfg = PretrainConfig(objective="mlm_nsp", embedding_init={"method": "random"}, model=model, batch_size=16, grad_accum=2, lr=2e-3, warmup=0.1, max_steps=8, eval_every=4,
                          log_every=2, checkpoint_every=4, checkpoint_minutes=None, num_threads=1, snapshot_steps=[])
     logs = []
     # Each rank has its own directory, as each node has its own disk: only rank 0's ever holds last.pt.
@@ -247,7 +247,7 @@ def eval_spy(self, *args, **kwargs):
         yield b
 train.PretrainingData.epoch_batches, train.PretrainingData.eval_batches = epoch_spy, eval_spy
 # one epoch over 3 row groups on 2 ranks; validation at the end on eval_batches=2 global batches of 8
-cfg = PretrainConfig(model=model, batch_size=8, lr=2e-3, warmup=0.1, max_steps=None, epochs=1, eval_every=0,
+cfg = PretrainConfig(objective="mlm_nsp", embedding_init={"method": "random"}, model=model, batch_size=8, lr=2e-3, warmup=0.1, max_steps=None, epochs=1, eval_every=0,
                      eval_batches=2, log_every=1, checkpoint_every=None, checkpoint_minutes=None, num_threads=1,
                      snapshot_steps=[], precision="fp32")  # fp32: the test compares with a one-process fp32 evaluate
 metrics = pretrain(cfg, examples_dir=examples, out_dir=base / "out", provenance={}, progress=False)

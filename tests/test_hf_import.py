@@ -342,7 +342,7 @@ def test_finetune_stage_imports_trains_and_traces(tmp_path, monkeypatch, capsys)
 def _tiny_pretrain(init: str | None, steps: int = 2, lr: float = 1e-3):
     from pipeline.train import PretrainConfig
 
-    return PretrainConfig(max_steps=steps, batch_size=8, eval_every=0, eval_batches=1, checkpoint_every=None,
+    return PretrainConfig(objective="mlm_nsp", embedding_init={"method": "random"}, max_steps=steps, batch_size=8, eval_every=0, eval_batches=1, checkpoint_every=None,
                           snapshot_steps=[], device="cpu", num_threads=1, lr=lr, warmup=0.0, init=init,
                           model={"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64,
                                  "max_position": 64, "dropout": 0.0})

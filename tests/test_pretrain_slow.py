@@ -56,7 +56,7 @@ if mode == "die-in-save":  # write half of the 3rd checkpoint file, then SIGKILL
     torch.save = dying_save
 # a model big enough that writing a checkpoint takes longer than a training step
 model = {"preset": "tiny", "hidden_size": 256, "num_heads": 4, "intermediate_size": 1024, "max_position": 64}
-cfg = PretrainConfig(model=model, batch_size=8, lr=1e-3, warmup=0.1, max_steps=max_steps, eval_every=0,
+cfg = PretrainConfig(objective="mlm_nsp", embedding_init={"method": "random"}, model=model, batch_size=8, lr=1e-3, warmup=0.1, max_steps=max_steps, eval_every=0,
                      log_every=1, checkpoint_every=1, checkpoint_minutes=None, num_threads=1)
 pretrain(cfg, examples_dir=examples, out_dir=out, provenance={},
          on_log=lambda s, m: "loss" in m and print(json.dumps({"step": s}), flush=True), progress=False)
@@ -131,7 +131,7 @@ def spy(self, epoch, skip=0):
         yield b
 train.PretrainingData.epoch_batches = spy
 model = json.loads(sys.argv[3])
-cfg = PretrainConfig(model=model, batch_size=16, grad_accum=2, lr=2e-3, warmup=0.1, max_steps=int(sys.argv[4]),
+cfg = PretrainConfig(objective="mlm_nsp", embedding_init={"method": "random"}, model=model, batch_size=16, grad_accum=2, lr=2e-3, warmup=0.1, max_steps=int(sys.argv[4]),
                      eval_every=4, log_every=2, checkpoint_every=4, checkpoint_minutes=0.001, num_threads=1)
 logs = []
 metrics = pretrain(cfg, examples_dir=examples, out_dir=base / f"rank{rank}", provenance={"rank": rank},

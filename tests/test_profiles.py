@@ -46,9 +46,12 @@ def test_every_profile_names_only_existing_params(name):
 def test_the_measured_default_differs_from_params_only_in_the_source():
     flat = flatten_overrides(load_profile("enwiki", REPO / "profiles"), PARAMS)
     assert set(flat) == {"download.source", "download.local.path"}  # issue #7: only the source differs
-    indomain = flatten_overrides(load_profile("imdb-indomain", REPO / "profiles"), PARAMS)
-    assert {k.split(".")[0] for k in indomain} == {"download", "validate"}  # the corpus, and its NSP check's tolerance
-    assert set(indomain) - {k for k in indomain if k.startswith("download.")} == {"validate.nsp_tolerance"}
+    # the previous default: its corpus (and the NSP check's tolerance for it), BERT's objective from a random
+    # embedding, and its budget; nothing downstream of pre-training
+    old = flatten_overrides(load_profile("wikitext2", REPO / "profiles"), PARAMS)
+    assert {k.split(".")[0] for k in old} == {"download", "examples", "validate", "pretrain"}
+    assert old["pretrain.objective"] == "mlm_nsp" and old["pretrain.embedding_init.method"] == "random"
+    assert PARAMS["pretrain"]["objective"] == "electra" and PARAMS["pretrain"]["embedding_init"]["method"] == "skipgram"
 
 
 def test_typos_and_missing_profiles_are_clear_errors(tmp_path):

@@ -37,7 +37,7 @@ manifest = generate_examples(train, valid, out / "tokenizer" / "tokenizer.json",
 files = sorted(p for p in (out / "examples").rglob("*") if p.is_file())
 logs = []
 model = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "max_position": 64}
-pcfg = PretrainConfig(model=model, batch_size=8, lr=3e-3, warmup=0.1, max_steps=8, eval_every=4, eval_batches=2,
+pcfg = PretrainConfig(objective="mlm_nsp", embedding_init={"method": "random"}, model=model, batch_size=8, lr=3e-3, warmup=0.1, max_steps=8, eval_every=4, eval_batches=2,
                       log_every=1, checkpoint_every=None, checkpoint_minutes=None, shuffle_buffer=64, seed=0,
                       num_threads=1, device="cpu")
 metrics = pretrain(pcfg, examples_dir=out / "examples", out_dir=out / "pretrain", provenance={},
