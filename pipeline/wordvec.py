@@ -45,7 +45,7 @@ class EmbeddingInit(Section):
     window: Int = Field(5, ge=1)  # largest distance between centre and context (word2vec -window)
     negatives: Int = Field(5, ge=1)  # noise ids per pair (word2vec -negative)
     subsample: Float = Field(1e-4, ge=0)  # frequent-id subsampling threshold (word2vec -sample); 0 = off
-    epochs: Float = Field(0.5, gt=0)  # passes over the training examples (which hold examples.dupe_factor copies)
+    epochs: Float = Field(1.0, gt=0)  # passes over the training examples (which hold examples.dupe_factor copies)
     lr: Float = Field(1e-2, gt=0)  # Adam peak, decayed linearly to 0
     shared_negatives: Int = Field(64, ge=1)  # noise ids drawn per example row, scored by all its centres
     batch_rows: Int = Field(256, ge=1)  # example rows per update
