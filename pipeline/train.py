@@ -94,7 +94,7 @@ class PretrainConfig(Section):
 
     SECTION = "pretrain"
 
-    objective: Str = "electra"  # what is learnt: an OBJECTIVES name (pipeline/objectives/<name>.py)
+    objective: Str = "mlm_nsp"  # what is learnt: an OBJECTIVES name (pipeline/objectives/<name>.py)
     # a preset (tiny|mini|small|medium|base|large) and BertConfig overrides
     model: dict[str, Any] = {"preset": "tiny", "dropout": 0.0, "attention_dropout": 0.0}
     # continued pre-training: start from these weights (our .pt, or a Hugging Face model directory / hub
@@ -112,10 +112,10 @@ class PretrainConfig(Section):
     electra: ElectraParams = ElectraParams()  # objective electra: generator size, discriminator loss weight
     embedding_init: EmbeddingInit = EmbeddingInit()  # random, or skip-gram vectors from the examples (wordvec.py)
     # budget: exactly one of these
-    max_steps: Int | None = 6000  # optimizer updates (reproducible)
+    max_steps: Int | None = 10000  # optimizer updates (reproducible)
     epochs: Float | None = None  # passes over the training shards, may be fractional (reproducible)
     time_minutes: Float | None = None  # wall clock, the lr schedule follows elapsed time (NOT reproducible)
-    snapshot_steps: list[Int] = [1500, 3000]  # keep the weights at these updates (snapshots/step-000500.pt)
+    snapshot_steps: list[Int] = [2500, 5000]  # keep the weights at these updates (snapshots/step-000500.pt)
     snapshot_minutes: list[Float] = []  # ... and/or at these elapsed minutes (snapshots/minute-015.pt; wall clock)
     eval_every: Int = 500  # updates between validations (0: only at the end)
     eval_batches: Int | None = 20  # validation batches of batch_size (global) examples per evaluation (None/0: all)
