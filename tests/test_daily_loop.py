@@ -344,7 +344,7 @@ def test_metrics_show_and_exp_show_fit_160_columns(repo):
     assert len(keys) == len(set(keys)), keys  # a shared key would show as "<path>:<key>" in dvc exp show
     header = shown.splitlines()[0].split()
     assert {"dev_acc", "dev_std", "test_acc", "val_loss", "tok_per_s", "passed", "failed"} <= set(header), header
-    assert {"gen_acc", "disc_acc"} <= set(header), header  # the default objective's (electra) accuracies
+    assert {"mlm_acc", "nsp_acc"} <= set(header), header  # the default objective's (mlm_nsp) accuracies
     # every number is still there, in the reports
     details = json.loads((root / "reports/finetune.json").read_text())
     assert set(details["per_seed"]) == {"0"} and "validation_accuracy" in details

@@ -203,7 +203,7 @@ def test_electra_state_dict_from_hf_imports_a_discriminator():
 
 def test_objective_names_and_the_removed_keys():
     assert set(OBJECTIVES) >= {"mlm_nsp", "mlm", "electra"}
-    assert PretrainConfig(max_steps=1).objective == "electra"  # the default (params.yaml)
+    assert PretrainConfig(max_steps=1).objective == "mlm_nsp"  # the default (params.yaml)
     with pytest.raises(BertraceError, match=r"pretrain\.objective = 'bert'.*now called mlm_nsp.*mlm"):
         PretrainConfig(objective="bert", max_steps=1)
     with pytest.raises(BertraceError, match=r"nsp_weight = 0.*objective: mlm_nsp.*objective: mlm"):
