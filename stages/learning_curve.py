@@ -89,8 +89,7 @@ def main(progress: bool = True) -> dict:
             unit = "minutes"
         task = ft_params["task"].get("hub", {}).get("config") or "task"
         plot_curve(PNG, series, reference=ref, unit=unit,
-                   title=(f"{task} validation accuracy vs pre-training {unit} ({len(ft_params['seeds'])} seed(s) per "
-                          f"point)" + (f": {', '.join(series)}" if len(series) > 1 else "")))
+                   title=f"{task} validation accuracy vs pre-training {unit} ({len(ft_params['seeds'])} seed(s) per point)")
         metrics = {"unit": unit, "pretrain_checkpoint": {"path": final.as_posix(), "sha256": final_sha256},
                    "label": label, "objective": objective, "points": rows, "plotted": sorted(series)}
         write_json(METRICS, metrics)
