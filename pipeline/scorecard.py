@@ -303,8 +303,10 @@ def objective_corpus_table(rows: Sequence[dict[str, Any]], task: str | None) -> 
                 frozen = next((v for v in variants.values() if v.get("mode") == "frozen"), None)
                 scratch = next((v for v in variants.values() if v.get("mode") == "scratch"), None)
                 val = (f"{r['val_metric']} {r['val_loss']:.3f}" if r.get("val_loss") is not None else "—")
+                seeds = int(r.get("seeds") or 1)
+                dev = f"{r['dev_mean']:.2f} ± {r['dev_std']:.2f}" + ("" if seeds >= 3 else f" ({seeds} seed{'s' if seeds > 1 else ''})")
                 lines.append(
-                    f"| {_fmt(corpus)} | {objective} | {r['name']} | {val} | {r['dev_mean']:.2f} ± {r['dev_std']:.2f} "
+                    f"| {_fmt(corpus)} | {objective} | {r['name']} | {val} | {dev} "
                     f"| {_fmt(frozen and frozen['dev_mean'], '.2f')} "
                     f"| {_fmt(scratch and r['dev_mean'] - scratch['dev_mean'], '+.2f')} "
                     f"| {_fmt(r.get('imdb_test'), '.2f')} | {_fmt(r.get('pretrain_minutes'), '.1f')} "

@@ -234,3 +234,5 @@ def test_objective_by_corpus_table_and_the_objectives_own_val_loss():
     assert "| mlm_nsp | not run yet |" in lines[0] and "| mlm | not run yet |" in lines[1]
     assert lines[2].split(" | ")[1:8] == ["electra", "el", "val_disc_loss 0.235", "84.12 ± 0.31", "60.50", "+3.12",
                                           "—"]
+    one_seed = render_scorecard([{**row, "seeds": 1, "dev_std": 0.0}], task="glue/sst2")
+    assert "| 84.12 ± 0.00 (1 seed) |" in one_seed  # a single seed's "± 0.00" is not a measured spread
