@@ -81,7 +81,10 @@ EXCLUDED: dict[str, dict[str, str]] = {
                                "this_run/dag_minutes": "wall time of the DAG (from the records' times)",
                                "this_run/pretrain_minutes": "wall-clock training time"},
     "reports/plots.html": {r"(plots/pretrain_(loss|val)\.csv</code> sha256 <code>)[0-9a-f]{12}":
-                           "the hash of a loss-curve CSV, whose timing columns differ (compared above without them)"},
+                           "the hash of a loss-curve CSV, whose timing columns differ (compared above without them)",
+                           r"(the current one is best\.pt )[0-9a-f]{12}, last\.pt [0-9a-f]{12}":
+                           "a stale learning curve's note names the current checkpoints, whose bytes hold timings "
+                           "(the weights are compared above by model_sha256)"},
     "reports/scorecard.md": {r"\| (none|[0-9.]+ min( \w+)?) \|": "minutes: this run's pre-training and DAG wall "
                              "time (a pre-training that rounds to 0.0 min is shown as 'none')",
                              r"\| [0-9.]+ \|\n": "fine-tuning variants: each one's wall minutes (last column)"},
