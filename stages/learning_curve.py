@@ -17,9 +17,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.finetune import FinetuneConfig, check_tokenizer, finetune, load_pretrained
+from pipeline.finetune import FinetuneConfig, check_tokenizer, checkpoint_objective, finetune, load_pretrained
 from pipeline.io import sha256_file, write_json
-from pipeline.finetune import checkpoint_objective
 from pipeline.learning_curve import curve_points, plot_curve, read_series, run_curve, save_series, write_curve_csv
 from pipeline.scorecard import read_references
 from pipeline.task_data import load_task_data
