@@ -34,7 +34,8 @@ ROW_KEYS = ("name", "corpus", "model", "pretrain_minutes", "device", "tokens_see
             "warning",  # warning: evaluate's collapse check (pipeline.evaluate.collapse_warnings)
             "objective",  # pretrain.objective (mlm_nsp | mlm | electra ...); None without pre-training
             "val_metric", "val_loss",  # the objective's own best validation loss (val_mlm_loss, val_disc_loss ...)
-            "variants")  # the finetune_variant@<name> stages' results: {name: {mode, settings, dev_mean, dev_std, ...}}
+            "variants",  # the finetune_variant@<name> stages' results: {name: {mode, settings, dev_mean, dev_std, ...}}
+            "pretrain_sha")  # the pre-trained weights' model_sha256 (12 hex): joins a row to its checkpoint's IMDB row
 VARIANTS_DIR = Path("reports/variants")  # finetune_variant@<name>: reports/variants/<name>.json
 _SELECTION_KEYS = tuple(f"validation_{m}" for m in SELECTION.values())  # reports/<stage>.json, per task type
 
@@ -154,6 +155,8 @@ def run_row(name: str, *, records: dict[str, dict[str, Any]], finetune_metrics: 
         "val_metric": val_metric,
         "val_loss": (round(float(pretrain_metrics[f"best_{val_metric}"]), 4)
                      if val_metric and pretrain_metrics.get(f"best_{val_metric}") is not None else None),
+        "pretrain_sha": (str(pretrain_metrics["model_sha256"])[:12]
+                         if objective and pretrain_metrics.get("model_sha256") else None),
     }
 
 
@@ -214,6 +217,7 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
               "| run | corpus | model | pre-training | dev acc. (%) | test acc. (%) | IMDB test (%) | DAG wall | "
               "params hash | commit |",
               "|---|---|---|---|---:|---:|---:|---:|---|---|"]
+    imdb = imdb_test_by_checkpoint(rows)
     for r in rows:
         pre = ("none" if r.get("pretrain_minutes") is None
                else f"{r['pretrain_minutes']:.1f} min {r.get('device') or ''}".strip())
@@ -229,7 +233,7 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
         commit = _fmt(r.get("git_commit")) + (" (dirty)" if r.get("git_dirty") else "")
         dag = _fmt(r.get("dag_minutes"), ".1f") + (" min" if r.get("dag_minutes") is not None else "")
         lines.append(f"| {r['name']} | {_fmt(r.get('corpus'))} | {_fmt(r.get('model'))} | {pre} | {dev} | "
-                     f"{_fmt(r.get('test'), '.2f')} | {_fmt(r.get('imdb_test'), '.2f')} | "
+                     f"{_fmt(r.get('test'), '.2f')} | {_fmt(_imdb_test(r, imdb), '.2f')} | "
                      f"{dag} | `{_fmt(r.get('params_hash'))}` | {commit} |")
     notes = [f"- **{r['name']}**: {r['note']}" for r in rows if r.get("note")]
     notes += [f"- ⚠ **{r['name']}**: {r['warning']}" for r in rows if r.get("warning")]
@@ -286,9 +290,12 @@ def objective_corpus_table(rows: Sequence[dict[str, Any]], task: str | None) -> 
              "loss (MLM cross-entropy for mlm_nsp / mlm, the discriminator's replaced-token loss for electra, "
              "next-token loss for clm: not comparable across objectives). Frozen: the `frozen` variant (linear "
              "probe). Δ scratch: dev minus the `scratch` variant (the same model and recipe from random weights). "
+             "IMDB test: the same pre-trained weights fine-tuned on IMDB (`make repro PROFILE=imdb`, a recorded row "
+             "with the same `pretrain_sha`; 1 seed). "
              "Minutes: pre-training's own (train_seconds), and the whole DAG's.", "",
              "| corpus | objective | run | val. loss | dev (mean ± std) | frozen | Δ scratch | IMDB test | "
              "pre-train min | DAG min |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    imdb = imdb_test_by_checkpoint(rows)
     corpora = list(dict.fromkeys(r.get("corpus") for r in pre))
     for corpus in corpora:
         here = [r for r in pre if r.get("corpus") == corpus]
@@ -309,9 +316,30 @@ def objective_corpus_table(rows: Sequence[dict[str, Any]], task: str | None) -> 
                     f"| {_fmt(corpus)} | {objective} | {r['name']} | {val} | {dev} "
                     f"| {_fmt(frozen and frozen['dev_mean'], '.2f')} "
                     f"| {_fmt(scratch and r['dev_mean'] - scratch['dev_mean'], '+.2f')} "
-                    f"| {_fmt(r.get('imdb_test'), '.2f')} | {_fmt(r.get('pretrain_minutes'), '.1f')} "
+                    f"| {_fmt(_imdb_test(r, imdb), '.2f')} | {_fmt(r.get('pretrain_minutes'), '.1f')} "
                     f"| {_fmt(r.get('dag_minutes'), '.1f')} |")
     return lines
+
+
+def is_imdb_task(task: str | None) -> bool:
+    """An IMDB fine-tuning row's task: the hub's ``stanfordnlp/imdb/...`` or local IMDB files."""
+    return "imdb" in str(task or "").lower()
+
+
+def imdb_test_by_checkpoint(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """``{pretrain_sha: IMDB test accuracy}`` from the rows fine-tuned on IMDB (``make repro PROFILE=imdb``
+    on a checkpoint, recorded with ``bertrace scorecard record``): the IMDB test column of the SST-2 row
+    whose pre-trained weights are the same bytes."""
+    return {r["pretrain_sha"]: r["test"] for r in rows
+            if is_imdb_task(r.get("task")) and r.get("pretrain_sha") and r.get("test") is not None}
+
+
+def _imdb_test(row: dict[str, Any], by_checkpoint: dict[str, float]) -> float | None:
+    if row.get("imdb_test") is not None:
+        return row["imdb_test"]
+    if is_imdb_task(row.get("task")):
+        return row.get("test")
+    return by_checkpoint.get(row.get("pretrain_sha") or "")
 
 
 def read_references(path: str | Path = REFERENCES) -> dict[str, Any]:

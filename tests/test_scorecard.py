@@ -236,3 +236,26 @@ def test_objective_by_corpus_table_and_the_objectives_own_val_loss():
                                           "—"]
     one_seed = render_scorecard([{**row, "seeds": 1, "dev_std": 0.0}], task="glue/sst2")
     assert "| 84.12 ± 0.00 (1 seed) |" in one_seed  # a single seed's "± 0.00" is not a measured spread
+
+
+def test_imdb_test_column_joins_the_imdb_row_of_the_same_checkpoint():
+    """An IMDB fine-tuning of the same pre-trained weights (same model_sha256) fills the SST-2 row's IMDB
+    test column; another checkpoint's IMDB row does not."""
+    sha = "ab" * 32
+    recs = _records()
+    recs["pretrain"]["params"] = {"objective": "mlm_nsp"}
+    row = run_row("this run", records=recs, finetune_metrics=FT, eval_metrics=EV, task="glue/sst2",
+                  pretrain_metrics={**PT, "model_sha256": sha})
+    assert row["pretrain_sha"] == sha[:12]
+    scratch = run_row("s", records={**recs, "finetune": {**recs["finetune"], "params": {"mode": "scratch"}}},
+                      finetune_metrics=FT, eval_metrics=EV, pretrain_metrics={**PT, "model_sha256": sha})
+    assert scratch["pretrain_sha"] is None  # no pre-trained weights behind a scratch row
+    imdb = {**row, "name": "imdb-default", "task": "local: ../shared/data/imdb/train.parquet", "test": 86.25}
+    other = {**row, "name": "other", "corpus": "elsewhere", "pretrain_sha": "cd" * 6}
+    md = render_scorecard([row, imdb, other], task="glue/sst2")
+    table = md[md.index("## Pre-training objective × corpus"):]
+    cells = {ln.split(" | ")[2]: ln.split(" | ")[7] for ln in table.splitlines() if " | mlm_nsp | " in ln}
+    assert cells == {"this run": "86.25", "other": "—"}, cells
+    top = md[:md.index("## Pre-training objective × corpus")]
+    assert [ln.split(" | ")[6] for ln in top.splitlines() if ln.startswith("| this run |")] == ["86.25"]
+    assert render_scorecard([{**row, "imdb_test": 80.0}, imdb], task="glue/sst2").count("| 80.00 |") == 2  # --set wins
