@@ -206,6 +206,7 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
                      task: str | None = None) -> str:
     """The scorecard as markdown: this project's rows, then the anchors and published numbers."""
     task = task or "the task"
+    rows = with_imdb_test(rows)
     lines = ["# Scorecard", "",
              f"Validation accuracy on {task} (mean ± std over fine-tuning seeds), drawn by the `scorecard` stage "
              "from the `evaluate` stage's row, rows of other profiles (`reports/profiles/*.json`) and "
@@ -217,7 +218,6 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
               "| run | corpus | model | pre-training | dev acc. (%) | test acc. (%) | IMDB test (%) | DAG wall | "
               "params hash | commit |",
               "|---|---|---|---|---:|---:|---:|---:|---|---|"]
-    imdb = imdb_test_by_checkpoint(rows)
     for r in rows:
         pre = ("none" if r.get("pretrain_minutes") is None
                else f"{r['pretrain_minutes']:.1f} min {r.get('device') or ''}".strip())
@@ -233,7 +233,7 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
         commit = _fmt(r.get("git_commit")) + (" (dirty)" if r.get("git_dirty") else "")
         dag = _fmt(r.get("dag_minutes"), ".1f") + (" min" if r.get("dag_minutes") is not None else "")
         lines.append(f"| {r['name']} | {_fmt(r.get('corpus'))} | {_fmt(r.get('model'))} | {pre} | {dev} | "
-                     f"{_fmt(r.get('test'), '.2f')} | {_fmt(_imdb_test(r, imdb), '.2f')} | "
+                     f"{_fmt(r.get('test'), '.2f')} | {_fmt(r.get('imdb_test'), '.2f')} | "
                      f"{dag} | `{_fmt(r.get('params_hash'))}` | {commit} |")
     notes = [f"- **{r['name']}**: {r['note']}" for r in rows if r.get("note")]
     notes += [f"- ⚠ **{r['name']}**: {r['warning']}" for r in rows if r.get("warning")]
@@ -295,7 +295,6 @@ def objective_corpus_table(rows: Sequence[dict[str, Any]], task: str | None) -> 
              "Minutes: pre-training's own (train_seconds), and the whole DAG's.", "",
              "| corpus | objective | run | val. loss | dev (mean ± std) | frozen | Δ scratch | IMDB test | "
              "pre-train min | DAG min |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
-    imdb = imdb_test_by_checkpoint(rows)
     corpora = list(dict.fromkeys(r.get("corpus") for r in pre))
     for corpus in corpora:
         here = [r for r in pre if r.get("corpus") == corpus]
@@ -316,7 +315,7 @@ def objective_corpus_table(rows: Sequence[dict[str, Any]], task: str | None) -> 
                     f"| {_fmt(corpus)} | {objective} | {r['name']} | {val} | {dev} "
                     f"| {_fmt(frozen and frozen['dev_mean'], '.2f')} "
                     f"| {_fmt(scratch and r['dev_mean'] - scratch['dev_mean'], '+.2f')} "
-                    f"| {_fmt(_imdb_test(r, imdb), '.2f')} | {_fmt(r.get('pretrain_minutes'), '.1f')} "
+                    f"| {_fmt(r.get('imdb_test'), '.2f')} | {_fmt(r.get('pretrain_minutes'), '.1f')} "
                     f"| {_fmt(r.get('dag_minutes'), '.1f')} |")
     return lines
 
@@ -326,20 +325,20 @@ def is_imdb_task(task: str | None) -> bool:
     return "imdb" in str(task or "").lower()
 
 
-def imdb_test_by_checkpoint(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """``{pretrain_sha: IMDB test accuracy}`` from the rows fine-tuned on IMDB (``make repro PROFILE=imdb``
-    on a checkpoint, recorded with ``bertrace scorecard record``): the IMDB test column of the SST-2 row
-    whose pre-trained weights are the same bytes."""
-    return {r["pretrain_sha"]: r["test"] for r in rows
-            if is_imdb_task(r.get("task")) and r.get("pretrain_sha") and r.get("test") is not None}
-
-
-def _imdb_test(row: dict[str, Any], by_checkpoint: dict[str, float]) -> float | None:
-    if row.get("imdb_test") is not None:
-        return row["imdb_test"]
-    if is_imdb_task(row.get("task")):
-        return row.get("test")
-    return by_checkpoint.get(row.get("pretrain_sha") or "")
+def with_imdb_test(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with ``imdb_test`` filled where it is unset: an IMDB row's own test accuracy, and for
+    any other row the test accuracy of an IMDB row with the same ``pretrain_sha`` (the same
+    pre-trained weights fine-tuned with ``make repro PROFILE=imdb`` and recorded with ``bertrace
+    scorecard record``). A value set with ``--set imdb_test=...`` is kept."""
+    by_checkpoint = {r["pretrain_sha"]: r["test"] for r in rows
+                     if is_imdb_task(r.get("task")) and r.get("pretrain_sha") and r.get("test") is not None}
+    out = []
+    for r in rows:
+        if r.get("imdb_test") is None:
+            own = r.get("test") if is_imdb_task(r.get("task")) else by_checkpoint.get(r.get("pretrain_sha") or "")
+            r = {**r, "imdb_test": own}
+        out.append(r)
+    return out
 
 
 def read_references(path: str | Path = REFERENCES) -> dict[str, Any]:
