@@ -72,7 +72,7 @@ from pipeline.device import (fused_adamw, mfu, precision_name, resolve_device, r
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_open, canonical_json, sha256_file
 from pipeline.model import BertConfig, config_from_params, num_parameters, param_groups
-from pipeline.objectives import OBJECTIVES, ElectraParams, Objective, make_objective
+from pipeline.objectives import OBJECTIVES, ElectraParams, MlmNspParams, Objective, make_objective
 from pipeline.pretrain_data import PretrainingData, continuation_table, load_manifest, prefetch
 from pipeline.wordvec import EmbeddingInit, initialise_embedding
 
@@ -109,6 +109,7 @@ class PretrainConfig(Section):
     betas: tuple[Float, Float] = (0.9, 0.999)
     eps: Float = 1e-6
     clip_grad_norm: Float = 1.0  # 0 disables clipping
+    mlm_nsp: MlmNspParams = MlmNspParams(nsp_weight=2.0)  # objective mlm_nsp: the NSP term's weight
     electra: ElectraParams = ElectraParams()  # objective electra: generator size, discriminator loss weight
     embedding_init: EmbeddingInit = EmbeddingInit()  # random, or skip-gram vectors from the examples (wordvec.py)
     # budget: exactly one of these
@@ -161,7 +162,8 @@ class PretrainConfig(Section):
     def _renamed(cls, data):
         if isinstance(data, dict) and "nsp_weight" in data:
             raise ValueError(f"nsp_weight = {data['nsp_weight']!r} is gone: remove it and set objective: mlm_nsp "
-                             "(MLM + NSP, the former nsp_weight: 1) or objective: mlm (the former nsp_weight: 0)")
+                             "(MLM + NSP, its weight in mlm_nsp.nsp_weight) or objective: mlm (the former "
+                             "nsp_weight: 0)")
         return data
 
     @field_validator("resume", mode="before")
@@ -757,7 +759,8 @@ def _init_checkpoint(cfg: PretrainConfig, tokenizer_sha: str, tokenizer_json: Pa
     return {**init, "record": record}
 
 
-LEGACY_VALUES = {"objective": "mlm_nsp", "embedding_init": EmbeddingInit(method="random").to_dict()}
+LEGACY_VALUES = {"objective": "mlm_nsp", "embedding_init": EmbeddingInit(method="random").to_dict(),
+                 "mlm_nsp": {"nsp_weight": 1.0}}
 
 
 def _check_resumable(state: dict, last_path: Path, cfg: PretrainConfig, config, out_dir: Path, *,
@@ -777,7 +780,10 @@ def _check_resumable(state: dict, last_path: Path, cfg: PretrainConfig, config, 
     # for keys added since the checkpoint was written: the value they had before they existed (the
     # recipe was then BERT's from a random embedding), else today's default
     defaults = {**PretrainConfig().to_dict(), **LEGACY_VALUES}
-    changed = {k: (old.get(k, defaults.get(k)), new[k]) for k in new if k not in RESUMABLE_CHANGES and k != "model"
+    # an objective's own section (mlm_nsp, electra) matters only when that objective is trained
+    unused = {k for k in OBJECTIVES if k in new and k != new["objective"]}
+    changed = {k: (old.get(k, defaults.get(k)), new[k]) for k in new
+               if k not in RESUMABLE_CHANGES and k != "model" and k not in unused
                and old.get(k, defaults.get(k)) != new[k]}
     if changed:
         raise BertraceError(

@@ -55,6 +55,13 @@ class EmbeddingInit(Section):
 def training_rows(examples_dir: str | Path, manifest: dict) -> Iterator[np.ndarray]:
     """The train split's rows as the tokenizer wrote them (static masks undone: ``masked_lm_ids``
     put back at ``masked_lm_positions``), shard by shard in the manifest's order."""
+    for flat, offsets in _train_shards(examples_dir, manifest):
+        for i in range(len(offsets) - 1):
+            yield flat[offsets[i]:offsets[i + 1]]
+
+
+def _train_shards(examples_dir: str | Path, manifest: dict) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Each train shard's rows as (ids int64, row offsets), masks undone, in the manifest's order."""
     for shard in manifest["splits"]["train"]["shards"]:
         path = Path(examples_dir) / shard["path"]
         try:
@@ -67,8 +74,7 @@ def training_rows(examples_dir: str | Path, manifest: dict) -> Iterator[np.ndarr
             labels, _ = _flat(table.column("masked_lm_ids"))
             row_of = np.repeat(np.arange(len(offsets) - 1), np.diff(pos_offsets))
             flat[offsets[row_of] + positions] = labels
-        for i in range(len(offsets) - 1):
-            yield flat[offsets[i]:offsets[i + 1]]
+        yield flat, offsets
 
 
 def _flat(column) -> tuple[np.ndarray, np.ndarray]:
@@ -141,9 +147,9 @@ def skipgram_vectors(examples_dir: str | Path, manifest: dict, dim: int, cfg: Em
     boundary_ids = [int(special[k]) for k in ("[CLS]", "[SEP]", "[PAD]") if k in special]
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     n_rows = 0
-    for row in training_rows(examples_dir, manifest):
-        counts += torch.bincount(torch.from_numpy(row), minlength=vocab_size)[:vocab_size]
-        n_rows += 1
+    for flat, offsets in _train_shards(examples_dir, manifest):  # one count per shard, not per row
+        counts += torch.from_numpy(np.bincount(flat, minlength=vocab_size)[:vocab_size])
+        n_rows += len(offsets) - 1
     counts[boundary_ids] = 0
     total = int(counts.sum())
     if total == 0:

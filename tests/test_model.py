@@ -3,6 +3,8 @@ presets, padding invariance, the masked-position gather, FLOP count and HF name 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn as nn
@@ -137,11 +139,20 @@ def test_nsp_weight_scales_the_nsp_term_and_zero_leaves_the_nsp_head_untrained()
     assert m.bert.embeddings.word.weight.grad.abs().sum() > 0
     from pipeline.train import PretrainConfig
 
-    from pipeline.objectives import OBJECTIVES
+    from pipeline.objectives import OBJECTIVES, make_objective
 
     assert OBJECTIVES["mlm"].nsp_weight == 0.0 and OBJECTIVES["mlm_nsp"].nsp_weight == 1.0
     with pytest.raises(BertraceError, match="nsp_weight = 0.*is gone.*objective: mlm"):
         PretrainConfig(nsp_weight=0, max_steps=1)
+    # pretrain.mlm_nsp.nsp_weight reaches the loss (and val_loss); objective mlm ignores it
+    cfg = PretrainConfig(mlm_nsp={"nsp_weight": 3.0}, max_steps=1)
+    weighted = make_objective(cfg)
+    assert weighted.nsp_weight == 3.0 and make_objective(PretrainConfig(objective="mlm", max_steps=1)).nsp_weight == 0
+    total = weighted.losses(out, SimpleNamespace(masked_lm_labels=mlm_labels, next_sentence_labels=nsp_labels))
+    torch.testing.assert_close(total["loss"], one[1] + 3.0 * one[2])
+    assert weighted.eval_metrics([8.0, 1, 4, 2.0, 1, 4])["val_loss"] == 2.0 + 3.0 * 0.5
+    with pytest.raises(BertraceError, match=r"pretrain\.mlm_nsp\.nsp_weight.*> 0.*objective: mlm"):
+        PretrainConfig(mlm_nsp={"nsp_weight": 0}, max_steps=1)
 
 
 def test_sequence_classification_matches_hugging_face():

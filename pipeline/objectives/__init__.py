@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from pipeline.objectives.base import Objective
-from pipeline.objectives.bert import BertPretraining, MlmPretraining
+from pipeline.objectives.bert import BertPretraining, MlmNspParams, MlmPretraining
 from pipeline.objectives.clm import CausalLM
 from pipeline.objectives.electra import ElectraParams, ElectraPretraining
 
@@ -19,5 +19,5 @@ def make_objective(cfg) -> Objective:
     return OBJECTIVES[cfg.objective].from_config(cfg)
 
 
-__all__ = ["OBJECTIVES", "BertPretraining", "CausalLM", "ElectraParams", "ElectraPretraining", "MlmPretraining",
+__all__ = ["OBJECTIVES", "BertPretraining", "CausalLM", "ElectraParams", "ElectraPretraining", "MlmNspParams", "MlmPretraining",
            "Objective", "make_objective"]

@@ -6,7 +6,8 @@ masked LM alone, as RoBERTa (Liu et al. 2019) and the academic-budget recipes (I
 2021; Geiping & Goldstein 2022); the model is the same BertForPreTraining, the NSP term enters
 the loss with weight 0 (so its head and the pooler get exact-zero gradients and every parameter
 stays in the graph, which DDP needs) and the NSP head is still measured. This replaces the
-former ``pretrain.nsp_weight`` (1.0 / 0.0). The MLM head runs on the masked positions only
+former ``pretrain.nsp_weight`` (1.0 / 0.0); ``mlm_nsp`` weights its NSP term by
+``pretrain.mlm_nsp.nsp_weight`` (Google: 1). The MLM head runs on the masked positions only
 (``gather_indexes``), so the MLM loss is the mean over predictions, which equals Google's
 weighted mean.
 """
@@ -18,10 +19,29 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from pydantic import field_validator
 
+from pipeline.config import Float, Section
 from pipeline.errors import BertraceError
 from pipeline.model import BertConfig, BertForPreTraining, PreTrainingOutput, flops_per_token, pretraining_loss
 from pipeline.objectives.base import Objective
+
+
+class MlmNspParams(Section):
+    """``pretrain.mlm_nsp`` in params.yaml (used by ``objective: mlm_nsp`` only)."""
+
+    SECTION = "pretrain.mlm_nsp"
+
+    # loss = mlm + nsp_weight * nsp (run_pretraining.py: 1). NSP is what trains the pooled [CLS] that
+    # fine-tuning reads: weighted 0 (objective mlm) SST-2 lost 1.1 points and the frozen probe 8 (docs/results.md)
+    nsp_weight: Float = 1.0
+
+    @field_validator("nsp_weight")
+    @classmethod
+    def _weight(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("must be > 0 (Google: 1); for the masked LM alone set pretrain.objective: mlm")
+        return v
 
 
 class BertPretraining(Objective):
@@ -35,9 +55,13 @@ class BertPretraining(Objective):
 
     nsp_weight: float = 1.0  # the weight of the NSP term in the loss
 
+    def __init__(self, nsp_weight: float | None = None):
+        if nsp_weight is not None:
+            self.nsp_weight = float(nsp_weight)
+
     @classmethod
     def from_config(cls, cfg) -> "BertPretraining":
-        return cls()
+        return cls(cfg.mlm_nsp.nsp_weight)
 
     def build_model(self, config: BertConfig) -> BertForPreTraining:
         return BertForPreTraining(config)
@@ -90,3 +114,7 @@ class MlmPretraining(BertPretraining):
 
     name = "mlm"
     nsp_weight = 0.0
+
+    @classmethod
+    def from_config(cls, cfg) -> "MlmPretraining":
+        return cls()
