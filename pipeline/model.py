@@ -212,6 +212,22 @@ class Embeddings(nn.Module):
         return self.drop(self.ln(x))
 
 
+def attention_written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                          dropout_p: float) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(d)) V in three ops, the softmax in fp32 (as SDPA's math path).
+
+    What SelfAttention trains with on the CPU: there SDPA's fused kernel has a slow backward at
+    these sizes (T = 128, a few heads), and the written-out form makes a training step ~10 %
+    faster (docs/results.md, session 6); GPUs and inference keep the fused kernels."""
+    scores = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    if dropout_p:
+        p = F.dropout(p, dropout_p)
+    return p @ v
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention; q, k, v projections fused into one (H, 3H) matmul.
 
@@ -231,9 +247,11 @@ class SelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.num_heads, H // self.num_heads).transpose(1, 2) for t in (q, k, v))
         # mask: bool [B, 1, 1, T], True = attend. Softmax(QK^T / sqrt(d)) V with dropout on the
         # probabilities, as modeling.py attention_layer.
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.attention_dropout if self.training else 0.0
-        )
+        dropout_p = self.attention_dropout if self.training else 0.0
+        if x.device.type == "cpu" and torch.is_grad_enabled():
+            y = attention_written_out(q, k, v, mask, dropout_p)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         y = y.transpose(1, 2).reshape(B, T, H)
         if rows is not None:
             y = y.reshape(B * T, H).index_select(0, rows)

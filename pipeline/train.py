@@ -109,11 +109,11 @@ class PretrainConfig(Section):
     betas: tuple[Float, Float] = (0.9, 0.999)
     eps: Float = 1e-6
     clip_grad_norm: Float = 1.0  # 0 disables clipping
-    mlm_nsp: MlmNspParams = MlmNspParams(nsp_weight=2.0)  # objective mlm_nsp: the NSP term's weight
+    mlm_nsp: MlmNspParams = MlmNspParams()  # objective mlm_nsp: the NSP term's weight
     electra: ElectraParams = ElectraParams()  # objective electra: generator size, discriminator loss weight
     embedding_init: EmbeddingInit = EmbeddingInit()  # random, or skip-gram vectors from the examples (wordvec.py)
     # budget: exactly one of these
-    max_steps: Int | None = 10000  # optimizer updates (reproducible)
+    max_steps: Int | None = 14000  # optimizer updates (reproducible)
     epochs: Float | None = None  # passes over the training shards, may be fractional (reproducible)
     time_minutes: Float | None = None  # wall clock, the lr schedule follows elapsed time (NOT reproducible)
     snapshot_steps: list[Int] = [2500, 5000]  # keep the weights at these updates (snapshots/step-000500.pt)

@@ -228,11 +228,11 @@ def test_a_checkpoint_from_before_the_rename_resumes(examples, tmp_path):
         state["train_config"].update(objective="bert", nsp_weight=nsp_weight)
         del state["train_config"]["electra"], state["train_config"]["mlm_nsp"]
         ckpt_lib.save_checkpoint(out / "last.pt", {k: v for k, v in state.items() if k not in ("format", "version")})
-        if objective == "mlm_nsp":  # it was trained with NSP weighted 1, today's default is 2
+        if objective == "mlm_nsp":  # it was trained with NSP weighted 1 (the only weight then)
             with pytest.raises(BertraceError, match=r"'mlm_nsp': \(\{'nsp_weight': 1.0\}, \{'nsp_weight': 2.0\}\)"):
-                run(tiny_cfg(objective=objective, max_steps=4, resume=True), examples, out)
-        metrics, logs = run(tiny_cfg(objective=objective, max_steps=4, resume=True, mlm_nsp={"nsp_weight": 1.0}),
-                            examples, out)
+                run(tiny_cfg(objective=objective, max_steps=4, resume=True, mlm_nsp={"nsp_weight": 2.0}), examples,
+                    out)
+        metrics, logs = run(tiny_cfg(objective=objective, max_steps=4, resume=True), examples, out)
         assert metrics["step"] == 4 and [s for s, _ in train_logs(logs)] == [3, 4]
 
 

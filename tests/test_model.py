@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from pipeline.errors import BertraceError
 from pipeline.model import (
@@ -547,3 +548,34 @@ def test_padded_vocabulary_is_never_input_or_predicted():
     grad = model.bert.embeddings.word.weight.grad
     assert grad[123:].abs().sum() == 0 and grad[:123].abs().sum() > 0  # never input, never a target
     assert model.mlm.decoder.bias.grad[123:].abs().sum() == 0
+
+
+def test_the_written_out_attention_that_trains_on_the_cpu_equals_sdpa():
+    """SelfAttention trains on the CPU with attention_written_out and evaluates with SDPA: the same
+    outputs and gradients, padding mask included."""
+    from pipeline.model import attention_written_out
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 7, 8, generator=g, requires_grad=True) for _ in range(3))
+    mask = torch.ones(3, 1, 1, 7, dtype=torch.bool)
+    mask[1, ..., 4:] = False
+    mask[2, ..., 1:] = False
+    for m in (None, mask):
+        ours = attention_written_out(q, k, v, m, 0.0)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        torch.testing.assert_close(ours, ref)
+        grads = torch.autograd.grad(ours.square().sum(), (q, k, v))
+        ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+        for a, b in zip(grads, ref_grads):
+            torch.testing.assert_close(a, b)
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny(dropout=0.0, attention_dropout=0.0))
+    ids, token_type, attention_mask, positions = batch()
+    trained = model(ids, token_type, attention_mask, positions)  # grad enabled: the written-out path
+    with torch.no_grad():
+        evaluated = model(ids, token_type, attention_mask, positions)  # SDPA
+    torch.testing.assert_close(trained.mlm_logits, evaluated.mlm_logits)
+    # attention dropout drops probabilities: a training forward differs from the evaluation one
+    dropped = BertForPreTraining(tiny(dropout=0.0, attention_dropout=0.5))
+    dropped.load_state_dict(model.state_dict())
+    assert not torch.allclose(dropped(ids, token_type, attention_mask, positions).mlm_logits, evaluated.mlm_logits)
