@@ -201,10 +201,15 @@ def _fmt(value: Any, spec: str = "") -> str:
     return format(value, spec) if spec else str(value)
 
 
+def variant_of_mode(row: dict[str, Any], mode: str) -> dict[str, Any] | None:
+    """The row's first fine-tuning variant run in ``mode`` (``frozen`` / ``scratch``), whatever its name."""
+    return next((v for v in (row.get("variants") or {}).values() if v.get("mode") == mode), None)
+
+
 def gain_over_scratch(row: dict[str, Any]) -> float | None:
-    """Dev accuracy minus the row's ``scratch`` variant (the same model from random weights), or None."""
-    scratch = (row.get("variants") or {}).get("scratch")
-    return None if not scratch or scratch.get("dev_mean") is None else row["dev_mean"] - scratch["dev_mean"]
+    """Dev accuracy minus the row's ``scratch``-mode variant (the same model from random weights), or None."""
+    scratch = variant_of_mode(row, "scratch")
+    return None if scratch is None or scratch.get("dev_mean") is None else row["dev_mean"] - scratch["dev_mean"]
 
 
 def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[str, Any]] = (),
@@ -253,9 +258,10 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
         fast = [r for r in same_task if r["dev_mean"] >= goal["dev_mean"] and r.get("seeds", 0) >= 3
                 and (r.get("dag_minutes") or 1e9) <= goal["dag_minutes"]]
         gain = goal.get("gain_over_scratch")
-        met = [r for r in fast if gain is None or (gain_over_scratch(r) or -1e9) >= gain - 1e-9]
+        gains = {r["name"]: gain_over_scratch(r) for r in fast}
+        met = [r for r in fast if gain is None or (gains[r["name"]] is not None and gains[r["name"]] >= gain - 1e-9)]
         lines += ["", f"Goal met by: {', '.join(r['name'] for r in met) if met else 'none of these rows'}."]
-        short = [f"{r['name']} ({_fmt(gain_over_scratch(r), '+.2f')})" for r in fast if r not in met]
+        short = [f"{r['name']} ({_fmt(gains[r['name']], '+.2f')})" for r in fast if r not in met]
         if short:
             lines += ["", f"Accuracy and time met, but not +{gain:.1f} over random weights: {', '.join(short)}."]
     with_variants = [r for r in rows if r.get("variants")]
@@ -319,16 +325,14 @@ def objective_corpus_table(rows: Sequence[dict[str, Any]], task: str | None) -> 
             if not runs:
                 lines.append(f"| {_fmt(corpus)} | {objective} | not run yet | — | — | — | — | — | — | — |")
             for r in runs:
-                variants = r.get("variants") or {}
-                frozen = next((v for v in variants.values() if v.get("mode") == "frozen"), None)
-                scratch = next((v for v in variants.values() if v.get("mode") == "scratch"), None)
+                frozen = variant_of_mode(r, "frozen")
                 val = (f"{r['val_metric']} {r['val_loss']:.3f}" if r.get("val_loss") is not None else "—")
                 seeds = int(r.get("seeds") or 1)
                 dev = f"{r['dev_mean']:.2f} ± {r['dev_std']:.2f}" + ("" if seeds >= 3 else f" ({seeds} seed{'s' if seeds > 1 else ''})")
                 lines.append(
                     f"| {_fmt(corpus)} | {objective} | {r['name']} | {val} | {dev} "
                     f"| {_fmt(frozen and frozen['dev_mean'], '.2f')} "
-                    f"| {_fmt(scratch and r['dev_mean'] - scratch['dev_mean'], '+.2f')} "
+                    f"| {_fmt(gain_over_scratch(r), '+.2f')} "
                     f"| {_fmt(r.get('imdb_test'), '.2f')} | {_fmt(r.get('pretrain_minutes'), '.1f')} "
                     f"| {_fmt(r.get('dag_minutes'), '.1f')} |")
     return lines

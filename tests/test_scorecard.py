@@ -68,12 +68,12 @@ def test_profiles_and_markdown(tmp_path):
     assert "Goal met by: none of these rows." in render_scorecard([slow], goal={"dev_mean": 84.0, "dag_minutes": 60})
     # the gain over random weights (the scratch variant) as a third bar: 84.12 - 82.30 = +1.82 misses +2.0
     goal = {"dev_mean": 84.0, "dag_minutes": 60, "gain_over_scratch": 2.0}
-    small_gain = {**row, "variants": {"scratch": {"dev_mean": 82.30, "dev_std": 1.0, "settings": "mode: scratch"}}}
+    small_gain = {**row, "variants": {"scratch": {"mode": "scratch", "dev_mean": 82.30, "dev_std": 1.0, "settings": "mode: scratch"}}}
     md = render_scorecard([small_gain], goal=goal)
     assert "and ≥ +2.0 points over the same model from random weights" in md
     assert "Goal met by: none of these rows." in md
     assert "Accuracy and time met, but not +2.0 over random weights: this run (+1.82)." in md
-    big_gain = {**row, "variants": {"scratch": {"dev_mean": 82.12, "dev_std": 1.0, "settings": "mode: scratch"}}}
+    big_gain = {**row, "variants": {"scratch": {"mode": "scratch", "dev_mean": 82.12, "dev_std": 1.0, "settings": "mode: scratch"}}}
     md = render_scorecard([big_gain], goal=goal)
     assert "Goal met by: this run." in md and "Accuracy and time met" not in md
     assert "Goal met by: none of these rows." in render_scorecard([row], goal=goal)  # no scratch variant: unknown
