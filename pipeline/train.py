@@ -113,7 +113,7 @@ class PretrainConfig(Section):
     electra: ElectraParams = ElectraParams()  # objective electra: generator size, discriminator loss weight
     embedding_init: EmbeddingInit = EmbeddingInit()  # random, or skip-gram vectors from the examples (wordvec.py)
     # budget: exactly one of these
-    max_steps: Int | None = 14000  # optimizer updates (reproducible)
+    max_steps: Int | None = 18000  # optimizer updates (reproducible)
     epochs: Float | None = None  # passes over the training shards, may be fractional (reproducible)
     time_minutes: Float | None = None  # wall clock, the lr schedule follows elapsed time (NOT reproducible)
     snapshot_steps: list[Int] = [2500, 5000]  # keep the weights at these updates (snapshots/step-000500.pt)
