@@ -255,6 +255,7 @@ def _node(name: str, rec: dict[str, Any]) -> dict[str, Any]:
         "experiment": git.get("experiment") if isinstance(git.get("experiment"), dict) else None,  # dvc exp run
         "params_hash": rec.get("params_hash"),
         "params": rec.get("params") if isinstance(rec.get("params"), dict) else None,
+        "budget": rec.get("budget") if isinstance(rec.get("budget"), dict) else None,  # pretrain
         "started": rec.get("started"),
         "finished": rec.get("finished"),
         "pipeline_run_id": rec.get("pipeline_run_id"),
@@ -553,6 +554,10 @@ def format_tree(lin: dict[str, Any], verification: list[dict[str, Any]] | None =
         if node["stage"] == "pretrain" and (node.get("params") or {}).get("time_minutes"):
             lines.append(f"{body} wall-clock budget: not reproducible from its commit "
                          f"(pretrain.time_minutes = {node['params']['time_minutes']}; set max_steps instead)")
+        for earlier in (node.get("budget") or {}).get("extends") or []:
+            was = ", ".join(f"{k} {v}" for k, v in earlier.items() if k != "at_step")
+            lines.append(f"{body} extends a run trained under {was} (resumed at update {earlier.get('at_step')}): "
+                         "not the weights these params give from scratch")
         if node["stage"] == "pretrain" and (node.get("params") or {}).get("objective"):
             lines.append(f"{body} objective {node['params']['objective']}")  # mlm_nsp | mlm | electra ...
         if node.get("git_dirty") and node.get("dirty_paths"):

@@ -76,7 +76,7 @@ from pipeline.objectives import OBJECTIVES, ElectraParams, MlmNspParams, Objecti
 from pipeline.pretrain_data import PretrainingData, continuation_table, load_manifest, prefetch
 from pipeline.wordvec import EmbeddingInit, initialise_embedding
 
-# Keys a resumed run may change: the budget (to extend the schedule), cadence and hardware.
+# Keys a resumed run may change: the budget (to extend the schedule; resume: true only), cadence and hardware.
 # Any other change would silently mix two recipes in one checkpoint.
 RESUMABLE_CHANGES = ("max_steps", "epochs", "time_minutes", "eval_every", "eval_batches", "log_every",
                      "checkpoint_every", "checkpoint_minutes", "snapshot_minutes", "snapshot_steps", "device",
@@ -272,7 +272,8 @@ class Budget:
     """When training ends and the learning rate on the way: a number of updates (``max_steps``,
     or ``epochs`` converted to updates over the shards) or wall-clock minutes (``time_minutes``)."""
 
-    def __init__(self, cfg: PretrainConfig, data: PretrainingData):
+    def __init__(self, cfg: PretrainConfig, data: PretrainingData, extends: list[dict] | None = None):
+        self.extends = list(extends or [])  # earlier budgets this run's weights were trained under (resume: true)
         self.kind = cfg.budget_kind
         self.value = getattr(cfg, self.kind)
         self.peak, self.warmup = cfg.lr, cfg.warmup
@@ -308,9 +309,25 @@ class Budget:
         return step >= self.total_steps if self.total_steps is not None else elapsed >= self.seconds
 
     def record(self) -> dict[str, Any]:
-        """For the provenance and the metrics: ``{kind, value, steps, deterministic}``."""
+        """For the provenance and the metrics: ``{kind, value, steps, deterministic}``, and
+        ``extends`` when the run continued a checkpoint trained under another budget."""
         return {"kind": self.kind, "value": self.value, "steps": self.total_steps,
-                "deterministic": self.deterministic}
+                "deterministic": self.deterministic, **({"extends": self.extends} if self.extends else {})}
+
+
+def budget_of(train_config: dict) -> dict[str, Any]:
+    """The budget keys of a checkpoint's ``train_config`` (or of ``PretrainConfig.to_dict()``)."""
+    return {k: train_config.get(k) for k in BUDGETS}
+
+
+def extended_budgets(state: dict, cfg: PretrainConfig) -> list[dict]:
+    """The earlier budgets behind a resumed ``state``'s weights: the ones its own run extended,
+    plus its budget when it differs from ``cfg``'s (the schedule then stretches from its step)."""
+    earlier = list(((state.get("provenance") or {}).get("budget") or {}).get("extends") or [])
+    old = budget_of(state.get("train_config") or {})
+    if old != budget_of(cfg.to_dict()):
+        earlier.append({**{k: v for k, v in old.items() if v is not None}, "at_step": state["step"]})
+    return earlier
 
 
 # ----------------------------------------------------------------------------- distributed
@@ -811,7 +828,7 @@ def pretrain(
     tokenizer and examples-manifest hashes, torch version, device, thread count, determinism
     and budget. ``resume`` continues from ``out_dir/last.pt`` when present (after checking it
     was trained on the same data and model config; ``resume="auto"`` starts over instead of
-    failing when they differ). ``on_log(step, metrics)`` receives training metrics every
+    failing when they differ, and when the budget differs: only ``resume=True`` extends a run). ``on_log(step, metrics)`` receives training metrics every
     ``log_every`` updates and validation metrics (``val_*``) after each evaluation.
     ``tokenizer_json`` is needed only for dynamic whole-word masking. Loss curves go to
     ``curves_dir`` (default ``out_dir``). ``stop_at_step`` ends the run early (after
@@ -848,6 +865,15 @@ def _resume_state(resume: bool | str, last_path: Path, cfg: PretrainConfig, conf
         try:
             state = ckpt_lib.load_checkpoint(last_path)
             _check_resumable(state, last_path, cfg, config, out_dir, **data_hashes)
+            old = budget_of(state.get("train_config") or {})
+            if resume == "auto" and old != budget_of(cfg.to_dict()):
+                # A new budget is a new schedule: continuing the old run would give weights that a
+                # fresh `dvc repro` of these params (no last.pt) never makes. Extending is opt-in.
+                changed = {k: (v, getattr(cfg, k)) for k, v in old.items() if v != getattr(cfg, k)}
+                raise BertraceError(f"{last_path}: trained with another budget (checkpoint, now): {changed}; "
+                                    "resume: auto starts a run with a new budget over, so that its weights are "
+                                    "these params' (pretrain.resume: true extends the old run instead, and "
+                                    "the checkpoint says so)")
         except BertraceError as why:
             if resume != "auto" or state is None:
                 error = str(why)
@@ -984,7 +1010,7 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
         # shapes would recompile (tens of seconds) as soon as the second batch arrives
         trainer.model = torch.compile(trainer.model, dynamic=True)
 
-    budget = Budget(cfg, train_data)
+    budget = Budget(cfg, train_data, extends=extended_budgets(state, cfg) if state is not None else None)
     trainer.provenance = provenance = {**provenance, "budget": budget.record()}
     try:
         completed = trainer.fit(budget, stop_at_step=stop_at_step, progress=progress, fresh=state is None)

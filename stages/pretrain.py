@@ -95,9 +95,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     params = load_params("pretrain")
-    # resume: auto (default) continues data/pretrain/last.pt when it was trained on the same data
-    # and recipe (only budget/cadence/device changed) and starts over otherwise; true insists on
-    # resuming (a mismatch is an error naming both hashes); false (or --no-resume) starts over.
+    # resume: auto (default) continues data/pretrain/last.pt when it was trained on the same data,
+    # recipe and budget (only cadence/device changed) and starts over otherwise; true insists on
+    # resuming (a mismatch is an error naming both hashes; a larger budget extends the run);
+    # false (or --no-resume) starts over.
     cfg = PretrainConfig.from_params(params)
     resume = False if args.no_resume else cfg.resume
     rank, world = _init_distributed(cfg)

@@ -228,6 +228,33 @@ def test_resume_with_a_larger_budget_extends_the_schedule(examples, tmp_path):
     assert lrs[0] == pytest.approx(3e-3 * 10 / 18)
     assert lrs[0] > train_logs(logs)[-1][1]["lr"]  # the rate went back up: schedule stretched
     assert all(x > 0 for x in lrs) and metrics["step"] == 20 and metrics["completed"]
+    # the weights are not what max_steps 20 gives from scratch: the checkpoint and `trace` say so
+    extends = [{"max_steps": 10, "at_step": 10}]
+    assert metrics["budget"]["extends"] == extends
+    prov = ckpt_lib.load_checkpoint(tmp_path / "last.pt")["provenance"]
+    assert prov["budget"] == {"kind": "max_steps", "value": 20, "steps": 20, "deterministic": True, "extends": extends}
+    from pipeline import trace
+
+    node = {"stage": "pretrain", "git_commit": "abc", "params": tiny_cfg(max_steps=20).to_dict(),
+            "budget": prov["budget"], "inputs": {}, "outputs": {}}
+    text = trace.format_tree({"target": "last.pt", "kind": "pre-training checkpoint", "chain": [node]})
+    assert "extends a run trained under max_steps 10 (resumed at update 10): not the weights these params" in text
+    # extended once more: both earlier budgets, in order
+    more, _ = run(tiny_cfg(max_steps=24, warmup=2), examples, tmp_path)
+    assert more["budget"]["extends"] == [*extends, {"max_steps": 20, "at_step": 20}]
+
+
+def test_resume_auto_starts_a_new_budget_over(examples, tmp_path):
+    """`dvc repro` after a budget change (resume: auto) gives the weights a fresh clone gives."""
+    run(tiny_cfg(max_steps=6, warmup=2), examples, tmp_path / "old")
+    metrics, logs = run(tiny_cfg(max_steps=10, warmup=2), examples, tmp_path / "old", resume="auto")
+    assert train_logs(logs)[0][0] == 1 and "extends" not in metrics["budget"]  # started over
+    fresh, _ = run(tiny_cfg(max_steps=10, warmup=2), examples, tmp_path / "fresh")
+    assert metrics["model_sha256"] == fresh["model_sha256"]
+    # an interrupted run with the same budget still continues
+    part, _ = run(tiny_cfg(max_steps=10, warmup=2), examples, tmp_path / "parts", stop_at_step=4)
+    done, rest = run(tiny_cfg(max_steps=10, warmup=2), examples, tmp_path / "parts", resume="auto")
+    assert train_logs(rest)[0][0] == 5 and done["model_sha256"] == fresh["model_sha256"]
 
 
 def test_epoch_budget_counts_updates_over_the_shards(small_dynamic, tmp_path):
