@@ -274,8 +274,8 @@ def lineage(target: str | os.PathLike, root: str | os.PathLike = ".") -> dict[st
     each node is ``{stage, git_commit, git_dirty, dirty_paths, params_hash, params, started,
     finished, pipeline_run_id, mlflow_run_id, source, budget (pretrain: its budget record, with
     ``extends`` when it continued another budget's run), inputs {path: sha256}, outputs
-    {path: sha256}, dvc_outs {path: md5}}``. A stage embedded more than once (clean via tokenizer and via examples)
-    is listed once, from its most downstream occurrence; if the copies disagree (different
+    {path: sha256}, dvc_outs {path: md5}}``. A stage embedded more than once (clean via tokenizer
+    and via examples) is listed once, from its most downstream occurrence; if the copies disagree (different
     params or hashes) it is named in ``conflicts``. ``root`` locates the MLflow store for run
     ids and URIs (``MLFLOW_TRACKING_URI`` wins). Plain JSON: ``json.loads(json.dumps(x)) == x``.
     """
