@@ -78,6 +78,7 @@ class FinetuneConfig(Section):
     clip_grad_norm: Annotated[Float, Field(ge=0)] = 1.0  # 0 = no clipping
     dropout: Annotated[Float, Field(ge=0, lt=1)] | None = 0.1  # classifier; null = the encoder's hidden dropout
     encoder_dropout: Annotated[Float, Field(ge=0, lt=1)] | None = 0.1  # null = the checkpoint's (pre-training's)
+    layer_lr_decay: Annotated[Float, Field(gt=0, le=1)] = 1.0  # ELECTRA's layer-wise lr decay; 1.0 = one lr for all
     patience: Annotated[Int, Field(ge=0)] = 2  # checks without improvement before stopping; 0 = never stop early
     eval_every_steps: Annotated[Int, Field(ge=0)] = 0  # 0 = once per epoch
     group_by_length: Bool = True  # batches of similar length: less padding, same examples per epoch
@@ -253,6 +254,40 @@ def backbone(model: torch.nn.Module) -> torch.nn.Module:
 def architecture(ckpt: dict[str, Any]) -> str:
     """``gpt`` for a causal (``clm``) checkpoint, ``bert`` otherwise: what the fine-tuned model.pt records."""
     return "gpt" if is_causal_checkpoint(ckpt) else "bert"
+
+
+def layer_depth(name: str, num_layers: int) -> int:
+    """A parameter's depth for layer-wise lr decay, as google-research/electra's
+    ``optimization._get_layer_lrs``: the embeddings (and their projection) 0, encoder / decoder
+    layer i is i + 1, everything else (pooler, final LayerNorm, the task head) num_layers + 2."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part in ("layers", "blocks") and parts[i + 1].isdigit():
+            return int(parts[i + 1]) + 1
+    if any(part.startswith(("embeddings", "wte", "wpe")) for part in parts):
+        return 0
+    return num_layers + 2
+
+
+def layerwise_lr_groups(model: torch.nn.Module, lr: float, weight_decay: float, decay: float = 1.0) -> list[dict]:
+    """AdamW groups for fine-tuning: ``param_groups``' weight-decay split, and with ``decay`` < 1 a
+    learning rate of ``lr * decay ** (num_layers + 2 - depth)`` per depth (:func:`layer_depth`):
+    lower rates nearer the input, so fine-tuning moves the pre-trained lower layers less (ELECTRA's
+    fine-tuning, Clark et al. 2020, appendix A: 0.8 for Small). Frozen parameters are left out."""
+    num_layers = len(backbone(model).blocks if hasattr(model, "gpt") else backbone(model).layers)
+    named = {id(p): n for n, p in model.named_parameters()}
+    by_depth: dict[int, list[dict]] = {}
+    for group in param_groups(model, weight_decay):
+        for p in group["params"]:
+            depth = num_layers + 2 if decay == 1.0 else layer_depth(named[id(p)], num_layers)
+            groups = by_depth.setdefault(depth, [])
+            match = next((g for g in groups if g["weight_decay"] == group["weight_decay"]), None)
+            if match is None:
+                match = {"params": [], "weight_decay": group["weight_decay"],
+                         "lr": lr * decay ** (num_layers + 2 - depth)}
+                groups.append(match)
+            match["params"].append(p)
+    return [g for depth in sorted(by_depth) for g in by_depth[depth]]
 
 
 def _set_train_mode(model: BertForSequenceClassification, mode: str) -> None:
@@ -453,7 +488,7 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
     model = build_model(ckpt, data.num_labels, cfg.mode, dropout=cfg.dropout, encoder_dropout=cfg.encoder_dropout,
                         seed=seed, source=source, task_type=task_type).to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    groups = [g for g in param_groups(model, cfg.weight_decay) if g["params"]]
+    groups = layerwise_lr_groups(model, cfg.lr, cfg.weight_decay, cfg.layer_lr_decay)
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
     generator = torch.Generator().manual_seed(seed)
     if cfg.group_by_length:

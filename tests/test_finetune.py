@@ -18,10 +18,11 @@ import yaml
 
 from pipeline.checkpoint import save_checkpoint
 from pipeline.errors import BertraceError
-from pipeline.finetune import (FinetuneConfig, LengthGroupedBatches, build_model, check_tokenizer,
-                               linear_warmup_decay, load_pretrained, resolve_checkpoint, train_seed)
+from pipeline.finetune import (FinetuneConfig, LengthGroupedBatches, build_model, check_tokenizer, layer_depth,
+                               layerwise_lr_groups, linear_warmup_decay, load_pretrained, resolve_checkpoint,
+                               train_seed)
 from pipeline.io import sha256_file
-from pipeline.model import BertConfig, BertForPreTraining, BertForSequenceClassification
+from pipeline.model import BertConfig, BertForPreTraining, BertForSequenceClassification, param_groups
 from pipeline.task_data import cut, encode_examples, head_tail_split, load_task_data, pair_budget
 from pipeline.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
 from tests.conftest import REPO, shared_file
@@ -324,6 +325,27 @@ def test_encoder_dropout_overrides_the_checkpoint_config(env):
     assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)  # same weights: only dropout changes
     with pytest.raises(BertraceError, match=r"finetune.encoder_dropout = 1.5: input should be less than 1"):
         FinetuneConfig.from_params({"encoder_dropout": 1.5})
+
+
+def test_layer_lr_decay_lowers_the_rate_towards_the_input(env):
+    model = build_model(env["ckpt"], 2, "full", seed=0)
+    L = model.config.num_layers
+    plain = layerwise_lr_groups(model, 1e-3, 0.01)  # decay 1.0: param_groups' two groups, one lr
+    assert [(len(g["params"]), g["weight_decay"], g["lr"]) for g in plain] == [
+        (len(g["params"]), g["weight_decay"], 1e-3) for g in param_groups(model, 0.01)]
+    groups = layerwise_lr_groups(model, 1e-3, 0.01, decay=0.5)
+    lr_of = {id(p): g["lr"] for g in groups for p in g["params"]}
+    named = dict(model.named_parameters())
+    assert len(lr_of) == len(named)  # every parameter once
+    assert lr_of[id(named["bert.embeddings.word.weight"])] == pytest.approx(1e-3 * 0.5 ** (L + 2))
+    assert lr_of[id(named["bert.layers.0.attn.qkv.weight"])] == pytest.approx(1e-3 * 0.5 ** (L + 1))
+    assert lr_of[id(named[f"bert.layers.{L - 1}.ffn.proj.bias"])] == pytest.approx(1e-3 * 0.5 ** 2)
+    assert lr_of[id(named["bert.pooler.weight"])] == lr_of[id(named["classifier.bias"])] == 1e-3
+    assert [layer_depth(n, 2) for n in ("gpt.wte.weight", "gpt.blocks.1.mlp.fc.bias", "gpt.ln_f.weight")] == [0, 2, 4]
+    decayed = {id(p) for g in groups if g["weight_decay"] for p in g["params"]}
+    assert id(named["bert.layers.0.ln_attn.weight"]) not in decayed and id(named["classifier.weight"]) in decayed
+    with pytest.raises(BertraceError, match=r"finetune.layer_lr_decay = 1.5: input should be less than or equal to 1"):
+        FinetuneConfig.from_params({"layer_lr_decay": 1.5})
 
 
 def test_frozen_mode_trains_only_the_classifier(env):
