@@ -264,7 +264,22 @@ def _node(name: str, rec: dict[str, Any]) -> dict[str, Any]:
         "inputs": {str(k): v for k, v in (rec.get("inputs") or {}).items() if isinstance(v, str)},
         "outputs": {str(k): v for k, v in (rec.get("outputs") or {}).items() if isinstance(v, str)},
         "dvc_outs": {},  # path -> md5 in dvc.lock, as a downstream stage saw it
+        "compute": _compute(rec) if name == "pretrain" else None,  # what its bytes depend on beyond commit, params, data
     }
+
+
+def _compute(rec: dict[str, Any]) -> dict[str, Any]:
+    """Where a pre-training run's weights were computed: device, precision, torch build, CPU
+    threads, processes: its bytes depend on these too (docs/provenance.md "Same bytes on another
+    machine"). A checkpoint's embedded record has them all; a stage record
+    (``data/provenance/pretrain.json``) has no device or precision (``None``: not recorded)."""
+    det = rec.get("determinism") if isinstance(rec.get("determinism"), dict) else {}
+    plat = rec.get("platform") if isinstance(rec.get("platform"), dict) else {}
+    libs = rec.get("libraries") if isinstance(rec.get("libraries"), dict) else {}
+    return {"device": rec.get("device"), "precision": rec.get("precision"),
+            "torch": rec.get("torch") or libs.get("torch"),
+            "num_threads": det.get("num_threads", rec.get("num_threads")), "world_size": rec.get("world_size"),
+            "machine": plat.get("machine"), "system": plat.get("system")}
 
 
 def lineage(target: str | os.PathLike, root: str | os.PathLike = ".") -> dict[str, Any]:
@@ -561,6 +576,8 @@ def format_tree(lin: dict[str, Any], verification: list[dict[str, Any]] | None =
                          "not the weights these params give from scratch")
         if node["stage"] == "pretrain" and (node.get("params") or {}).get("objective"):
             lines.append(f"{body} objective {node['params']['objective']}")  # mlm_nsp | mlm | electra ...
+        if node.get("compute"):
+            lines.append(f"{body} computed {compute_line(node['compute'])}")
         if node.get("git_dirty") and node.get("dirty_paths"):
             lines.append(f"{body} uncommitted: {', '.join(node['dirty_paths'])}")
         if node.get("experiment"):
@@ -600,6 +617,86 @@ def format_tree(lin: dict[str, Any], verification: list[dict[str, Any]] | None =
         lines.append(f"verify: {c[OK]} ok, {c[CHANGED]} changed, {c[MISSING]} not present")
     lines += reproduce_hint(lin)
     return "\n".join(lines)
+
+
+def compute_line(c: dict[str, Any]) -> str:
+    """``on cpu (x86_64 Linux), bf16 autocast, torch 2.13.0+cpu, 2 threads``."""
+    where = " ".join(str(c[k]) for k in ("machine", "system") if c.get(k))
+    device = str(c.get("device") or "")
+    parts = [f"on {device or 'a device not recorded'}" + (f" ({where})" if where else "")]
+    precision = c.get("precision")
+    parts.append("precision not recorded" if not precision else "fp32" if precision == "fp32" else f"{precision} autocast")
+    parts.append(f"torch {c.get('torch') or '?'}")
+    if c.get("num_threads") and device in ("", "cpu"):
+        parts.append(f"{c['num_threads']} CPU thread{'s' if c['num_threads'] != 1 else ''}")
+    if (c.get("world_size") or 1) > 1:
+        parts.append(f"{c['world_size']} processes")
+    return ", ".join(parts)
+
+
+def compute_differences(compute: dict[str, Any], params: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """``(differences, unknowns)``: what this machine would do differently from a recorded ``compute``
+    (:func:`_compute`) when it reran the stage with the recorded ``params`` (their ``device``,
+    ``precision`` and ``num_threads`` keys resolved here) — each difference means other bytes —
+    and what the record leaves open. Both empty when device kind, precision, torch build and
+    thread count match (the CPU's instruction set, not recorded, can still change fp32 sums)."""
+    import torch  # only here: tracing a record needs no torch
+
+    from pipeline.device import cpu_bf16_native, precision_name, resolve_device, resolve_precision
+
+    diffs: list[str] = []
+    unknown: list[str] = []
+    recorded_type = str(compute.get("device") or "").split(":")[0] or None
+    try:
+        here = resolve_device(str(params.get("device") or "auto"))
+    except BertraceError:
+        here = None
+    if recorded_type and (here is None or here.type != recorded_type):
+        diffs.append(f"device {here.type if here is not None else 'none usable'} here, {recorded_type} when recorded")
+    elif here is not None:
+        asked = str(params.get("precision") or "auto")
+        try:
+            precision = precision_name(resolve_precision(asked, here)[0])
+        except BertraceError:
+            precision = "an error"
+        no_bf16 = " (this CPU has no bf16 instructions: AVX512-BF16, AMX or Arm BF16)" \
+            if here.type == "cpu" and not cpu_bf16_native() else ""
+        if not compute.get("precision"):
+            unknown.append(f"precision {asked} gives {precision} here{no_bf16 if precision == 'fp32' else ''}; "
+                           "the record does not say what it gave (reports/pretrain.json does)")
+        elif precision != compute["precision"]:
+            diffs.append(f"precision {asked} gives {precision} here{no_bf16 if asked == 'auto' else ''}, "
+                         f"{compute['precision']} when recorded")
+        elif precision == "bf16" and no_bf16:
+            diffs.append("bf16 is emulated on this CPU (no bf16 instructions): the same setting, far "
+                         "slower, and not promised to round as the recorded run's instructions did")
+        if here.type == "cpu" and compute.get("num_threads"):
+            threads = int(params.get("num_threads") or 0) or torch.get_num_threads()
+            if threads != compute["num_threads"]:
+                diffs.append(f"{threads} CPU threads here, {compute['num_threads']} when recorded "
+                             f"(pretrain.num_threads: {compute['num_threads']} runs with as many)")
+    if compute.get("torch") and compute["torch"] != torch.__version__:
+        diffs.append(f"torch {torch.__version__} here, {compute['torch']} when recorded")
+    return diffs, unknown
+
+
+def this_machine(lin: dict[str, Any]) -> list[str]:
+    """Whether rerunning pre-training on this machine would give the recorded weights, and if
+    not why (`bertrace trace` prints these lines last; ``--json``: ``this_machine``)."""
+    lines = []
+    for node in lin.get("chain") or []:
+        if not node.get("compute"):
+            continue
+        diffs, unknown = compute_differences(node["compute"], node.get("params") or {})
+        if diffs:
+            lines.append(f"this machine: `dvc repro` of {node['stage']} here gives other weights than recorded:")
+        elif unknown:
+            lines.append(f"this machine: {node['stage']} here matches the record as far as it goes:")
+        else:
+            lines.append(f"this machine: {node['stage']} here matches the record's device, precision, torch and "
+                         "CPU threads (the same bytes also need the same kind of CPU, which it does not name)")
+        lines += [f"   {d}" for d in diffs] + [f"   cannot tell: {u}" for u in unknown]
+    return lines
 
 
 def experiment_line(exp: dict[str, Any]) -> str:

@@ -11,6 +11,8 @@ link under ``--root`` (default: the current directory): file hashes, each input 
 upstream stage's recorded output, each stage's params.yaml section, DVC cache presence of the
 recorded md5s, the checkpoint inside an export or MLflow model, and every shard listed by the
 examples manifest against the sha256 recorded there (one summary line; each bad shard on its own).
+Last, for the pre-training record: whether this machine would recompute its weights byte for byte
+(device, precision ``auto`` resolved here, torch build, CPU threads), and if not, why.
 
 Exit status: 0 when nothing recorded has changed; 1 when ``--verify`` finds a mismatch
 (``CHANGED``, printed with both hashes). Files not present under ROOT (data/ gone, not checked
@@ -39,14 +41,16 @@ def main(argv: list[str] | None = None) -> int:
 
     lin = trace.lineage(args.target, args.root)
     verification = trace.verify(lin, args.root) if args.verify else None
+    here = trace.this_machine(lin)
     if args.json:
         out = dict(lin)
         if verification is not None:
             out["verification"] = verification
             out["summary"] = trace.summary(verification)
+        out["this_machine"] = here
         print(json.dumps(out, indent=2))
     else:
-        print(trace.format_tree(lin, verification))
+        print("\n".join([trace.format_tree(lin, verification), *here]))
     code = 1 if verification and any(v["status"] == trace.CHANGED for v in verification) else 0
     if code:
         print("error: the recorded chain does not match what is here (see CHANGED above)", file=sys.stderr)

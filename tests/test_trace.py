@@ -142,8 +142,53 @@ def test_json_round_trip(chain, capsys, monkeypatch):
     monkeypatch.chdir(chain)
     assert trace_cli.main(["data/finetune/model.pt", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
+    assert out.pop("this_machine")[0].startswith("this machine: pretrain here")  # below
     assert out == trace.lineage("data/finetune/model.pt")
     assert trace.format_tree(out) == trace.format_tree(trace.lineage("data/finetune/model.pt"))
+
+
+def test_trace_says_whether_this_machine_recomputes_the_weights(chain, capsys, monkeypatch):
+    """Pre-training's bytes depend on device, precision (``auto``: bf16 only on a CPU with bf16
+    instructions), torch build and CPU threads: trace shows what the run used and whether a rerun
+    here would match, naming each difference."""
+    threads = torch.get_num_threads()
+    ran = {"device": "cpu", "precision": "bf16", "torch": torch.__version__, "world_size": 1,
+           "determinism": {"deterministic": True, "num_threads": threads},
+           "platform": {"machine": "x86_64", "system": "Linux"}}
+    params = {"device": "cpu", "precision": "auto", "num_threads": 0}
+    node = {"stage": "pretrain", "params": params, "inputs": {}, "outputs": {}, "compute": trace._compute(ran)}
+    lin = {"target": "best.pt", "kind": "pre-training checkpoint", "chain": [node]}
+    assert "computed on cpu (x86_64 Linux), bf16 autocast, torch " f"{torch.__version__}, {threads} CPU thread" \
+        in trace.format_tree(lin)
+    monkeypatch.setenv("BERTRACE_CPU_BF16", "1")  # a CPU with bf16 instructions: the same run
+    assert trace.compute_differences(node["compute"], params) == ([], [])
+    assert trace.this_machine(lin)[0].startswith("this machine: pretrain here matches the record's device, precision")
+    monkeypatch.setenv("BERTRACE_CPU_BF16", "0")  # without: auto trains fp32 here
+    diffs, _ = trace.compute_differences(node["compute"], params)
+    assert diffs == ["precision auto gives fp32 here (this CPU has no bf16 instructions: AVX512-BF16, AMX or "
+                     "Arm BF16), bf16 when recorded"]
+    explicit = {**params, "precision": "bf16"}  # asked for: emulated, not the recorded rounding
+    assert "bf16 is emulated on this CPU" in trace.compute_differences(node["compute"], explicit)[0][0]
+    other = trace._compute({**ran, "precision": "fp32", "torch": "2.0.0",
+                            "determinism": {"num_threads": threads + 1}})
+    assert trace.compute_differences(other, params)[0] == [
+        f"{threads} CPU threads here, {threads + 1} when recorded (pretrain.num_threads: {threads + 1} runs with as many)",
+        f"torch {torch.__version__} here, 2.0.0 when recorded"]
+    assert trace.compute_differences(other, {**params, "num_threads": threads + 1})[0] == [
+        f"torch {torch.__version__} here, 2.0.0 when recorded"]
+    lines = trace.this_machine({"chain": [{**node, "compute": other}]})
+    assert lines[0] == "this machine: `dvc repro` of pretrain here gives other weights than recorded:"
+    assert lines[1].startswith(f"   {threads} CPU threads here") and len(lines) == 3
+    if not torch.cuda.is_available():
+        assert trace.compute_differences({**node["compute"], "device": "cuda:0"}, {"device": "auto"})[0] == [
+            "device cpu here, cuda when recorded"]
+    # a stage record (data/provenance/pretrain.json) names no precision: trace says it cannot tell
+    monkeypatch.chdir(chain)
+    assert trace_cli.main(["data/provenance/pretrain.json"]) == 0
+    out = capsys.readouterr().out
+    assert "computed on cpu, precision not recorded, torch ?" in out
+    assert out.rstrip().endswith("the record does not say what it gave (reports/pretrain.json does)")
+    assert "\n   cannot tell: precision auto gives fp32 here" in out
 
 
 STAGES = ["finetune", "pretrain", "examples", "tokenizer", "clean", "download"]
