@@ -40,11 +40,16 @@ exps: install
 learning-curve: install
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m stages.learning_curve
 
+# Two pytest workers, a test file each (--dist loadfile: a file's module fixtures are built once);
+# tests/conftest.py gives each worker, and the stages it runs, one torch thread. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+PYTEST = PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: install
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q
+	$(PYTEST)
 
 test-fast: install
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # Data-stage benchmarks (BENCHMARKS.md). The peer is Google's create_pretraining_data.py, run
 # from a checkout of google-research/bert (never copied here) with a Python that has tensorflow.

@@ -10,6 +10,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two pytest workers (pytest-xdist). Each, and every stage it starts (dvc repro,
+    # torchrun: they inherit the variable), uses one torch thread: two workers at the machine's
+    # thread count each would oversubscribe the cores and spin (README: two such dvc exp runs, ~18x slower).
+    # Set before torch is imported, which reads it once.
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 
 @pytest.fixture(autouse=True)
 def _isolated_mlflow(tmp_path_factory, monkeypatch):
