@@ -620,7 +620,7 @@ def format_tree(lin: dict[str, Any], verification: list[dict[str, Any]] | None =
 
 
 def compute_line(c: dict[str, Any]) -> str:
-    """``on cpu (x86_64 Linux), bf16 autocast, torch 2.13.0+cpu, 2 threads``."""
+    """``on cpu (x86_64 Linux), bf16 autocast, torch 2.13.0+cpu, 2 CPU threads``."""
     where = " ".join(str(c[k]) for k in ("machine", "system") if c.get(k))
     device = str(c.get("device") or "")
     parts = [f"on {device or 'a device not recorded'}" + (f" ({where})" if where else "")]
