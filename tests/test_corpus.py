@@ -88,6 +88,7 @@ def test_local_wikitext_file_rows_manifest_and_identical_reruns(tmp_path):
     for name in ("manifest.json", "part-00000.parquet"):
         assert sha256_file(tmp_path / "raw1" / name) == sha256_file(tmp_path / "raw2" / name)
     assert m1["parts"][0]["sha256"] == sha256_file(tmp_path / "raw1" / "part-00000.parquet")
+    assert m2 == m1
     assert pq.ParquetFile(tmp_path / "raw1" / "part-00000.parquet").metadata.row_group(0).column(0).compression == "ZSTD"
 
 

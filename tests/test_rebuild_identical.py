@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import REPO, SHARED_DATA, shared_file
+from tests.conftest import REPO, SHARED_DATA, empty_mlflow_store, shared_file
 
 # What may differ between two builds, and why: {output glob (repo-relative): {field: reason}}.
 # A field is, for JSON files and checkpoints, a key path ("a/b", list items by index, fnmatch
@@ -335,6 +335,7 @@ def test_two_clean_builds_write_identical_outputs(tmp_path):
     for dst in (a, b):
         shutil.copytree(template, dst, symlinks=True)
         (dst.parent / "shared").symlink_to(SHARED_DATA.parent, target_is_directory=True)  # <repo>/../shared/data
+        empty_mlflow_store(dst.parent / "mlflow.db")  # each copy's store (_env), its schema already made
     out_a = _run(["dvc", "repro"], a, _env(a))
     out_b = _run(["dvc", "repro", "--force"], b, _env(b))
     from pipeline.provenance import dvc_stages

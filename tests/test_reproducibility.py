@@ -2,8 +2,8 @@
 
 Two fresh Python processes run tokenizer → examples → a few CPU pre-training steps on the
 same small corpus and report hashes and losses; everything must agree bit for bit. The
-end-to-end version (the real stages under `dvc repro --force`, fine-tuned metrics included)
-is ``test_dvc_pipeline.py::test_same_params_and_seeds_reproduce_bytes_losses_and_metrics``.
+end-to-end version (two independent copies of the repo under `dvc repro`, every output of every
+stage compared) is ``test_rebuild_identical.py``.
 """
 
 from __future__ import annotations
