@@ -10,7 +10,8 @@ meanwhile, since the budget is wall time (a wall-clock budget on purpose: the qu
 per minute; the rows are not reproducible, unlike the default ``max_steps`` pipeline).
 
     python bench/probe_pretrain.py --minutes 4 --variant "" --variant lr=2e-3 \\
-        --variant lr=2e-3,objective=mlm --variant lr=5e-3 --variant batch_size=128,lr=3e-3
+        --variant lr=2e-3,objective=mlm --variant lr=5e-3 --variant batch_size=128,lr=3e-3 \\
+        --variant model.pre_ln=true,lr=1e-3          # a dotted key sets a nested one
 """
 
 from __future__ import annotations
@@ -46,6 +47,18 @@ def parse_variant(text: str) -> dict:
     return out
 
 
+def apply_overrides(base: dict, overrides: dict) -> dict:
+    """``base`` with ``overrides`` laid over it; a dotted key (``model.pre_ln``) sets a nested one."""
+    out = json.loads(json.dumps(base))
+    for key, value in overrides.items():
+        *path, last = key.split(".")
+        node = out
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", default="data/examples", help="examples dir of a built DAG")
@@ -60,7 +73,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     base = {k: v for k, v in base.items() if k != "resume"}
     rows = []
     for text in args.variant or [""]:
-        params = {**base, **parse_variant(text), "time_minutes": args.minutes, "max_steps": None, "epochs": None,
+        params = {**apply_overrides(base, parse_variant(text)), "time_minutes": args.minutes, "max_steps": None,
+                  "epochs": None,
                   "eval_every": 0, "eval_batches": args.eval_batches, "checkpoint_every": 0,
                   "checkpoint_minutes": 0, "snapshot_minutes": [], "snapshot_steps": []}
         cfg = PretrainConfig.from_params(params)

@@ -269,6 +269,10 @@ def _export_hf(tf, model_pt, out_dir, tokenizer_path, verify) -> dict[str, Any]:
     config, kind = loaded["config"], loaded["kind"]
 
     electra = bool(loaded.get("electra"))
+    if config.pre_ln:
+        raise BertraceError(f"{src}: a pre-LN encoder (pretrain.model.pre_ln: true), which transformers' BERT and "
+                            "ELECTRA classes (post-LN) cannot express; export a post-LN checkpoint, or use this one "
+                            "with bertrace (finetune, evaluate, predict)")
     if not electra and config.embedding_dim != config.hidden_size:
         raise BertraceError(f"{src}: embedding_size {config.embedding_dim} differs from hidden_size "
                             f"{config.hidden_size}, which transformers' BERT cannot express; only ELECTRA "

@@ -6,6 +6,11 @@ The network is the one Google's released ``modeling.py`` builds:
   sqrt(d) scaling, then LayerNorm(eps=1e-12) and dropout (``embedding_postprocessor``);
 - post-LN Transformer encoder layers: ``x = LN(x + drop(attn(x)))``, ``x = LN(x + drop(ffn(x)))``
   (``transformer_model``), GELU in its tanh form as Google wrote it (exact erf selectable);
+  ``pre_ln: true`` selects pre-LN layers instead, ``x = x + drop(attn(LN(x)))``,
+  ``x = x + drop(ffn(LN(x)))``, and one more LayerNorm after the last layer (Xiong et al. 2020,
+  "On Layer Normalization in the Transformer Architecture"; the Cramming recipe, Geiping &
+  Goldstein 2022): gradients stay well scaled without a long warmup, so short budgets can take
+  higher peak learning rates. Not Google's BERT, so not exportable to Hugging Face's BERT classes;
 - pooler: dense + tanh on the [CLS] vector (``get_pooled_output``);
 - pre-training heads (``run_pretraining.py``): masked-LM transform dense -> GELU -> LayerNorm,
   decoder tied to the token embedding plus its own output bias, computed only at the masked
@@ -70,6 +75,9 @@ class BertConfig:
     # the [CLS] head: "tanh" (BERT's pooler, dense + tanh) | "gelu" (ELECTRA's classification head:
     # dropout, dense, exact GELU; HF ElectraClassificationHead)
     pooler_activation: str = "tanh"
+    # pre-LN layers (LayerNorm before attention and FFN, a final LayerNorm after the last layer)
+    # instead of BERT's post-LN; see the module docstring
+    pre_ln: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -91,6 +99,8 @@ class BertConfig:
         e = self.embedding_size
         if e is not None and (not isinstance(e, int) or isinstance(e, bool) or e < 1):
             raise BertraceError(f"model config: embedding_size must be a positive integer or null, got {e!r}")
+        if not isinstance(self.pre_ln, bool):
+            raise BertraceError(f"model config: pre_ln must be true or false, got {self.pre_ln!r}")
         if self.pooler_activation not in ("tanh", "gelu"):
             raise BertraceError(f"model config: pooler_activation must be 'tanh' (BERT) or 'gelu' (ELECTRA), "
                                 f"got {self.pooler_activation!r}")
@@ -112,7 +122,8 @@ class BertConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         # fields at their defaults are left out, so older configs read as before (checkpoints, resume)
-        for key, default in (("tokenizer_vocab_size", None), ("embedding_size", None), ("pooler_activation", "tanh")):
+        for key, default in (("tokenizer_vocab_size", None), ("embedding_size", None), ("pooler_activation", "tanh"),
+                             ("pre_ln", False)):
             if d[key] == default:
                 del d[key]
         return d
@@ -270,7 +281,8 @@ class FeedForward(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    """Post-LN Transformer layer (Vaswani et al. 2017; modeling.py ``transformer_model``).
+    """Post-LN Transformer layer (Vaswani et al. 2017; modeling.py ``transformer_model``), or
+    pre-LN with ``config.pre_ln`` (Xiong et al. 2020).
 
     With ``rows`` everything after the attention (projection, residuals, LayerNorms, FFN) is
     position-wise, so it runs only at those rows: [B, T, H] in, [R, H] out."""
@@ -282,8 +294,15 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(config)
         self.ln_ffn = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.drop = nn.Dropout(config.dropout)
+        self.pre_ln = config.pre_ln
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        if self.pre_ln:
+            attn = self.attn(self.ln_attn(x), mask, rows)
+            if rows is not None:
+                x = x.reshape(-1, x.size(-1)).index_select(0, rows)
+            x = x + self.drop(attn)
+            return x + self.drop(self.ffn(self.ln_ffn(x)))
         attn = self.attn(x, mask, rows)
         if rows is not None:
             x = x.reshape(-1, x.size(-1)).index_select(0, rows)
@@ -342,6 +361,8 @@ class BertModel(nn.Module):
         self.embeddings_project = (nn.Linear(config.embedding_dim, config.hidden_size)
                                    if config.embedding_dim != config.hidden_size else None)
         self.layers = nn.ModuleList([EncoderLayer(config) for _ in range(config.num_layers)])
+        # pre-LN: the residual stream is normalised once more after the last layer
+        self.ln_final = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_ln else None
         # pooler=False (ELECTRA's generator): no [CLS] head, pooled_output is None
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if pooler else None
         # ELECTRA's classification head drops out [CLS] before its dense layer (HF ElectraClassificationHead)
@@ -376,11 +397,12 @@ class BertModel(nn.Module):
             x = layer(x, mask)
         if rows is None:
             x = self.layers[-1](x, mask)
-            seq, cls = x, x[:, 0]
         else:
             cls_rows = torch.arange(B, device=rows.device) * T
             x = self.layers[-1](x, mask, torch.cat([rows, cls_rows]))
-            seq, cls = x[: len(rows)], x[len(rows):]
+        if self.ln_final is not None:
+            x = self.ln_final(x)
+        seq, cls = (x, x[:, 0]) if rows is None else (x[: len(rows)], x[len(rows):])
         if self.pooler is None:
             return seq, None
         if self.pooler_drop is not None:  # ELECTRA: dropout, dense, GELU (erf, as HF's "gelu")

@@ -218,6 +218,32 @@ def test_hf_export_pretraining_checkpoint(ckpt_dir, tmp_path):
     assert not (tmp_path / "hf-other").exists()
 
 
+def test_a_pre_ln_checkpoint_is_refused_naming_the_param(ckpt_dir, tmp_path):
+    """transformers' BERT and ELECTRA are post-LN: a pre-LN encoder (pretrain.model.pre_ln) has no
+    exact export, so none is written."""
+    import dataclasses
+
+    from pipeline.checkpoint import save_checkpoint
+    from pipeline.export import export_hf
+    from pipeline.model import BertForPreTraining
+
+    tok_path = ckpt_dir / "tokenizer.json"
+    config = dataclasses.replace(tiny_config(_vocab_size(tok_path)), pre_ln=True)
+    model = BertForPreTraining(config)
+    save_checkpoint(tmp_path / "best.pt", {
+        "model": model.state_dict(), "model_config": config.to_dict(), "step": 10,
+        "provenance": {"tokenizer_sha256": sha256_file(tok_path), "examples_manifest_sha256": "0" * 64}})
+    with pytest.raises(BertraceError, match=r"best\.pt: a pre-LN encoder \(pretrain\.model\.pre_ln: true\)"):
+        export_hf(tmp_path / "best.pt", tmp_path / "hf", tokenizer_path=tok_path)
+    assert not (tmp_path / "hf").exists()
+
+
+def _vocab_size(path: Path) -> int:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path)).get_vocab_size()
+
+
 def test_export_without_transformers_is_a_clear_error(ckpt_dir, tmp_path, monkeypatch):
     from pipeline import export
 

@@ -434,10 +434,11 @@ def test_masked_positions_gather_equals_full_logits():
         model(ids, token_type, mask, positions.reshape(4, -1))
 
 
-def test_bert_model_rows_compute_exactly_the_full_rows():
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_bert_model_rows_compute_exactly_the_full_rows(pre_ln):
     """The last layer run only at ``rows`` (+ [CLS]) gives the full computation's values there."""
     torch.manual_seed(0)
-    model = BertModel(tiny()).eval()
+    model = BertModel(tiny(pre_ln=pre_ln)).eval()
     ids, token_type, mask, positions = batch()
     with torch.no_grad():
         seq, pooled = model(ids, token_type, mask)
@@ -448,6 +449,50 @@ def test_bert_model_rows_compute_exactly_the_full_rows():
     torch.testing.assert_close(seq_r, seq.reshape(B * T, -1)[positions], atol=1e-6, rtol=0)
     torch.testing.assert_close(pooled_r, pooled, atol=1e-6, rtol=0)
     torch.testing.assert_close(pooled_0, pooled, atol=1e-6, rtol=0)
+
+
+def test_pre_ln_layers_normalise_before_each_sublayer_and_once_after_the_last():
+    """``pre_ln: true``: x + attn(LN(x)), x + ffn(LN(x)), then a final LayerNorm (Xiong et al. 2020),
+    written out here from the model's own modules, against BertModel's output; post-LN (BERT) has
+    no final LayerNorm and a different output from the same weights."""
+    torch.manual_seed(0)
+    model = BertModel(tiny(pre_ln=True)).eval()
+    _randomize(model, seed=3)
+    ids, token_type, mask, _ = batch()
+    with torch.no_grad():
+        seq, pooled = model(ids, token_type, mask)
+        m = mask.bool()[:, None, None, :]
+        x = model.embeddings(ids, token_type)
+        for layer in model.layers:
+            x = x + layer.attn(layer.ln_attn(x), m)
+            x = x + layer.ffn(layer.ln_ffn(x))
+        x = model.ln_final(x)
+        torch.testing.assert_close(seq, x, atol=1e-5, rtol=0)
+        torch.testing.assert_close(pooled, torch.tanh(model.pooler(x[:, 0])), atol=1e-5, rtol=0)
+        post = BertModel(tiny()).eval()
+        assert post.ln_final is None
+        missing, unexpected = post.load_state_dict(model.state_dict(), strict=False)
+        assert missing == [] and unexpected == ["ln_final.weight", "ln_final.bias"]
+        assert not torch.allclose(post(ids, token_type, mask)[0], seq, atol=1e-3)
+
+
+def test_pre_ln_config_round_trips_and_rejects_a_non_boolean():
+    assert "pre_ln" not in tiny().to_dict()  # BERT's post-LN: configs (and checkpoints) read as before
+    d = tiny(pre_ln=True).to_dict()
+    assert d["pre_ln"] is True and BertConfig.from_dict(d).pre_ln is True
+    assert config_from_params({"preset": "tiny", "pre_ln": True}, vocab_size=V).pre_ln is True
+    with pytest.raises(BertraceError, match="pre_ln must be true or false, got 'yes'"):
+        tiny(pre_ln="yes")
+    # pre-training trains the final LayerNorm; it never decays (a LayerNorm)
+    model = BertForPreTraining(tiny(pre_ln=True))
+    no_decay = {id(p) for p in param_groups(model, 0.01)[1]["params"]}
+    assert {id(model.bert.ln_final.weight), id(model.bert.ln_final.bias)} <= no_decay
+    ids, token_type, mask, positions = batch()
+    out = model(ids, token_type, mask, positions)
+    labels = ids.reshape(-1)[positions]
+    total, _, _ = pretraining_loss(out, labels, torch.zeros(ids.size(0), dtype=torch.long))
+    total.backward()
+    assert model.bert.ln_final.weight.grad is not None and model.bert.ln_final.weight.grad.abs().sum() > 0
 
 
 def test_pretraining_correct_counts():
