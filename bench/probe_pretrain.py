@@ -17,6 +17,7 @@ per minute; the rows are not reproducible, unlike the default ``max_steps`` pipe
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import tempfile
@@ -49,7 +50,7 @@ def parse_variant(text: str) -> dict:
 
 def apply_overrides(base: dict, overrides: dict) -> dict:
     """``base`` with ``overrides`` laid over it; a dotted key (``model.pre_ln``) sets a nested one."""
-    out = json.loads(json.dumps(base))
+    out = copy.deepcopy(base)
     for key, value in overrides.items():
         *path, last = key.split(".")
         node = out
@@ -74,8 +75,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for text in args.variant or [""]:
         params = {**apply_overrides(base, parse_variant(text)), "time_minutes": args.minutes, "max_steps": None,
-                  "epochs": None,
-                  "eval_every": 0, "eval_batches": args.eval_batches, "checkpoint_every": 0,
+                  "epochs": None, "eval_every": 0, "eval_batches": args.eval_batches, "checkpoint_every": 0,
                   "checkpoint_minutes": 0, "snapshot_minutes": [], "snapshot_steps": []}
         cfg = PretrainConfig.from_params(params)
         t0 = time.time()

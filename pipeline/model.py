@@ -297,15 +297,12 @@ class EncoderLayer(nn.Module):
         self.pre_ln = config.pre_ln
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
-        if self.pre_ln:
-            attn = self.attn(self.ln_attn(x), mask, rows)
-            if rows is not None:
-                x = x.reshape(-1, x.size(-1)).index_select(0, rows)
-            x = x + self.drop(attn)
-            return x + self.drop(self.ffn(self.ln_ffn(x)))
-        attn = self.attn(x, mask, rows)
+        attn = self.attn(self.ln_attn(x) if self.pre_ln else x, mask, rows)
         if rows is not None:
             x = x.reshape(-1, x.size(-1)).index_select(0, rows)
+        if self.pre_ln:
+            x = x + self.drop(attn)
+            return x + self.drop(self.ffn(self.ln_ffn(x)))
         x = self.ln_attn(x + self.drop(attn))
         x = self.ln_ffn(x + self.drop(self.ffn(x)))
         return x

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import shutil
 import tempfile
@@ -21,21 +22,21 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 
 
-_MLFLOW_TEMPLATE: list[Path] = []
+@functools.cache
+def _mlflow_template() -> Path:
+    """An empty MLflow SQLite store made by MLflow itself, once per test process."""
+    from mlflow.tracking import MlflowClient
+
+    folder = Path(tempfile.mkdtemp(prefix="bertrace-mlflow-template-"))
+    atexit.register(shutil.rmtree, folder, True)
+    MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}").search_experiments()
+    return folder / "mlflow.db"
 
 
 def empty_mlflow_store(dest: Path) -> Path:
-    """Copy an empty MLflow SQLite store to ``dest``. The template is made once per test process
-    by MLflow itself: creating the schema (its migrations) takes ~2-3 s, copying the file a
-    millisecond."""
-    if not _MLFLOW_TEMPLATE:
-        from mlflow.tracking import MlflowClient
-
-        folder = Path(tempfile.mkdtemp(prefix="bertrace-mlflow-template-"))
-        atexit.register(shutil.rmtree, folder, True)
-        MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}").search_experiments()
-        _MLFLOW_TEMPLATE.append(folder / "mlflow.db")
-    shutil.copyfile(_MLFLOW_TEMPLATE[0], dest)
+    """Copy an empty MLflow SQLite store to ``dest``: creating the schema (its migrations) takes
+    ~2-3 s, copying the template a millisecond."""
+    shutil.copyfile(_mlflow_template(), dest)
     return dest
 
 

@@ -226,9 +226,10 @@ def test_a_pre_ln_checkpoint_is_refused_naming_the_param(ckpt_dir, tmp_path):
     from pipeline.checkpoint import save_checkpoint
     from pipeline.export import export_hf
     from pipeline.model import BertForPreTraining
+    from tokenizers import Tokenizer
 
     tok_path = ckpt_dir / "tokenizer.json"
-    config = dataclasses.replace(tiny_config(_vocab_size(tok_path)), pre_ln=True)
+    config = dataclasses.replace(tiny_config(Tokenizer.from_file(str(tok_path)).get_vocab_size()), pre_ln=True)
     model = BertForPreTraining(config)
     save_checkpoint(tmp_path / "best.pt", {
         "model": model.state_dict(), "model_config": config.to_dict(), "step": 10,
@@ -236,12 +237,6 @@ def test_a_pre_ln_checkpoint_is_refused_naming_the_param(ckpt_dir, tmp_path):
     with pytest.raises(BertraceError, match=r"best\.pt: a pre-LN encoder \(pretrain\.model\.pre_ln: true\)"):
         export_hf(tmp_path / "best.pt", tmp_path / "hf", tokenizer_path=tok_path)
     assert not (tmp_path / "hf").exists()
-
-
-def _vocab_size(path: Path) -> int:
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(path)).get_vocab_size()
 
 
 def test_export_without_transformers_is_a_clear_error(ckpt_dir, tmp_path, monkeypatch):
