@@ -351,6 +351,15 @@ def convert_weights(config: dict[str, Any], hf_sd: dict[str, torch.Tensor], perm
 # The import
 
 
+def _portable_path(root: Path, spec: str | Path) -> str:
+    """Where the files were read, without this machine's absolute paths (records travel between
+    clones): relative to the working directory when inside it, else the spec as the params give it."""
+    try:
+        return Path(root).resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(spec)
+
+
 def import_checkpoint(spec: str | Path, *, param: str = "finetune.checkpoint") -> dict[str, Any]:
     """The checkpoint dict (``model``, ``model_config``, ``provenance``, ``tokenizer_json``) of a
     Hugging Face model directory, hub pointer file or ``hf:<id>[@<revision>]``."""
@@ -384,7 +393,7 @@ def import_checkpoint(spec: str | Path, *, param: str = "finetune.checkpoint") -
         "revision": source.get("revision"),
         "resolved_revision": commit,
         "pointer": source["pointer"].as_posix() if source.get("pointer") else None,
-        "path": root.as_posix(),
+        "path": _portable_path(root, spec),
         "model_type": model_type,
         "architectures": config.get("architectures"),
         "inputs": dict(sorted(reader.sha256.items())),

@@ -1,15 +1,24 @@
 """Provenance records: what code, params and input bytes produced an output.
 
-Every stage writes one record (``data/provenance/<stage>.json``). A record names the git
-commit (and whether the tree was dirty), the stage's params and their hash, the sha256 of
-every input it read and every output it wrote, library versions, and — embedded — the
-records of the upstream stages whose outputs it consumed. A checkpoint therefore carries
-the whole chain back to the raw corpus.
+Every stage writes one record (``data/provenance/<stage>.json``, a DVC output). A record names
+the stage's params and their hash, the sha256 of every code file the stage imports (its
+``dvc.yaml`` code deps) and of every input it read and every output it wrote, library versions,
+and — embedded — the records of the upstream stages whose outputs it consumed. A checkpoint
+therefore carries the whole chain back to the raw corpus.
 
 A record also names the ``dvc.lock`` entries (md5 of every output) of the upstream stages as
 they were when the stage ran (``dvc_lock``): the keys to the DVC cache, so ``dvc checkout``
 can give back the exact inputs. :func:`chain_ids` picks the hashes that identify a run's
 place in the pipeline (tokenizer, examples, checkpoints …); stages tag MLflow runs with them.
+
+A record holds nothing about *when*, *where* or *by which run* it was made, so two builds of the
+same code, params and data write the same record bytes and leave ``dvc.lock`` unchanged. That
+part is the stage's **run log** (:func:`build_run_log`): git commit and dirty paths, pipeline-run
+and MLflow run ids, start and finish times, host, durations and throughput. It goes to MLflow
+(tags, metrics and the ``provenance/run.json`` artifact) and to ``runs/<stage>.json`` in the
+working copy (git-ignored, not a DVC output), and names the record it belongs to by
+:func:`record_digest` (MLflow tag ``bertrace.record_sha256``), so ``bertrace trace`` finds it
+locally or on a shared tracking server (docs/provenance.md, "Records and run logs").
 """
 
 from __future__ import annotations
@@ -29,10 +38,14 @@ import yaml
 
 from pipeline.io import canonical_json, sha256_bytes, sha256_file, sha256_json
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: the run fields (git, times, run ids) moved to the run log; ``code`` added
+RUN_LOG_DIR = Path("runs")  # runs/<stage>.json: the latest run log of each stage in this working copy
+RECORD_TAG = "bertrace.record_sha256"  # MLflow tag: record_digest() of the record a run wrote
+# What a run log adds to its record when a consumer shows both (trace, scorecard, evaluation.md).
+RUN_FIELDS = ("git", "pipeline_run_id", "mlflow_run_id", "started", "finished", "seconds", "host")
 
 # Paths that change *because* the pipeline runs; they do not make the code tree dirty.
-_RUN_PRODUCTS = ("dvc.lock", "metrics/", "plots/", "reports/", "mlflow.db", "mlruns/", "mlartifacts/",
+_RUN_PRODUCTS = ("dvc.lock", "metrics/", "plots/", "reports/", "runs/", "mlflow.db", "mlruns/", "mlartifacts/",
                  ".dvc/.gitignore", ".dvc/tmp/", ".dvc/cache/")
 
 LIBRARIES = (
@@ -191,32 +204,90 @@ def build_record(
     outputs: dict[str, str],
     upstream: dict[str, Any] | None = None,
     dvc_lock: dict[str, Any] | None = None,
+    code: dict[str, str] | None = None,
     extra: dict[str, Any] | None = None,
-    run_id: str | None = None,
-    mlflow_run_id: str | None = None,
-    started: str | None = None,
 ) -> dict[str, Any]:
-    """Assemble one provenance record (a plain, JSON-able dict)."""
+    """Assemble one provenance record (a plain, JSON-able dict): a function of the stage's code,
+    params and input bytes only (no times, run ids, hosts or absolute paths)."""
     record = {
         "record_version": RECORD_VERSION,
         "stage": stage,
-        "git": git_state(),
         "params": params,
         "params_hash": params_hash(params),
+        "code": dict(sorted((code or {}).items())),
         "inputs": dict(sorted(inputs.items())),
         "outputs": dict(sorted(outputs.items())),
         "upstream": upstream or {},
         "dvc_lock": dvc_lock,
         "libraries": library_versions(),
         "platform": {"python": sys.version.split()[0], "machine": platform.machine(), "system": platform.system()},
-        "pipeline_run_id": run_id,
-        "mlflow_run_id": mlflow_run_id,
-        "started": started,
-        "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     if extra:
         record.update(extra)
     return record
+
+
+def code_hashes(stage: str, root: str | os.PathLike = ".") -> dict[str, str]:
+    """``{path: sha256}`` of the Python files ``stage`` lists as deps in ``root``/dvc.yaml (its
+    import closure, tests/test_dvc_deps.py); {} for a stage dvc.yaml does not know."""
+    root = Path(root)
+    spec = dvc_stages(root).get(stage)
+    if not isinstance(spec, dict):
+        return {}
+    return {p: sha256_file(root / p) for p in _dvc_paths(spec.get("deps")) if p.endswith(".py") and (root / p).is_file()}
+
+
+def now_utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def build_run_log(record: dict[str, Any], *, git: dict[str, Any], run_id: str | None, mlflow_run_id: str | None,
+                  tracking: str | None, started: str | None, seconds: float | None,
+                  timings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run log of the run that wrote ``record``: when, where, from which commit and under which
+    run ids (the module docstring). ``tracking``: the MLflow tracking URI, credentials removed."""
+    return {
+        "stage": record.get("stage"),
+        "record_sha256": record_digest(record),
+        "git": git,
+        "pipeline_run_id": run_id,
+        "mlflow_run_id": mlflow_run_id,
+        "tracking_uri": tracking,
+        "started": started,
+        "finished": now_utc(),
+        "seconds": None if seconds is None else round(seconds, 2),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "timings": timings or {},
+    }
+
+
+def read_run_log(stage: str, record: dict[str, Any] | None = None,
+                 root: str | os.PathLike = ".") -> dict[str, Any] | None:
+    """``runs/<stage>.json`` under ``root`` when it belongs to ``record`` (same :func:`record_digest`;
+    any run log of the stage when ``record`` is None), else None."""
+    import json
+
+    path = Path(root) / RUN_LOG_DIR / f"{stage}.json"
+    try:
+        log = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(log, dict) or (record is not None and log.get("record_sha256") != record_digest(record)):
+        return None
+    return log
+
+
+def with_run(record: dict[str, Any], run_log: dict[str, Any] | None) -> dict[str, Any]:
+    """``record`` with its run log's :data:`RUN_FIELDS` laid over it, for display (a copy)."""
+    if not run_log:
+        return record
+    return {**record, **{k: run_log[k] for k in RUN_FIELDS if run_log.get(k) is not None}}
+
+
+def without_run(record: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`with_run`: ``record`` without the run fields a display laid over it."""
+    return {k: v for k, v in record.items() if k not in RUN_FIELDS}
 
 
 def record_digest(record: dict[str, Any]) -> str:
@@ -313,8 +384,6 @@ def _interpolate(text: str, params: dict[str, Any]) -> str | None:
                 raise KeyError(key)
             node = node[key]
         return str(node)
-
-    import re
 
     try:
         return re.sub(r"\$\{([^}]*)\}", value, text)

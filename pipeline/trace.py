@@ -49,7 +49,9 @@ import yaml
 from pipeline.errors import BertraceError
 from pipeline.formats import MANIFEST
 from pipeline.io import sha256_file
-from pipeline.provenance import STAGE_ORDER, hash_path, iter_records, params_hash
+from pipeline.provenance import (
+    RECORD_TAG, STAGE_ORDER, hash_path, iter_records, params_hash, read_run_log, record_digest, with_run,
+)
 
 OK, CHANGED, MISSING = "ok", "changed", "missing"
 EXPORT_INFO = "bertrace_export.json"  # pipeline.export.EXPORT_INFO (not imported: export imports transformers)
@@ -282,6 +284,54 @@ def _compute(rec: dict[str, Any]) -> dict[str, Any]:
             "machine": plat.get("machine"), "system": plat.get("system")}
 
 
+class _RunLogs:
+    """The run log of a record (when, where, by which runs it was made; pipeline/provenance.py):
+    ``runs/<stage>.json`` under ``root`` when it belongs to the record, else the ``provenance/run.json``
+    artifact of the MLflow run tagged with the record's digest (a teammate's run on a shared
+    server), else None. A record that carries its run fields (a checkpoint's) needs neither."""
+
+    def __init__(self, root: Path):
+        self.root, self._client, self._experiments = root, None, None
+
+    def find(self, stage: str, rec: dict[str, Any]) -> dict[str, Any] | None:
+        if rec.get("started") or rec.get("record_version", 1) < 2:
+            return None
+        return read_run_log(stage, rec, self.root) or self._from_mlflow(record_digest(rec))
+
+    def _from_mlflow(self, digest: str) -> dict[str, Any] | None:
+        if self._client is None:
+            self._client = self._connect()
+        if not self._client:
+            return None
+        with contextlib.suppress(Exception), _quiet_mlflow():
+            runs = self._client.search_runs(self._experiments, filter_string=f"tags.`{RECORD_TAG}` = '{digest}'",
+                                            order_by=["attributes.start_time DESC"], max_results=1)
+            if runs:
+                with tempfile.TemporaryDirectory(prefix="bertrace-trace-") as tmp:
+                    local = self._client.download_artifacts(runs[0].info.run_id, "provenance/run.json", tmp)
+                    log = json.loads(Path(local).read_text(encoding="utf-8"))
+                return log if isinstance(log, dict) and log.get("record_sha256") == digest else None
+        return None
+
+    def _connect(self):
+        """An MLflow client of the store the runs were logged to, or False (none, or not answering:
+        a trace works offline and shows ``-`` for when)."""
+        from pipeline.tracking import check_server, tracking_uri
+
+        uri = tracking_uri(self.root)
+        if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+            return False
+        try:
+            check_server(uri, timeout=3.0)
+            from mlflow import MlflowClient
+
+            client = MlflowClient(tracking_uri=uri)
+            self._experiments = [e.experiment_id for e in client.search_experiments()]
+        except Exception:  # noqa: BLE001 - display only
+            return False
+        return client if self._experiments else False
+
+
 def lineage(target: str | os.PathLike, root: str | os.PathLike = ".") -> dict[str, Any]:
     """The stages behind ``target``, newest first.
 
@@ -306,8 +356,9 @@ def lineage(target: str | os.PathLike, root: str | os.PathLike = ".") -> dict[st
     nodes: dict[str, dict[str, Any]] = {}
     conflicts: list[str] = []
     dvc_outs: dict[str, dict[str, str]] = {}
+    run_logs = _RunLogs(Path(root))
     for name, rec in iter_records(record, record.get("stage")):
-        node = _node(name, rec)
+        node = _node(name, with_run(rec, run_logs.find(name, rec)))
         if name not in nodes:
             nodes[name] = node
         elif (nodes[name]["params_hash"], nodes[name]["inputs"], nodes[name]["outputs"]) != (

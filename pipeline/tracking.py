@@ -30,6 +30,9 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
+from pipeline import provenance as prov
+from pipeline.errors import BertraceError
+
 DEFAULT_EXPERIMENT = "bertrace"
 MAX_PARAM_CHARS = 6000  # MLflow's limit on one param value
 MAX_TAG_CHARS = 5000  # MLflow's limit on one tag value (8000 in MLflow 3, 5000 before)
@@ -59,6 +62,60 @@ def tracking_uri(root: str | os.PathLike = ".") -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
 
 
+def redacted_uri(uri: str | None) -> str | None:
+    """``uri`` without credentials: user info (``user:password@``) and password-like query
+    parameters removed, for logs, records and error messages."""
+    if not uri:
+        return uri
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    query = urlencode([(k, "***" if re.search(r"pass|secret|token|key", k, re.I) else v)
+                       for k, v in parse_qsl(parts.query, keep_blank_values=True)])
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def check_server(uri: str, experiment: str = DEFAULT_EXPERIMENT, timeout: float = 10.0) -> None:
+    """For an ``http(s)://`` tracking URI: one request that the server answers and accepts this
+    client's credentials (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` / ``_TOKEN``), so a stage
+    fails in seconds, before it writes anything, instead of after MLflow's retries. Raises
+    :class:`~pipeline.errors.BertraceError` naming ``MLFLOW_TRACKING_URI`` and the fix."""
+    import base64
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    if not uri.startswith(("http://", "https://")):
+        return
+    shown = redacted_uri(uri)
+    url = uri.rstrip("/") + "/api/2.0/mlflow/experiments/get-by-name?" + urllib.parse.urlencode(
+        {"experiment_name": experiment})
+    request = urllib.request.Request(url)
+    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        request.add_header("Authorization", f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}")
+    elif os.environ.get("MLFLOW_TRACKING_USERNAME"):
+        pair = f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}"
+        request.add_header("Authorization", "Basic " + base64.b64encode(pair.encode()).decode())
+    offline = ("; start it (`make team-up` for a local trial), or unset MLFLOW_TRACKING_URI to log to "
+               "./mlflow.db, or set BERTRACE_NO_MLFLOW=1 to run without tracking")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            return
+    except urllib.error.HTTPError as e:
+        if e.code == 404:  # no such experiment yet: the server answered
+            return
+        if e.code in (401, 403):
+            raise BertraceError(f"MLFLOW_TRACKING_URI={shown}: the server refused this client's credentials "
+                                f"(HTTP {e.code}); set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
+                                "(or MLFLOW_TRACKING_TOKEN) to an account it knows") from None
+        raise BertraceError(f"MLFLOW_TRACKING_URI={shown}: the tracking server answered HTTP {e.code} "
+                            f"({e.reason}); check its log and its database{offline}") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise BertraceError(f"MLFLOW_TRACKING_URI={shown}: no MLflow server answers ({reason}){offline}") from None
+
+
 def setup_mlflow(root: str | os.PathLike = "."):
     """Point MLflow at the configured store and return the experiment id."""
     logging.getLogger("mlflow").setLevel(logging.WARNING)
@@ -66,9 +123,21 @@ def setup_mlflow(root: str | os.PathLike = "."):
     import mlflow
 
     explicit = bool(os.environ.get("MLFLOW_TRACKING_URI"))  # read first: set_tracking_uri sets the variable
-    mlflow.set_tracking_uri(tracking_uri(root))
+    uri = tracking_uri(root)
     name = os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT)
-    experiment = mlflow.get_experiment_by_name(name)
+    check_server(uri, name)
+    mlflow.set_tracking_uri(uri)
+    try:
+        experiment = mlflow.get_experiment_by_name(name)
+    except Exception as e:  # noqa: BLE001 - a database URI that does not connect, a store that is not MLflow's
+        detail = (str(e).strip().splitlines() or [""])[0][:160]
+        from urllib.parse import urlsplit
+
+        if urlsplit(uri).password:
+            detail = detail.replace(urlsplit(uri).password, "***")
+        raise BertraceError(f"MLFLOW_TRACKING_URI={redacted_uri(uri)}: the tracking store did not answer "
+                            f"({type(e).__name__}: {detail}); check that it "
+                            "is running and reachable, or unset MLFLOW_TRACKING_URI to log to ./mlflow.db") from None
     if experiment is not None:
         return experiment.experiment_id
     artifact_location = None
@@ -338,6 +407,18 @@ def log_stage_on_parent(client, parent_id: str, stage: str, *, params: dict[str,
         client.log_batch(parent_id, metrics=values[i:i + 1000])
 
 
+def run_for_record(client, experiment_ids: list[str], record: dict[str, Any]) -> str | None:
+    """Id of the newest MLflow run tagged with ``record``'s digest (the run that wrote it, on
+    this or a teammate's machine, when they share a tracking server), else None."""
+    digest = prov.record_digest(record)
+    try:
+        runs = client.search_runs(experiment_ids, filter_string=f"tags.`{prov.RECORD_TAG}` = '{digest}'",
+                                  order_by=["attributes.start_time DESC"], max_results=1)
+    except Exception:  # noqa: BLE001 - a lookup for display; no answer is an answer
+        return None
+    return runs[0].info.run_id if runs else None
+
+
 def link_reused(client, parent_id: str, experiment_id: str, records: dict[str, dict[str, Any]],
                 pipeline_run_id: str, root: str | os.PathLike = ".") -> list[str]:
     """Tag the parent with the runs that made the outputs of upstream stages DVC did not rerun in
@@ -348,7 +429,8 @@ def link_reused(client, parent_id: str, experiment_id: str, records: dict[str, d
         if not isinstance(rec, dict) or rec.get("pipeline_run_id") == pipeline_run_id:
             continue
         key = mlflow_name(REUSED_PREFIX + stage)
-        made_by = rec.get("mlflow_run_id") or "unknown (logged without MLflow)"
+        made_by = (rec.get("mlflow_run_id") or run_for_record(client, [experiment_id], prov.without_run(rec))
+                   or "unknown (logged without MLflow)")
         if tags.get(key) != made_by:
             client.set_tag(parent_id, key, made_by)
             log_stage_on_parent(client, parent_id, stage, params=rec.get("params") if isinstance(rec.get("params"), dict) else None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import errno
 import json
 import os
@@ -92,6 +91,7 @@ class StageRun:
         self.outputs: dict[str, str] = {}
         self.upstream: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
+        self.timings: dict[str, Any] = {}  # durations and throughput: the run log's, never the record's
         self.run_id = prov.pipeline_run_id()
         self.git = prov.git_state()
         self.dvc_lock = prov.dvc_lock_upstream(stage)  # before DVC rewrites this stage's own entry
@@ -108,7 +108,7 @@ class StageRun:
     # -- lifecycle ------------------------------------------------------------------------
     def __enter__(self) -> "StageRun":
         self._t0 = time.perf_counter()
-        self.started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        self.started = prov.now_utc()
         if self.log_mlflow:
             import mlflow
 
@@ -195,6 +195,8 @@ class StageRun:
                 records[name] = upstream_record(name)
             except BertraceError:
                 records[name] = None
+            if records[name] is not None:  # which run made it: this working copy's run log, if it has one
+                records[name] = prov.with_run(records[name], prov.read_run_log(name, records[name]))
             todo += [n for n in (prov.dvc_lock_upstream(name) or {}) if n not in records]
         return {k: v for k, v in records.items() if v is not None}
 
@@ -312,6 +314,7 @@ class StageRun:
                   file=sys.stderr)
 
     def provenance(self) -> dict[str, Any]:
+        """The stage's record: code, params and input/output hashes only (:func:`pipeline.provenance.build_record`)."""
         return prov.build_record(
             self.stage,
             self.params,
@@ -319,20 +322,43 @@ class StageRun:
             outputs=self.outputs,
             upstream=self.upstream,
             dvc_lock=self.dvc_lock,
+            code=prov.code_hashes(self.stage),
             extra=self.extra or None,
-            run_id=self.run_id,
-            mlflow_run_id=self.mlflow_run_id,
-            started=self.started,
         )
 
+    def checkpoint_provenance(self) -> dict[str, Any]:
+        """The record with this run's fields (git, run ids, start time) laid over it, for a checkpoint
+        to carry: a checkpoint file holds timings anyway, and stays traceable on its own."""
+        record = self.provenance()
+        return prov.with_run(record, self.run_log(record))
+
+    def run_log(self, record: dict[str, Any]) -> dict[str, Any]:
+        """When, where and by which runs ``record`` was made (:func:`pipeline.provenance.build_run_log`)."""
+        return prov.build_run_log(record, git=self.git, run_id=self.run_id, mlflow_run_id=self.mlflow_run_id,
+                                  tracking=tracking.redacted_uri(tracking.tracking_uri()) if self._mlflow else None,
+                                  started=self.started, seconds=self.seconds, timings=self.timings)
+
+    def log_timings(self, timings: dict[str, Any]) -> None:
+        """Durations and throughput (``seconds``, ``examples_per_s`` …): MLflow metrics and the run
+        log, never a DVC output (they differ on every rebuild)."""
+        self.timings.update(timings)
+        self.log_metrics(timings)
+
     def write_provenance(self, path: str | os.PathLike | None = None) -> Path:
-        """Write the record (``data/provenance/<stage>.json``) and log it to MLflow as the
-        artifact ``provenance/<stage>.json`` (what ``bertrace trace <run id>`` reads)."""
+        """Write the record (``data/provenance/<stage>.json``) and the run log (``runs/<stage>.json``),
+        and log both to MLflow as the artifacts ``provenance/<stage>.json`` (what ``bertrace trace
+        <run id>`` reads) and ``provenance/run.json``; the run is tagged with the record's digest."""
         path = Path(path) if path else PROVENANCE_DIR / f"{self.stage}.json"
         record = self.provenance()
         write_json(path, record)
+        log = self.run_log(record)
+        log_path = prov.RUN_LOG_DIR / path.name
+        write_json(log_path, log)
         self.log_artifact(path, PROVENANCE_ARTIFACT_DIR)
-        self.set_tags({"bertrace.provenance_artifact": f"{PROVENANCE_ARTIFACT_DIR}/{path.name}"})
+        if self._mlflow is not None:
+            self._mlflow.log_text(json.dumps(log, indent=2, sort_keys=True) + "\n", f"{PROVENANCE_ARTIFACT_DIR}/run.json")
+        self.set_tags({"bertrace.provenance_artifact": f"{PROVENANCE_ARTIFACT_DIR}/{path.name}",
+                       prov.RECORD_TAG: log["record_sha256"]})
         self._update_chain_tags(record)
         return path
 

@@ -21,7 +21,8 @@ def main() -> None:
         run.extra["source"] = manifest.get("source")  # hub id + resolved revision, or the local files
         run.add_output(OUT)
         run.set_tags({"bertrace.corpus_format": manifest.get("format")})
-        run.write_details({"rows": manifest.get("total_rows"), "seconds": round(run.seconds, 2)})  # no DVC metrics
+        run.write_details({"rows": manifest.get("total_rows")})  # no DVC metrics
+        run.log_timings({"seconds": round(run.seconds, 2)})
         run.log_artifact(OUT / "manifest.json")
         run.write_provenance()
         print(f"download: {manifest.get('total_rows')} rows ({manifest.get('format')}) -> {OUT}")

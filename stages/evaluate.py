@@ -22,6 +22,7 @@ from pipeline.scorecard import SCORECARD_JSON, run_row, task_name as scorecard_t
 from pipeline.device import resolve_device
 from pipeline.inference import Classifier
 from pipeline.io import read_json, write_json
+from pipeline import provenance as prov
 from pipeline.task_data import evaluate_roles, load_task_data
 from stages.common import DETAILS_DIR, PROVENANCE_DIR, StageRun, load_params, run_stage
 
@@ -36,12 +37,14 @@ REPORT = Path("reports/evaluation.md")
 
 
 def _provenance_records() -> dict[str, dict]:
-    """The records in data/provenance/ (candidates to complete the checkpoint's chain)."""
+    """The records in data/provenance/ (candidates to complete the checkpoint's chain), each with
+    the run fields of its run log (runs/<stage>.json: commit, times) where this working copy has it."""
     records = {}
     if PROVENANCE_DIR.is_dir():
         for path in sorted(PROVENANCE_DIR.glob("*.json")):
             if path.stem != "evaluate":
-                records[path.stem] = read_json(path)
+                record = read_json(path)
+                records[path.stem] = prov.with_run(record, prov.read_run_log(path.stem, record))
     return records
 
 

@@ -31,9 +31,9 @@ def main() -> None:
         for split, info in manifest["splits"].items():
             metrics[split] = {k: v for k, v in info.items() if k != "shards"}
             metrics[split]["shards"] = len(info["shards"])
-        metrics["seconds"] = round(run.seconds, 2)
-        metrics["examples_per_s"] = round(metrics["train"]["rows"] / max(run.seconds, 1e-9), 1)
         run.write_details(metrics)  # reports/examples.json (data prep: no DVC metrics)
+        run.log_timings({"seconds": round(run.seconds, 2),
+                         "examples_per_s": round(metrics["train"]["rows"] / max(run.seconds, 1e-9), 1)})
         run.log_artifact(OUT / "manifest.json")
         run.write_provenance()
         print(f"examples: train {metrics['train']['rows']} rows / valid {metrics['valid']['rows']} rows -> {OUT}")

@@ -135,8 +135,7 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
         if data.task_type == "token_classification":  # I-X after O or another type; CoNLL "a,b" tag fields
             metrics["bio_violations"] = {role: s.bio_violations for role, s in data.splits.items()}
             metrics["multi_tags"] = {role: s.multi_tags for role, s in data.splits.items()}
-        record = run.provenance()
-        provenance = {k: v for k, v in record.items() if k not in ("outputs", "upstream")}
+        provenance = {k: v for k, v in run.checkpoint_provenance().items() if k not in ("outputs", "upstream")}
         provenance.update({
             "task_files": data.files,
             "tokenizer_sha256": tokenizer_sha,

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
                           "bertrace.shards_verified": verified})
 
             metrics = pretrain(
-                cfg, examples_dir=EXAMPLES, out_dir=OUT, provenance=run.provenance(), resume=resume,
+                cfg, examples_dir=EXAMPLES, out_dir=OUT, provenance=run.checkpoint_provenance(), resume=resume,
                 on_log=lambda step, m: run.log_metrics(m, step=step), progress=main_rank,
                 tokenizer_json=TOKENIZER if TOKENIZER.exists() else None, curves_dir=PLOTS,
             )

@@ -187,7 +187,8 @@ def test_provenance_chains_back_to_the_source(repo):
     assert download["inputs"]["data/sources/wiki.raw"] == __import__("hashlib").sha256(
         (root / "data/sources/wiki.raw").read_bytes()).hexdigest()
     head = _run(["git", "rev-parse", "HEAD"], root).stdout.strip()
-    assert examples["git"]["commit"] == head
+    assert json.loads((root / "runs/examples.json").read_text())["git"]["commit"] == head
+    assert "git" not in examples and "started" not in examples  # run fields live in the run log
     assert examples["params_hash"] and examples["params"]["dupe_factor"] == 2
 
 
@@ -365,8 +366,9 @@ def test_examples_param_reruns_examples_and_downstream_only(repo):
     assert _lock(root)["examples"]["data/examples"] != before["examples"]["data/examples"]
 
     examples = json.loads((root / "data/provenance/examples.json").read_text())
-    assert examples["git"]["dirty"] is True and examples["git"]["dirty_paths"] == ["params.yaml"]
-    assert examples["upstream"]["tokenizer"]["git"]["dirty"] is False  # not rerun
+    runs = {s: json.loads((root / f"runs/{s}.json").read_text()) for s in ("examples", "tokenizer")}
+    assert runs["examples"]["git"]["dirty"] is True and runs["examples"]["git"]["dirty_paths"] == ["params.yaml"]
+    assert runs["tokenizer"]["git"]["dirty"] is False  # not rerun
     out = _trace(root, env, "data/finetune/model.pt").stdout
     assert re.search(r"└─ examples  commit [0-9a-f]{12} \(dirty\)", out)
     assert re.search(r"└─ tokenizer  commit [0-9a-f]{12}  params", out)

@@ -349,7 +349,7 @@ def test_evaluate_stage_end_to_end(tmp_path, monkeypatch):
 
     import mlflow
 
-    run = mlflow.get_run(prov["mlflow_run_id"])
+    run = mlflow.get_run(json.loads(Path("runs/evaluate.json").read_text())["mlflow_run_id"])
     assert run.data.metrics["validation.accuracy"] == pytest.approx(saved["validation"]["accuracy"])
     assert run.data.tags["bertrace.stage"] == "evaluate"
     assert run.data.tags["bertrace.pyfunc_model_uri"].startswith("models:/")

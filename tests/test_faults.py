@@ -178,8 +178,8 @@ def test_a_resumed_run_with_no_step_left_logs_the_final_metrics_in_full(tmp_path
     again = json.loads(Path("reports/pretrain.json").read_text())
     for key in ("loss", "lr", "mlm_loss", "nsp_loss", "grad_norm", "val_mlm_loss", "step", "model_sha256"):
         assert again[key] == first[key], key
-    record = json.loads(Path("data/provenance/pretrain.json").read_text())
-    logged = mlflow.get_run(record["mlflow_run_id"]).data.metrics
+    run_log = json.loads(Path("runs/pretrain.json").read_text())  # the run fields (docs/provenance.md)
+    logged = mlflow.get_run(run_log["mlflow_run_id"]).data.metrics
     assert logged["final.loss"] == pytest.approx(first["loss"]) and "final.nsp_loss" in logged
 
 

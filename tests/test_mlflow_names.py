@@ -167,7 +167,7 @@ def test_download_stage_with_file_names_in_many_scripts(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     download.main()
     record = json.loads((tmp_path / "data" / "provenance" / "download.json").read_text())
-    run = mlflow.get_run(record["mlflow_run_id"])
+    run = mlflow.get_run(json.loads((tmp_path / "runs" / "download.json").read_text())["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.tags[mlflow_name(f"bertrace.input.{names[0]}.txt")] == record["inputs"][f"{src}/{names[0]}.txt"]
     assert run.data.params["local.format"] == "document_per_file"
@@ -197,8 +197,7 @@ def test_finetune_stage_with_column_renames_and_split_names_mlflow_rejects(tmp_p
         allow_unicode=True), encoding="utf-8")
     monkeypatch.chdir(root)
     stage.main(progress=False)
-    record = json.loads((root / "data" / "provenance" / "finetune.json").read_text())
-    run = mlflow.get_run(record["mlflow_run_id"])
+    run = mlflow.get_run(json.loads((root / "runs" / "finetune.json").read_text())["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.params[mlflow_name("task.columns.Stars (1-5)")] == "label"
     assert run.data.params[mlflow_name("task.local.dev / প্রথম")] == "valid.csv"
@@ -231,8 +230,7 @@ def test_evaluate_stage_with_label_names_and_columns_in_many_scripts(tmp_path, m
         "evaluate": {"batch_size": 16, "log_model": True}}, allow_unicode=True), encoding="utf-8")
     metrics = stage.main(progress=False)
     assert set(metrics) == {"validation"}  # auto: no test split in the task, none asked for
-    record = json.loads((tmp_path / "data" / "provenance" / "evaluate.json").read_text())
-    run = mlflow.get_run(record["mlflow_run_id"])
+    run = mlflow.get_run(json.loads((tmp_path / "runs" / "evaluate.json").read_text())["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     for label in labels:
         key = mlflow_name(f"validation.per_class.{label}.f1")

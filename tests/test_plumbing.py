@@ -14,7 +14,7 @@ import yaml
 
 from pipeline import provenance as prov
 from pipeline.io import atomic_open, sha256_file, sha256_json, write_json
-from tests.conftest import REPO
+from tests.conftest import REPO, empty_mlflow_store
 
 
 def test_atomic_write_leaves_old_file_on_failure(tmp_path):
@@ -222,11 +222,26 @@ def test_stage_run_on_a_dirty_tree_says_so_in_mlflow_and_trace(tmp_path, monkeyp
     # the full record is an artifact of the run, equal to the file
     local = client.download_artifacts(run.mlflow_run_id, "provenance/tokenizer.json", str(tmp_path / "dl"))
     assert json.loads(Path(local).read_text()) == json.loads(path.read_text())
+    # the record holds no git state (two builds of one commit write the same bytes); the run log does
     record = json.loads(path.read_text())
-    assert record["git"]["dirty"] is True and record["git"]["dirty_paths"] == ["code.py"]
+    assert "git" not in record and "started" not in record and "mlflow_run_id" not in record
+    log = json.loads((tmp_path / "runs" / "tokenizer.json").read_text())
+    assert log["git"]["dirty"] is True and log["git"]["dirty_paths"] == ["code.py"]
+    assert log["record_sha256"] == tags["bertrace.record_sha256"] == prov.record_digest(record)
+    assert log["mlflow_run_id"] == run.mlflow_run_id
+    logged = client.download_artifacts(run.mlflow_run_id, "provenance/run.json", str(tmp_path / "dl2"))
+    assert json.loads(Path(logged).read_text()) == log
     text = trace.format_tree(trace.lineage(path))
     assert f"tokenizer  commit {tags['bertrace.git_commit'][:12]} (dirty)" in text
     assert "uncommitted: code.py" in text and "the tree was dirty" in text
+    # without the local run log (another clone), trace finds it on the tracking store by the record's digest
+    (tmp_path / "runs" / "tokenizer.json").unlink()
+    node = trace.lineage(path)["chain"][0]
+    assert (node["mlflow_run_id"], node["git_dirty"], node["started"]) == (run.mlflow_run_id, True, log["started"])
+    # and on a store that never saw the run, the record still traces, with no run shown
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'other.db'}")
+    empty_mlflow_store(tmp_path / "other.db")
+    assert trace.lineage(path)["chain"][0]["mlflow_run_id"] is None
 
 
 def test_a_failure_while_opening_the_run_does_not_leave_it_running(tmp_path, monkeypatch):
