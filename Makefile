@@ -11,13 +11,13 @@ ifneq ($(wildcard ../shared/data/README.md),)
 export BERTRACE_HUB_MIRROR ?= mirrors/shared-data.yaml
 endif
 
-.PHONY: install repro exps test test-fast bench learning-curve clean-venv
+.PHONY: install repro exps test test-fast bench learning-curve team-up team-down clean-venv
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt "$(TORCH)"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,team]"   # team: the S3 remote + tracking server tests
 	touch $@
 
 install: $(BIN)/.installed
@@ -57,6 +57,15 @@ GOOGLE_BERT ?= ../peer/bert
 PEER_PYTHON ?= ../bench-venv/bin/python
 bench: install
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python bench/run_all.py --google-bert $(GOOGLE_BERT) --peer-python $(PEER_PYTHON)
+
+# A team's servers on 127.0.0.1 for a laptop trial (docs/team.md): SeaweedFS (S3: the DVC remote and
+# MLflow's artifacts), PostgreSQL and an MLflow tracking server. Prints the variables to export.
+TEAM_STATE ?= .team
+team-up: install
+	$(BIN)/python scripts/team.py up --state $(TEAM_STATE)
+
+team-down:
+	$(BIN)/python scripts/team.py down --state $(TEAM_STATE)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,0 +1,128 @@
+"""The team servers themselves (scripts/team.py, docs/team.md): real SeaweedFS S3, a real
+PostgreSQL-backed MLflow server with artifacts proxied to S3, stopped by PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+from tests.servers import require_team_binaries, team
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    require_team_binaries()
+    state = tmp_path_factory.mktemp("team") / "state"
+    info = team.start_servers(state)
+    yield state, info
+    team.stop_servers(state)
+
+
+def _s3(info, secret=None):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=info["urls"]["s3"], region_name="us-east-1",
+                        aws_access_key_id=info["credentials"]["access_key"],
+                        aws_secret_access_key=secret or info["credentials"]["secret_key"],
+                        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+
+
+def test_s3_put_get_list_and_wrong_key_refused(servers):
+    from botocore.exceptions import ClientError
+
+    state, info = servers
+    s3 = _s3(info)
+    assert {"dvc", "mlflow"} <= {b["Name"] for b in s3.list_buckets()["Buckets"]}
+    body = os.urandom(100_000)
+    s3.put_object(Bucket="dvc", Key="t/blob", Body=body)
+    assert s3.get_object(Bucket="dvc", Key="t/blob")["Body"].read() == body
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket="dvc", Prefix="t/")["Contents"]] == ["t/blob"]
+    with pytest.raises(ClientError) as e:
+        _s3(info, secret="0" * 40).get_object(Bucket="dvc", Key="t/blob")
+    assert e.value.response["Error"]["Code"] in ("SignatureDoesNotMatch", "AccessDenied", "InvalidAccessKeyId")
+
+
+def test_secrets_are_private_and_env_names_the_servers(servers):
+    state, info = servers
+    assert stat.S_IMODE((state / "credentials").stat().st_mode) == 0o600
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    env = info["env"]
+    assert set(env) == {"MLFLOW_TRACKING_URI", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"}
+    assert env["MLFLOW_TRACKING_URI"].startswith("http://127.0.0.1:")
+    out = subprocess.run([sys.executable, str(REPO / "scripts/team.py"), "env", "--state", str(state)],
+                         capture_output=True, text=True, check=True).stdout
+    assert out == "".join(f"export {k}={v}\n" for k, v in env.items())
+    # the servers' command lines (visible to every local user in ps) hold no secret
+    for pid in info["pids"].values():
+        cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+        assert info["credentials"]["secret_key"] not in cmdline
+        assert info["credentials"]["pg_password"] not in cmdline
+
+
+def test_mlflow_runs_in_postgres_and_artifacts_in_s3(servers, tmp_path):
+    state, info = servers
+    code = f"""
+import mlflow, pathlib
+mlflow.set_tracking_uri({info['urls']['mlflow']!r})
+mlflow.set_experiment("team-servers")
+with mlflow.start_run() as run:
+    mlflow.log_param("p", 1)
+    mlflow.log_metric("m", 0.5)
+    f = pathlib.Path({str(tmp_path)!r}) / "note.txt"
+    f.write_text("hello from a client")
+    mlflow.log_artifact(str(f))
+print(run.info.run_id, run.info.experiment_id)
+"""
+    # the client has no S3 credentials: the server proxies artifact uploads (--artifacts-destination)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "MLFLOW_TRACKING_URI"}
+    run_id, exp_id = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                    check=True).stdout.split()[-2:]
+    import psycopg2
+
+    with psycopg2.connect(host="127.0.0.1", port=info["ports"]["postgres"], user="mlflow", dbname="mlflow",
+                          password=info["credentials"]["pg_password"]) as conn, conn.cursor() as cur:
+        cur.execute("SELECT key, value FROM params WHERE run_uuid = %s", (run_id,))
+        assert cur.fetchall() == [("p", "1")]
+        cur.execute("SELECT value FROM metrics WHERE run_uuid = %s AND key = 'm'", (run_id,))
+        assert cur.fetchall() == [(0.5,)]
+    keys = [o["Key"] for o in _s3(info).list_objects_v2(Bucket="mlflow", Prefix=f"{exp_id}/{run_id}/")["Contents"]]
+    assert keys == [f"{exp_id}/{run_id}/artifacts/note.txt"]
+    obj = _s3(info).get_object(Bucket="mlflow", Key=keys[0])["Body"].read()
+    assert obj == b"hello from a client"
+
+
+def test_up_twice_is_refused_then_down_stops_every_pid(servers):
+    """Last in this file: it stops the module's servers."""
+    state, info = servers
+    with pytest.raises(team.TeamError, match="already up"):
+        team.start_servers(state)
+    pids = dict(info["pids"])
+    assert set(pids) == {"weed", "postgres", "mlflow"}
+    r = subprocess.run([sys.executable, str(REPO / "scripts/team.py"), "down", "--state", str(state)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr.strip() == "stopped: mlflow, postgres, weed", r.stderr
+    for name, pid in pids.items():
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", name
+    assert not (state / "pids.json").exists()
+    # the CLI: one line, exit 2, when a port is taken
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run([sys.executable, str(REPO / "scripts/team.py"), "up", "--state", str(state),
+                            "--s3-port", str(port)], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [f"error: port {port} on 127.0.0.1 (for s3) is taken; "
+                                             "pick another or stop what uses it"]
+    assert json.loads((state / "credentials").read_text())["secret_key"] == info["credentials"]["secret_key"]
