@@ -24,6 +24,7 @@ install: $(BIN)/.installed
 
 # `make repro PROFILE=enwiki`: the pipeline with profiles/enwiki.yaml's params, as a DVC experiment.
 repro: install
+	$(BIN)/python -m stages.cli check-tracking
 ifdef PROFILE
 	PATH="$(abspath $(BIN)):$$PATH" eval dvc exp run $$($(BIN)/python -m stages.profile $(PROFILE))
 else

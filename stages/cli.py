@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> None:
                    add_help=False)
     sub.add_parser("plots", help="write the pipeline's plots as one self-contained HTML file (offline)",
                    add_help=False)
+    sub.add_parser("check-tracking", help="check that the MLflow tracking store answers (make repro runs it first)",
+                   add_help=False)
     args = parser.parse_args(argv[:1])
     rest = argv[1:]
     from stages.common import run_stage
@@ -69,10 +71,26 @@ def main(argv: list[str] | None = None) -> None:
         from stages import demo
 
         run_stage(lambda: demo.main(rest))
+    elif args.command == "check-tracking":
+        run_stage(_check_tracking)
     elif args.command == "plots":
         from stages import plots
 
         sys.exit(plots.cli(rest))
+
+
+def _check_tracking() -> None:
+    """One request to the tracking store of MLFLOW_TRACKING_URI (or ./mlflow.db): a server that is
+    down or refuses the credentials fails here, before `dvc repro` removes any stage's outputs."""
+    import os
+
+    from pipeline.tracking import redacted_uri, setup_mlflow, tracking_uri
+
+    if os.environ.get("BERTRACE_NO_MLFLOW") == "1":
+        print("MLflow tracking is off (BERTRACE_NO_MLFLOW=1)")
+        return
+    setup_mlflow()
+    print(f"MLflow tracking store answers: {redacted_uri(tracking_uri())}")
 
 
 if __name__ == "__main__":

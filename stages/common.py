@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -112,7 +113,10 @@ class StageRun:
         if self.log_mlflow:
             import mlflow
 
-            experiment_id = tracking.setup_mlflow()
+            try:
+                experiment_id = tracking.setup_mlflow()
+            except BertraceError as e:
+                raise BertraceError(f"{e}{_restore_hint(self.stage)}") from None
             try:
                 self.stale_runs = tracking.close_stale_runs(mlflow.tracking.MlflowClient(), experiment_id,
                                                             self.stage, self.run_id)
@@ -431,12 +435,71 @@ class StageRun:
         return path
 
 
+def _source_name() -> str:
+    """The entry point, relative to the working copy (``stages/evaluate.py``): MLflow's default
+    ``mlflow.source.name`` is the absolute path, which names the machine's checkout, not the code."""
+    main = Path(sys.argv[0] or "<stdin>")
+    try:
+        return main.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return main.name
+
+
+def _repo_url_tags() -> dict[str, str]:
+    """MLflow's ``mlflow.source.git.repoURL`` / ``mlflow.gitRepoURL`` (the ``origin`` remote) as a
+    teammate can use it: a clone of a local directory says so instead of naming this machine's path,
+    and the user and password of an ``https://user:token@host/...`` remote are dropped."""
+    import subprocess
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        url = subprocess.run(["git", "remote", "get-url", "origin"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if not url:
+        return {}
+    parts = urlsplit(url)
+    if parts.scheme in ("", "file") and not re.match(r"^[\w.-]+@[\w.-]+:", url):  # a path, not user@host:repo
+        url = "(a local directory)"
+    elif parts.password or parts.username:
+        url = urlunsplit((parts.scheme, parts.hostname + (f":{parts.port}" if parts.port else ""), parts.path,
+                          parts.query, parts.fragment))
+    return {"mlflow.source.git.repoURL": url, "mlflow.gitRepoURL": url}
+
+
+def _restore_hint(stage: str) -> str:
+    """Under ``dvc repro``: how to get back the outputs DVC removed before starting the stage
+    (cached ones from the DVC cache, ``cache: false`` ones from git). Empty outside DVC."""
+    name = os.environ.get("DVC_STAGE")
+    spec = prov.dvc_stages(".").get(name or "") if name else None
+    if not spec:
+        return ""
+    cached, uncached = [], []
+    for kind in ("outs", "metrics", "plots"):
+        for item in spec.get(kind) or []:
+            path, opts = (item, {}) if isinstance(item, str) else next(iter(item.items()))
+            cache = (opts or {}).get("cache", kind == "outs")
+            (cached if cache else uncached).append(str(path))
+    hint = f"; DVC removed {name}'s outputs before it ran: `dvc checkout {name}` puts them back"
+    if uncached:
+        hint += f" (`git checkout -- {' '.join(uncached)}` the uncached ones)"
+    return hint + " (`make repro` checks the store before DVC touches anything)"
+
+
+def source_tags() -> dict[str, str]:
+    """MLflow's source tags without this machine's paths: every run a stage starts sets them
+    (MLflow's defaults name the checkout's absolute path and the origin remote as it is)."""
+    return {"mlflow.source.name": _source_name(), **_repo_url_tags()}
+
+
 def _system_tags() -> dict[str, str]:
     """Where the stage ran: host, CPUs, Python, torch and accelerator (when torch is loaded)."""
     import platform
 
     tags = {"bertrace.host": platform.node(), "bertrace.cpus": str(os.cpu_count()),
-            "bertrace.python": platform.python_version(), "bertrace.platform": platform.platform()}
+            "bertrace.python": platform.python_version(), "bertrace.platform": platform.platform(),
+            **source_tags()}
     torch = sys.modules.get("torch")
     if torch is not None:
         tags["bertrace.torch"] = torch.__version__

@@ -36,7 +36,7 @@ from pipeline.hf_import import describe, import_checkpoint, is_hf_source, write_
 from pipeline.io import atomic_path, sha256_bytes
 from pipeline.task_data import load_task_data
 from pipeline.tokenizer import load_tokenizer
-from stages.common import StageRun, load_params, run_stage
+from stages.common import StageRun, load_params, run_stage, source_tags
 
 OUT = Path("data/finetune")
 VARIANTS_OUT = Path("data/variants")  # data/variants/<name>/model.pt
@@ -115,7 +115,7 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
             parent = mlflow.active_run()
             with mlflow.start_run(run_name=f"finetune-seed-{seed}", nested=True,
                                   experiment_id=parent.info.experiment_id,
-                                  tags={**common_tags, "bertrace.seed": str(seed),
+                                  tags={**source_tags(), **common_tags, "bertrace.seed": str(seed),
                                         "bertrace.pipeline_run_id": run.run_id}):
                 mlflow.log_params({"seed": seed, "mode": cfg.mode})
                 yield lambda metrics, step: mlflow.log_metrics(
