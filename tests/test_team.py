@@ -9,6 +9,7 @@ One module fixture starts the servers and lets two clones of a small DAG (tests/
   ``trace --verify`` of the fine-tuned model that is all ``ok``, no path of A's machine anywhere;
 * clone C changes one finetune param and ``dvc repro --pull``s: pre-training is pulled, only the
   stages downstream of the change run;
+* a shared directory (an NFS share) as the remote works the same way, without S3;
 * the server holds one parent run per pipeline run with a nested run per stage; ``trace`` resolves
   ``runs:/`` and ``models:/`` and the pyfunc model loads from the server's artifact store;
 * a tracking server that is down: one line naming MLFLOW_TRACKING_URI, exit 2, outputs intact;
@@ -216,6 +217,20 @@ def test_clone_c_changes_finetune_and_pulls_pretraining(team_dag):
     assert lock_c["pretrain"] == lock_a["pretrain"]
     assert {k: v for k, v in _files(c).items() if k.startswith("data/pretrain/")} == \
         {k: v for k, v in _files(t.a).items() if k.startswith("data/pretrain/")}
+
+
+def test_a_shared_directory_remote_works_the_same_way(team_dag):
+    """An NFS share as the remote (docs/team.md): push there, a clone pulls from it with no S3 at all."""
+    t = team_dag
+    share = t.base / "nfs-share" / "bertrace-dvc"
+    run(["dvc", "remote", "add", "--local", "share", str(share)], t.a)
+    t.run(["dvc", "push", "--run-cache", "-r", "share"], t.a)
+    e = t.clone(t.a, "e")
+    run(["dvc", "remote", "add", "--local", "--default", "share", str(share)], e)
+    no_s3 = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_ENDPOINT_URL": ""}
+    t.run(["dvc", "pull"], e, **no_s3)
+    assert _files(e) == _files(t.a)
+    assert "Data and pipelines are up to date" in t.run(["dvc", "status"], e, **no_s3).stdout
 
 
 def _last_pipeline_stage_run(t: Team, stage: str):

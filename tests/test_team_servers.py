@@ -126,3 +126,60 @@ def test_up_twice_is_refused_then_down_stops_every_pid(servers):
     assert r.stderr.strip().splitlines() == [f"error: port {port} on 127.0.0.1 (for s3) is taken; "
                                              "pick another or stop what uses it"]
     assert json.loads((state / "credentials").read_text())["secret_key"] == info["credentials"]["secret_key"]
+
+
+def test_refused_credentials_are_one_line_naming_the_fix(tmp_path):
+    """A tracking server with accounts (mlflow server --app-name basic-auth): no or wrong credentials
+    are one line naming MLFLOW_TRACKING_URI and the variables to set, exit 2; right ones pass."""
+    import importlib.util
+    import socket
+    import time
+    import urllib.request
+
+    if importlib.util.find_spec("flask_wtf") is None:
+        pytest.skip("no Flask-WTF: pip install -e '.[team]'")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "basic_auth.ini").write_text(
+        "[mlflow]\ndefault_permission = READ\n"
+        f"database_uri = sqlite:///{tmp_path}/auth.db\nadmin_username = admin\nadmin_password = s3cret-Passw0rd\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "basic_auth.ini"),
+           "MLFLOW_FLASK_SERVER_SECRET_KEY": os.urandom(16).hex()}
+    for k in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        env.pop(k, None)
+    log = open(tmp_path / "server.log", "wb")
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--host",
+                               "127.0.0.1", "--port", str(port), "--workers", "1",
+                               "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db"],
+                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(uri + "/health", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+                time.sleep(0.5)
+        check = [sys.executable, "-m", "stages.cli", "check-tracking"]
+        for creds in ({}, {"MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": "wrong"}):
+            r = subprocess.run(check, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": uri,
+                                                         **creds}, capture_output=True, text=True)
+            assert r.returncode == 2, r.stdout + r.stderr
+            assert r.stderr.strip() == (f"error: MLFLOW_TRACKING_URI={uri}: the server refused this client's "
+                                        "credentials (HTTP 401); set MLFLOW_TRACKING_USERNAME and "
+                                        "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) to an account it knows")
+            assert "wrong" not in r.stderr
+        ok = subprocess.run(check, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": uri,
+                                                      "MLFLOW_TRACKING_USERNAME": "admin",
+                                                      "MLFLOW_TRACKING_PASSWORD": "s3cret-Passw0rd"},
+                            capture_output=True, text=True)
+        assert ok.returncode == 0 and ok.stdout.strip() == f"MLflow tracking store answers: {uri}", ok.stderr
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, 15)
+            server.wait(timeout=30)
+        log.close()
