@@ -153,21 +153,26 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[2])
 
 
-def _alive(pid: int) -> bool:
-    """pid runs (a zombie, which waits for a parent that is not us to reap it, counts as gone)."""
-    child = _CHILDREN.get(pid)
-    if child is not None and child.poll() is not None:
-        return False
-    if Path("/proc/self/stat").exists():
-        st = _proc_stat(pid)
-        return st is not None and st[0] != "Z"
+def _signal0(send, ident: int) -> bool:
+    """Without /proc: whether signal 0 reaches ``ident`` (a process, or a group with os.killpg)."""
     try:
-        os.kill(pid, 0)
+        send(ident, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
     return True
+
+
+def _alive(pid: int) -> bool:
+    """pid runs (a zombie, which waits for a parent that is not us to reap it, counts as gone)."""
+    child = _CHILDREN.get(pid)
+    if child is not None and child.poll() is not None:
+        return False
+    if not Path("/proc/self/stat").exists():
+        return _signal0(os.kill, pid)
+    st = _proc_stat(pid)
+    return st is not None and st[0] != "Z"
 
 
 def _group_alive(pgid: int) -> bool:
@@ -175,20 +180,10 @@ def _group_alive(pgid: int) -> bool:
     child = _CHILDREN.get(pgid)
     if child is not None:
         child.poll()  # reap the leader, else its zombie keeps the group "alive"
-    if Path("/proc/self/stat").exists():
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                st = _proc_stat(int(entry.name))
-                if st is not None and st[1] == pgid and st[0] != "Z":
-                    return True
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    if not Path("/proc/self/stat").exists():
+        return _signal0(os.killpg, pgid)
+    return any(st is not None and st[1] == pgid and st[0] != "Z"
+               for st in (_proc_stat(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()))
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -205,9 +200,8 @@ def _spawn(name: str, cmd: list[str], state: Path, *, env=None, user: str | None
     with open(log, "ab") as out:
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
         out.flush()
-        kw = {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []} if user else {}
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=env, cwd=cwd or state, **kw)
+                                start_new_session=True, env=env, cwd=cwd or state, **_as_user(user))
     _CHILDREN[proc.pid] = proc
     return proc
 

@@ -35,7 +35,7 @@ import pytest
 import yaml
 
 from tests.dag import dag_env, link_shared, run, template_repo
-from tests.servers import require_team_binaries, team
+from tests.servers import team_servers
 
 pytestmark = pytest.mark.slow
 
@@ -103,11 +103,8 @@ class Team:
 
 @pytest.fixture(scope="module")
 def team_dag(tmp_path_factory):
-    require_team_binaries()
     base = tmp_path_factory.mktemp("team")
-    state = base / "servers"
-    info = team.start_servers(state)
-    try:
+    with team_servers(base / "servers") as info:
         t = Team(base, info)
         template = template_repo(base / "template" / "repo")
         run(["dvc", "remote", "add", "-d", "team", "s3://dvc/bertrace"], template)
@@ -129,8 +126,6 @@ def team_dag(tmp_path_factory):
         t.run(["dvc", "push", "--run-cache"], t.a)
         t.push_seconds = time.perf_counter() - t0
         yield t
-    finally:
-        team.stop_servers(state)
 
 
 def test_two_clones_at_once_each_one_parent_run_with_nested_stage_runs(team_dag):

@@ -12,18 +12,16 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.servers import require_team_binaries, team
+from tests.servers import team, team_servers
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    require_team_binaries()
     state = tmp_path_factory.mktemp("team") / "state"
-    info = team.start_servers(state)
-    yield state, info
-    team.stop_servers(state)
+    with team_servers(state) as info:
+        yield state, info
 
 
 def _s3(info, secret=None):
