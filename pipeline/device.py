@@ -31,10 +31,14 @@ What stays nondeterministic, switch or not (https://pytorch.org/docs/stable/note
 from __future__ import annotations
 
 import os
+import platform
 import re
+from pathlib import Path
+from typing import Any
 
 import torch
 
+from pipeline.arithmetic import PORTABLE_CAPABILITY, PORTABLE_ENV, ComputeConfig, host_specific_reasons, is_x86_64
 from pipeline.errors import BertraceError
 
 CUBLAS_WORKSPACE = ":4096:8"
@@ -96,10 +100,13 @@ def cpu_bf16_native() -> bool:
     matmuls: x86 AVX512-BF16 or AMX-BF16 (Cooper Lake, Sapphire Rapids and later Xeons; Zen 4
     and later EPYC), Arm BF16 / SVE-BF16 (Graviton 3 and later). Without them bf16 is emulated
     with fp32 arithmetic plus conversions: slower than fp32. ``BERTRACE_CPU_BF16=0`` (or 1)
-    overrides the detection (e.g. to keep a run's fp32 results on a newer machine)."""
+    overrides the detection (e.g. to keep a run's fp32 results on a newer machine). Under the
+    portable pins (pipeline/arithmetic.py) oneDNN stops at AVX2: no bf16 instructions."""
     forced = os.environ.get("BERTRACE_CPU_BF16")
     if forced in ("0", "1"):
         return forced == "1"
+    if os.environ.get("ONEDNN_MAX_CPU_ISA") == PORTABLE_ENV["ONEDNN_MAX_CPU_ISA"]:
+        return False
     caps = getattr(torch.cpu, "get_capabilities", None)
     if caps is not None:
         c = caps()
@@ -218,3 +225,58 @@ def set_deterministic(on: bool, device: torch.device) -> dict:
 def restore_deterministic(enabled: bool) -> None:
     """Put ``torch.use_deterministic_algorithms`` back as it was before :func:`set_deterministic`."""
     torch.use_deterministic_algorithms(enabled)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; elsewhere what the platform module says)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def apply_arithmetic(cfg: ComputeConfig) -> None:
+    """Apply ``compute.kernels`` after torch loaded (pipeline/arithmetic.py): in portable mode on
+    x86-64, switch oneDNN off and check that the environment pins took effect, i.e. that they were
+    set before torch ran its first kernel (``stages.arithmetic`` does so for every stage)."""
+    if cfg.kernels != "portable" or not is_x86_64():
+        return
+    torch.backends.mkldnn.enabled = False
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability != PORTABLE_CAPABILITY:
+        if os.environ.get("ATEN_CPU_CAPABILITY") == PORTABLE_ENV["ATEN_CPU_CAPABILITY"]:
+            raise BertraceError(f"params.yaml: compute.kernels = portable needs AVX2, which this CPU ({cpu_model()}) "
+                                f"lacks (torch runs {capability} kernels); set compute.kernels: native")
+        raise BertraceError(f"params.yaml: compute.kernels = portable, but torch already runs {capability} kernels: "
+                            "the pins must be set before torch loads; run the stage as `python -m stages.<name>` "
+                            "(dvc repro does), or export " + " ".join(f"{k}={v}" for k, v in PORTABLE_ENV.items()))
+
+
+def arithmetic_state(device: torch.device, precision: str, threads_fixed: bool) -> dict[str, Any]:
+    """The arithmetic a run actually used, read from torch and the environment (not from params),
+    for provenance and ``trace``: ``kernels`` is ``portable`` only when every pin of
+    pipeline/arithmetic.py is in force. ``host_specific`` lists why another kind of host would
+    compute other bytes (empty: any x86-64 CPU with AVX2 recomputes them), and then ``cpu``, the
+    model of this one."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    pinned = (capability == PORTABLE_CAPABILITY and not torch.backends.mkldnn.enabled
+              and all(os.environ.get(k) == v for k, v in PORTABLE_ENV.items()))
+    state = {
+        "kernels": "portable" if pinned else "native",
+        "cpu_capability": capability,
+        "mkl_cbwr": os.environ.get("MKL_CBWR"),
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+        "mkldnn": bool(torch.backends.mkldnn.enabled),
+        "device": device.type,
+        "precision": precision,
+        "threads": torch.get_num_threads(),
+        "threads_fixed": bool(threads_fixed),
+        "machine": platform.machine(),
+    }
+    state["host_specific"] = host_specific_reasons(state)
+    if state["host_specific"]:  # which host can rebuild them; portable bytes name no host
+        state["cpu"] = cpu_model()
+    return state

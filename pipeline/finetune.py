@@ -84,7 +84,7 @@ class FinetuneConfig(Section):
     group_by_length: Bool = True  # batches of similar length: less padding, same examples per epoch
     seeds: list[Annotated[Int, Field(ge=0)]] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     log_every_steps: Annotated[Int, Field(ge=1)] = 50
-    threads: Annotated[Int, Field(ge=0)] = 0  # torch CPU threads (0: torch's default)
+    threads: Annotated[Int, Field(ge=0)] = 2  # torch CPU threads, also evaluate's (0: the host's core count)
     device: Str = "auto"  # auto | cpu | cuda | cuda:N | mps
 
     @field_validator("seeds", mode="before")

@@ -46,6 +46,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from pipeline.arithmetic import host_line, is_x86_64
 from pipeline.errors import BertraceError
 from pipeline.formats import MANIFEST
 from pipeline.io import sha256_file
@@ -281,7 +282,8 @@ def _compute(rec: dict[str, Any]) -> dict[str, Any]:
     return {"device": rec.get("device"), "precision": rec.get("precision"),
             "torch": rec.get("torch") or libs.get("torch"),
             "num_threads": det.get("num_threads", rec.get("num_threads")), "world_size": rec.get("world_size"),
-            "machine": plat.get("machine"), "system": plat.get("system")}
+            "machine": plat.get("machine"), "system": plat.get("system"),
+            "arithmetic": rec.get("arithmetic") if isinstance(rec.get("arithmetic"), dict) else None}
 
 
 class _RunLogs:
@@ -682,6 +684,9 @@ def compute_line(c: dict[str, Any]) -> str:
         parts.append(f"{c['num_threads']} CPU thread{'s' if c['num_threads'] != 1 else ''}")
     if (c.get("world_size") or 1) > 1:
         parts.append(f"{c['world_size']} processes")
+    arithmetic = c.get("arithmetic")
+    if arithmetic and device in ("", "cpu"):
+        parts.append(f"{arithmetic.get('kernels')} kernels ({arithmetic.get('cpu_capability')})")
     return ", ".join(parts)
 
 
@@ -693,7 +698,7 @@ def compute_differences(compute: dict[str, Any], params: dict[str, Any]) -> tupl
     thread count match (the CPU's instruction set, not recorded, can still change fp32 sums)."""
     import torch  # only here: tracing a record needs no torch
 
-    from pipeline.device import cpu_bf16_native, precision_name, resolve_device, resolve_precision
+    from pipeline.device import cpu_bf16_native, cpu_model, precision_name, resolve_device, resolve_precision
 
     diffs: list[str] = []
     unknown: list[str] = []
@@ -710,6 +715,8 @@ def compute_differences(compute: dict[str, Any], params: dict[str, Any]) -> tupl
             precision = precision_name(resolve_precision(asked, here)[0])
         except BertraceError:
             precision = "an error"
+        if here.type == "cpu" and asked == "auto" and _portable(compute):
+            precision = "fp32"  # what auto gives under the portable pins, which the stage sets
         no_bf16 = " (this CPU has no bf16 instructions: AVX512-BF16, AMX or Arm BF16)" \
             if here.type == "cpu" and not cpu_bf16_native() else ""
         if not compute.get("precision"):
@@ -728,7 +735,18 @@ def compute_differences(compute: dict[str, Any], params: dict[str, Any]) -> tupl
                              f"(pretrain.num_threads: {compute['num_threads']} runs with as many)")
     if compute.get("torch") and compute["torch"] != torch.__version__:
         diffs.append(f"torch {torch.__version__} here, {compute['torch']} when recorded")
+    arithmetic = compute.get("arithmetic")
+    if arithmetic is None:
+        unknown.append("which CPU kernels it ran is not recorded here (a checkpoint's provenance records them)")
+    elif arithmetic.get("host_specific") and arithmetic.get("cpu") != cpu_model():
+        diffs.append(f"{host_line(arithmetic)}; this one is a {cpu_model()}")
+    elif here is not None and here.type == "cpu" and not (is_x86_64() and torch.cpu.get_capabilities().get("avx2")):
+        diffs.append("portable kernels need an x86-64 CPU with AVX2, which this one is not")
     return diffs, unknown
+
+
+def _portable(compute: dict[str, Any]) -> bool:
+    return bool(compute.get("arithmetic")) and not compute["arithmetic"].get("host_specific")
 
 
 def this_machine(lin: dict[str, Any]) -> list[str]:
@@ -744,8 +762,9 @@ def this_machine(lin: dict[str, Any]) -> list[str]:
         elif unknown:
             lines.append(f"this machine: {node['stage']} here matches the record as far as it goes:")
         else:
-            lines.append(f"this machine: {node['stage']} here matches the record's device, precision, torch and "
-                         "CPU threads (the same bytes also need the same kind of CPU, which it does not name)")
+            lines.append(f"this machine: {node['stage']} here matches the record's device, precision, torch, "
+                         "CPU threads and " + ("portable kernels: the same bytes" if _portable(node["compute"]) else
+                                               "kernels (the same bytes also need the same kind of CPU)"))
         lines += [f"   {d}" for d in diffs] + [f"   cannot tell: {u}" for u in unknown]
     return lines
 

@@ -67,7 +67,7 @@ from tqdm import tqdm
 
 from pipeline import checkpoint as ckpt_lib
 from pipeline.config import Bool, Float, Int, Section, Str, format_errors
-from pipeline.device import (fused_adamw, mfu, precision_name, resolve_device, resolve_precision,
+from pipeline.device import (arithmetic_state, fused_adamw, mfu, precision_name, resolve_device, resolve_precision,
                              restore_deterministic, set_deterministic)
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_open, canonical_json, sha256_file
@@ -129,7 +129,7 @@ class PretrainConfig(Section):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 (else fp16) on CUDA; bf16 on CPUs with bf16 instructions, else fp32
     tf32: Bool = True  # TensorFloat-32 matmuls on Ampere+ GPUs
     compile: Bool = False  # torch.compile the model (dynamic shapes; compile time is not in time_minutes)
-    num_threads: Int = 0  # torch CPU threads (0: torch's default, the number of cores)
+    num_threads: Int = 2  # torch CPU threads (0: torch's default, the host's core count)
     deterministic: Bool = True  # deterministic kernels (pipeline/device.py); no cost on the CPU
     verify_shards: Bool = True  # rehash the example shards against their manifest before training
     resume: Literal["auto", True, False] = "auto"  # the stage's resume= (see pretrain()); --no-resume wins
@@ -959,6 +959,7 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
         **provenance, "tokenizer_sha256": tokenizer_sha, "examples_manifest_sha256": manifest_sha,
         "torch": torch.__version__, "device": str(device), "precision": precision, "world_size": world,
         "determinism": determinism, "objective": cfg.objective, **({"init": init["record"]} if init else {}),
+        "arithmetic": arithmetic_state(device, precision, threads_fixed=bool(cfg.num_threads)),
     }))
     if init is not None and init["provenance"].get("stage") == "imported":  # trace: "imported from ..." at the root
         provenance["upstream"] = {**(provenance.get("upstream") or {}), "imported": init["provenance"]}

@@ -11,19 +11,25 @@ The MLflow run gets the same numbers, the files, and the model as an MLflow pyfu
 
 from __future__ import annotations
 
+import stages.arithmetic  # noqa: F401  (first: params.yaml compute's CPU kernel pins, set before torch loads)
+
+# isort: split
 import os
 import time
 from pathlib import Path
+
+import torch
 
 from pipeline.errors import BertraceError
 from pipeline.evaluate import (EvaluateConfig, collapse_warnings, evaluate_logits, metrics_for_dvc, metrics_summary,
                                plot_confusion, provenance_chain, render_report, write_confusion_csv, write_report)
 from pipeline.scorecard import SCORECARD_JSON, run_row, task_name as scorecard_task, write_run_row
-from pipeline.device import resolve_device
+from pipeline.device import apply_arithmetic, resolve_device
 from pipeline.inference import Classifier
 from pipeline.io import read_json, write_json
 from pipeline import provenance as prov
 from pipeline.task_data import evaluate_roles, load_task_data
+from stages.arithmetic import compute_config
 from stages.common import DETAILS_DIR, PROVENANCE_DIR, StageRun, load_params, run_stage
 
 MODEL = Path("data/finetune/model.pt")
@@ -62,7 +68,12 @@ def main(progress: bool = True) -> dict:
     mirror = finetune_params.get("mirror") or os.environ.get("BERTRACE_HUB_MIRROR") or None
     model_path = MODEL
     splits, batch_size = evaluate_roles(task, cfg.splits), cfg.batch_size  # auto: the task's own roles
-    run_params = {**params, "task": task}
+    compute = compute_config()
+    apply_arithmetic(compute)
+    threads = int(finetune_params.get("threads") or 0)  # the fine-tuned model runs as it was trained
+    if threads > 0:
+        torch.set_num_threads(threads)
+    run_params = {**params, "task": task, "compute": compute.to_dict()}
 
     with StageRun("evaluate", run_params) as run:
         clf = Classifier.load(model_path, device=resolve_device(cfg.device, param="evaluate.device"))

@@ -19,6 +19,9 @@ model, and its ``imported`` record (source, revision, sha256 of every file read)
 
 from __future__ import annotations
 
+import stages.arithmetic  # noqa: F401  (first: params.yaml compute's CPU kernel pins, set before torch loads)
+
+# isort: split
 import argparse
 import contextlib
 import functools
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.device import apply_arithmetic
 from pipeline.errors import BertraceError
 from pipeline.finetune import (FinetuneConfig, architecture, check_tokenizer, checkpoint_metrics, finetune,
                                headline_metrics, load_pretrained, resolve_checkpoint, save_finetuned, variant_params)
@@ -36,6 +40,7 @@ from pipeline.hf_import import describe, import_checkpoint, is_hf_source, write_
 from pipeline.io import atomic_path, sha256_bytes
 from pipeline.task_data import load_task_data
 from pipeline.tokenizer import load_tokenizer
+from stages.arithmetic import compute_config
 from stages.common import StageRun, load_params, run_stage, source_tags
 
 OUT = Path("data/finetune")
@@ -56,6 +61,8 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
         params = variant_params(params, overrides, variant)
         stage, out = f"finetune_variant@{variant}", VARIANTS_OUT / variant
     cfg = FinetuneConfig.from_params(params, section=f"finetune_variants.{variant}" if variant else None)
+    compute = compute_config()
+    apply_arithmetic(compute)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     mirror = cfg.mirror or os.environ.get("BERTRACE_HUB_MIRROR") or None
@@ -71,7 +78,7 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
     ckpt_path = Path(cfg.checkpoint) if imported else resolve_checkpoint(cfg.checkpoint)
     tokenizer_path = out / "tokenizer.json" if imported else Path(cfg.tokenizer)
 
-    with StageRun(stage, params) as run:
+    with StageRun(stage, {**params, "compute": compute.to_dict()}) as run:
         if imported:
             ckpt = import_checkpoint(cfg.checkpoint)
             write_tokenizer(ckpt, tokenizer_path)  # the checkpoint's tokenizer replaces the pipeline's

@@ -12,6 +12,9 @@ the manifest names, and rehashes every shard against the manifest's sha256s (ski
 
 from __future__ import annotations
 
+import stages.arithmetic  # noqa: F401  (first: params.yaml compute's CPU kernel pins, set before torch loads)
+
+# isort: split
 import argparse
 import os
 from pathlib import Path
@@ -19,10 +22,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from pipeline.device import apply_arithmetic
 from pipeline.errors import BertraceError
 from pipeline.io import sha256_file, write_json
 from pipeline.pretrain_data import load_manifest, verify_shards
 from pipeline.train import TRAIN_CURVE, VAL_CURVE, PretrainConfig, pretrain
+from stages.arithmetic import compute_config
 from stages.common import DETAILS_DIR, METRICS_DIR, StageRun, load_params, run_stage
 
 EXAMPLES = Path("data/examples")
@@ -100,11 +105,13 @@ def main(argv: list[str] | None = None) -> None:
     # resuming (a mismatch is an error naming both hashes; a larger budget extends the run);
     # false (or --no-resume) starts over.
     cfg = PretrainConfig.from_params(params)
+    compute = compute_config()
+    apply_arithmetic(compute)
     resume = False if args.no_resume else cfg.resume
     rank, world = _init_distributed(cfg)
     main_rank = rank == 0
     try:
-        with StageRun("pretrain", params, log_mlflow=main_rank, system_metrics=True) as run:
+        with StageRun("pretrain", {**params, "compute": compute.to_dict()}, log_mlflow=main_rank, system_metrics=True) as run:
             manifest = load_manifest(EXAMPLES)  # a clear error when the examples stage has not run
             manifest_sha = run.add_input(EXAMPLES / "manifest.json")
             run.add_upstream("examples")

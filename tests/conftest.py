@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.arithmetic import ComputeConfig, process_env
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
@@ -20,6 +22,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # thread count each would oversubscribe the cores and spin (README: two such dvc exp runs, ~18x slower).
     # Set before torch is imported, which reads it once.
     os.environ["OMP_NUM_THREADS"] = "1"
+
+# The tests run torch as the stages do by default (params.yaml compute.kernels: portable): the kernel
+# pins go into the environment before torch loads, for this process and the stages it starts.
+os.environ.update(process_env(ComputeConfig()))
 
 
 @functools.cache

@@ -55,13 +55,13 @@ def tiny_params(params: dict) -> dict:
     params["validate"]["nsp_tolerance"] = 0.1
     p = params["pretrain"]
     p["model"] = {"preset": "tiny", "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
-    p.update(max_steps=8, epochs=None, time_minutes=None, snapshot_minutes=[], batch_size=8, eval_every=4,
+    p.update(num_threads=1, max_steps=8, epochs=None, time_minutes=None, snapshot_minutes=[], batch_size=8, eval_every=4,
              eval_batches=2, log_every=1, checkpoint_every=4, checkpoint_minutes=None)
     if "snapshot_steps" in p:
         p["snapshot_steps"] = []
     f = params["finetune"]
     f["task"] = dict(f["task"], max_examples={"train": 256, "validation": 128, "test": 128})
-    f.update(epochs=1, seeds=[0], batch_size=32)
+    f.update(epochs=1, seeds=[0], batch_size=32, threads=1)  # one thread: two test workers share the cores
     params["finetune_variants"] = {"frozen": params["finetune_variants"]["frozen"]}  # one variant: its bytes too
     return params
 

@@ -15,6 +15,7 @@ from tests.conftest import REPO
 
 
 def _sections():
+    from pipeline.arithmetic import ComputeConfig
     from pipeline.clean import CleanConfig
     from pipeline.corpus import DownloadConfig
     from pipeline.evaluate import EvaluateConfig
@@ -26,14 +27,14 @@ def _sections():
 
     return {"download": DownloadConfig, "clean": CleanConfig, "tokenizer": TokenizerConfig, "examples": ExamplesConfig,
             "validate": ValidateConfig, "pretrain": PretrainConfig, "finetune": FinetuneConfig,
-            "evaluate": EvaluateConfig}
+            "evaluate": EvaluateConfig, "compute": ComputeConfig}
 
 
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("section", ["download", "clean", "tokenizer", "examples", "validate", "pretrain", "finetune",
-                                     "evaluate"])
+@pytest.mark.parametrize("section", ["download", "clean", "tokenizer", "examples", "validate", "compute", "pretrain",
+                                     "finetune", "evaluate"])
 def test_code_defaults_equal_params_yaml(section):
     """Deleting a line of params.yaml must not change the run: the code's default is the same value."""
     cls = _sections()[section]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -268,6 +269,11 @@ def test_trace_verifies_the_pipeline_checkpoint_from_disk_mlflow_and_export(repo
     lin = json.loads(_trace(root, env, "data/finetune/model.pt", "--json").stdout)
     assert [n["stage"] for n in lin["chain"]] == CHAIN_STAGES[1:]
     assert lin["chain"][-1]["source"] == "local data/sources/wiki.raw"
+    # pre-training ran on the portable kernels (params.yaml compute), which any x86-64 CPU with AVX2 rebuilds
+    out = _trace(root, env, "data/pretrain/best.pt").stdout
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert "fp32, torch " in out and "1 CPU thread, portable kernels (AVX2)" in out, out
+        assert "CPU threads and portable kernels: the same bytes" in out, out
 
     # MLflow: the evaluate run, its pyfunc model and the registered version
     client = _mlflow_client(root)

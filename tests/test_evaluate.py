@@ -315,7 +315,7 @@ def test_evaluate_stage_end_to_end(tmp_path, monkeypatch):
         labels[role] = np.where(rng.random(len(t)) < 0.7, pred, 1 - pred).tolist()
         _write_split(tmp_path / f"{role}.csv", t, labels[role])
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({
-        "finetune": {"task": {"source": "local", "local": {"validation": "validation.csv", "test": "test.csv"},
+        "compute": {"kernels": "portable"}, "finetune": {"task": {"source": "local", "local": {"validation": "validation.csv", "test": "test.csv"},
                               "text_columns": ["sentence"], "label_column": "label",
                               "label_names": ["negative", "positive"]}},
         "evaluate": {"splits": ["validation", "test"], "batch_size": 16, "log_model": True},
@@ -363,7 +363,7 @@ def test_evaluate_stage_rejects_a_label_set_it_was_not_trained_on(tmp_path, monk
     make_finetuned(tmp_path / "data" / "finetune")
     _write_split(tmp_path / "validation.csv", ["good film", "bad film"], [0, 2])
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({
-        "finetune": {"task": {"source": "local", "local": {"validation": "validation.csv"},
+        "compute": {"kernels": "portable"}, "finetune": {"task": {"source": "local", "local": {"validation": "validation.csv"},
                               "label_names": ["neg", "neu", "pos"]}},
         "evaluate": {"splits": ["validation"]},
     }))

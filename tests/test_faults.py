@@ -153,7 +153,7 @@ def _pretrain_dir(tmp_path: Path, **params) -> Path:
                   row_group_size=16)
     cfg = {"model": TINY, "batch_size": 16, "lr": 2e-3, "warmup": 0.1, "max_steps": 4, "eval_every": 2,
            "log_every": 1, "checkpoint_every": 2, "num_threads": 1, "snapshot_steps": [], **params}
-    (work / "params.yaml").write_text(yaml.safe_dump({"pretrain": cfg}))
+    (work / "params.yaml").write_text(yaml.safe_dump({"compute": {"kernels": "portable"}, "pretrain": cfg}))
     return work
 
 

@@ -414,7 +414,7 @@ def test_finetune_stage_end_to_end(env, tmp_path, monkeypatch):
     (root / "data" / "tokenizer" / "tokenizer.json").write_bytes(env["tokenizer_path"].read_bytes())
     # only last.pt exists: the stage falls back to it from data/pretrain/best.pt
     (root / "data" / "pretrain" / "last.pt").write_bytes(env["ckpt_path"].read_bytes())
-    params = {"finetune": {
+    params = {"compute": {"kernels": "portable"}, "finetune": {
         "checkpoint": "data/pretrain/best.pt", "tokenizer": "data/tokenizer/tokenizer.json", "mirror": "",
         "task": env["task"], "mode": "full", "max_len": 32, "truncation": "head", "epochs": 6, "batch_size": 16,
         "lr": 3e-3, "warmup": 0.1, "weight_decay": 0.01, "dropout": 0.1, "patience": 3, "seeds": [1, 2],

@@ -295,14 +295,14 @@ def test_finetune_stage_imports_trains_and_traces(tmp_path, monkeypatch, capsys)
     root.mkdir()
     task = write_task(tmp_path)
     params = finetune_params(hf_dir.as_posix(), "data/tokenizer/tokenizer.json", task)
-    (root / "params.yaml").write_text(yaml.safe_dump({"finetune": params}), encoding="utf-8")
+    (root / "params.yaml").write_text(yaml.safe_dump({"compute": {"kernels": "portable"}, "finetune": params}), encoding="utf-8")
     monkeypatch.chdir(root)
     monkeypatch.delenv("BERTRACE_HUB_MIRROR", raising=False)
     with pytest.raises(BertraceError, match=f"set finetune.tokenizer: {hf_dir.as_posix()} too"):
         stage.main(progress=False)  # the pipeline's tokenizer cannot go with a published checkpoint
 
     params["tokenizer"] = hf_dir.as_posix()
-    (root / "params.yaml").write_text(yaml.safe_dump({"finetune": params}), encoding="utf-8")
+    (root / "params.yaml").write_text(yaml.safe_dump({"compute": {"kernels": "portable"}, "finetune": params}), encoding="utf-8")
     stage.main(progress=False)
     ckpt = torch.load(root / "data/finetune/model.pt", weights_only=True)
     tok_sha = sha256_file(root / "data/finetune/tokenizer.json")

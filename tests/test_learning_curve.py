@@ -63,7 +63,7 @@ def test_learning_curve_command_end_to_end(env, tmp_path, monkeypatch):  # noqa:
     (root / "data" / "tokenizer" / "tokenizer.json").write_bytes(env["tokenizer_path"].read_bytes())
     _with_minutes(env["ckpt_path"], root / "data" / "pretrain" / "best.pt", 2.0, 1.0, step=40)
     _with_minutes(env["ckpt_path"], root / "data" / "pretrain" / "snapshots" / "step-000020.pt", 1.0, 0.5, step=20)
-    params = {"learning_curve": {"seeds": [0], "reference": {"HF route, 30 min": 82.45}}, "finetune": {
+    params = {"compute": {"kernels": "portable"}, "learning_curve": {"seeds": [0], "reference": {"HF route, 30 min": 82.45}}, "finetune": {
         "tokenizer": "data/tokenizer/tokenizer.json", "mirror": "", "task": env["task"], "mode": "full",
         "max_len": 32, "epochs": 2, "batch_size": 16, "lr": 3e-3, "patience": 0, "seeds": [1, 2, 3]}}
     (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
@@ -119,7 +119,7 @@ def test_curves_of_two_objectives_share_one_plot_per_corpus(env, tmp_path, monke
     torch.set_num_threads(1)
     for label in ("first", "second"):
         (root / "params.yaml").write_text(yaml.safe_dump({"learning_curve": {"seeds": [0], "label": label},
-                                                          "finetune": ft}), encoding="utf-8")
+                                                          "compute": {"kernels": "portable"}, "finetune": ft}), encoding="utf-8")
         metrics = stage.main(progress=False)
     assert metrics["plotted"] == ["first", "second"] and metrics["unit"] == "minutes" and metrics["label"] == "second"
     kept = json.loads((root / "reports" / "learning_curves" / "first.json").read_text())

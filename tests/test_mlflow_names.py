@@ -192,7 +192,7 @@ def test_finetune_stage_with_column_renames_and_split_names_mlflow_rejects(tmp_p
             "splits": {"train": "Zug (de)", "validation": "dev / প্রথম", "test": None},
             "columns": {"Stars (1-5)": "label", "Review text": "text"}, "text_columns": ["text"],
             "label_names": ["neg", "pos"]}
-    (root / "params.yaml").write_text(yaml.safe_dump({"finetune": {
+    (root / "params.yaml").write_text(yaml.safe_dump({"compute": {"kernels": "portable"}, "finetune": {
         "task": task, "max_len": 32, "epochs": 1, "batch_size": 16, "seeds": [0], "threads": 1}},
         allow_unicode=True), encoding="utf-8")
     monkeypatch.chdir(root)
@@ -223,7 +223,7 @@ def test_evaluate_stage_with_label_names_and_columns_in_many_scripts(tmp_path, m
     with open(tmp_path / "dev.csv", "w", encoding="utf-8") as f:
         f.write("Review (text)\tStars\n" + "".join(f"{t}\t{labels[i % 5]}\n" for i, t in enumerate(texts)))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({
-        "finetune": {"task": {"source": "local", "local": {"dev": "dev.csv", "train": "dev.csv"},
+        "compute": {"kernels": "portable"}, "finetune": {"task": {"source": "local", "local": {"dev": "dev.csv", "train": "dev.csv"},
                               "splits": {"train": "train", "validation": "dev", "test": None},
                               "text_columns": ["Review (text)"], "label_column": "Stars", "label_names": labels,
                               "delimiter": "\t"}},

@@ -431,7 +431,7 @@ def stage_dir(tmp_path, monkeypatch):
     make_examples(work / "data" / "examples", masking="dynamic", train_rows=64, valid_rows=32, rows_per_shard=32)
     params = {"model": {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64,
                         "max_position": 64}, "batch_size": 16, "max_steps": 2, "eval_every": 0, "num_threads": 1}
-    (work / "params.yaml").write_text(yaml.safe_dump({"pretrain": params}))
+    (work / "params.yaml").write_text(yaml.safe_dump({"compute": {"kernels": "portable"}, "pretrain": params}))
     monkeypatch.chdir(work)
     monkeypatch.setenv("BERTRACE_NO_MLFLOW", "1")
     return work

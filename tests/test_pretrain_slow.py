@@ -180,7 +180,7 @@ def _stage_dir(tmp_path: Path, **pretrain_params) -> Path:
     work = tmp_path / "work"
     make_examples(work / "data" / "examples", masking="dynamic", train_rows=256, valid_rows=32,
                   rows_per_shard=64, row_group_size=16)
-    params = {"pretrain": {"model": TINY, "batch_size": 16, "lr": 2e-3, "warmup": 0.1, "max_steps": 8,
+    params = {"compute": {"kernels": "portable"}, "pretrain": {"model": TINY, "batch_size": 16, "lr": 2e-3, "warmup": 0.1, "max_steps": 8,
                            "eval_every": 4, "log_every": 2, "checkpoint_every": 4, "num_threads": 1,
                            **pretrain_params}}
     (work / "params.yaml").write_text(yaml.safe_dump(params))

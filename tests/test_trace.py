@@ -15,6 +15,8 @@ import torch
 import yaml
 
 from pipeline import trace
+from pipeline.arithmetic import host_line, host_specific_reasons
+from pipeline.device import cpu_model
 from pipeline.errors import BertraceError
 from pipeline.io import sha256_file
 from pipeline.provenance import hash_path, params_hash
@@ -161,16 +163,32 @@ def test_trace_says_whether_this_machine_recomputes_the_weights(chain, capsys, m
     here would match, naming each difference."""
     _no_accelerator(monkeypatch)
     threads = torch.get_num_threads()
+    native = {"kernels": "native", "cpu_capability": "AVX512", "device": "cpu", "precision": "bf16",
+              "threads": threads, "threads_fixed": True, "machine": "x86_64", "cpu": cpu_model()}
+    native["host_specific"] = host_specific_reasons(native)
     ran = {"device": "cpu", "precision": "bf16", "torch": torch.__version__, "world_size": 1,
            "determinism": {"deterministic": True, "num_threads": threads},
-           "platform": {"machine": "x86_64", "system": "Linux"}}
+           "platform": {"machine": "x86_64", "system": "Linux"}, "arithmetic": native}
     params = {"device": "cpu", "precision": "auto", "num_threads": 0}
     node = {"stage": "pretrain", "params": params, "inputs": {}, "outputs": {}, "compute": trace._compute(ran)}
     lin = {"target": "best.pt", "kind": "pre-training checkpoint", "chain": [node]}
     assert "computed on cpu (x86_64 Linux), bf16 autocast, torch " f"{torch.__version__}, {threads} CPU thread" \
         in trace.format_tree(lin)
+    assert "native kernels (AVX512)" in trace.format_tree(lin)
     monkeypatch.setenv("BERTRACE_CPU_BF16", "1")  # a CPU with bf16 instructions: the same run
     assert trace.compute_differences(node["compute"], params) == ([], [])
+    # host-specific arithmetic from another kind of CPU: only such a host rebuilds it
+    elsewhere = trace._compute({**ran, "arithmetic": {**native, "cpu": "AMD EPYC 9B14"}})
+    assert trace.compute_differences(elsewhere, params)[0] == [
+        "host-specific arithmetic (compute.kernels native (AVX512 kernels), bf16 autocast): rebuild on a "
+        f"AMD EPYC 9B14 host; this one is a {cpu_model()}"]
+    # portable arithmetic: auto is fp32 under the pins, and any x86-64 CPU with AVX2 rebuilds it
+    portable = {**native, "kernels": "portable", "cpu_capability": "AVX2", "precision": "fp32", "host_specific": []}
+    portable.pop("cpu")
+    fp32 = trace._compute({**ran, "precision": "fp32", "arithmetic": portable})
+    assert trace.compute_differences(fp32, {**params, "num_threads": threads}) == ([], [])
+    assert trace.this_machine({"chain": [{**node, "compute": fp32}]})[0].endswith("portable kernels: the same bytes")
+    assert host_line(portable).startswith("portable arithmetic: fp32 on AVX2 kernels")
     assert trace.this_machine(lin)[0].startswith("this machine: pretrain here matches the record's device, precision")
     monkeypatch.setenv("BERTRACE_CPU_BF16", "0")  # without: auto trains fp32 here
     diffs, _ = trace.compute_differences(node["compute"], params)
@@ -195,7 +213,8 @@ def test_trace_says_whether_this_machine_recomputes_the_weights(chain, capsys, m
     assert trace_cli.main(["data/provenance/pretrain.json"]) == 0
     out = capsys.readouterr().out
     assert "computed on cpu, precision not recorded, torch ?" in out
-    assert out.rstrip().endswith("the record does not say what it gave (reports/pretrain.json does)")
+    assert "the record does not say what it gave (reports/pretrain.json does)" in out
+    assert "cannot tell: which CPU kernels it ran is not recorded here" in out
     assert "\n   cannot tell: precision auto gives fp32 here" in out
 
 

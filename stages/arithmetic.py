@@ -1,0 +1,45 @@
+"""The CPU kernel pins of params.yaml ``compute`` (pipeline/arithmetic.py), set in this process's
+environment before torch loads: ATen, MKL and oneDNN read them once, at their first kernel, so
+every stage that runs torch imports this module first. A stage whose torch was already loaded
+(an in-process call) is checked instead: :func:`pipeline.device.apply_arithmetic` fails there
+when the pins did not take effect."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+from pipeline.arithmetic import ComputeConfig, process_env
+from pipeline.errors import BertraceError
+
+PARAMS_FILE = Path("params.yaml")
+
+
+def compute_config(params_file: str | os.PathLike = PARAMS_FILE) -> ComputeConfig:
+    """params.yaml's ``compute`` section, validated (one line naming ``compute.<key>`` when wrong)."""
+    path = Path(params_file)
+    try:
+        params = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise BertraceError(f"{path}: cannot be read ({e}); run stages from the repository root") from None
+    if "compute" not in params:
+        raise BertraceError(f"{path}: has no 'compute:' section; restore it from the repository's params.yaml")
+    return ComputeConfig.from_params(params["compute"])
+
+
+def pin_cpu_arithmetic(params_file: str | os.PathLike = PARAMS_FILE) -> None:
+    """Export the pins ``compute.kernels`` asks for, if torch is not loaded yet. A params file that
+    cannot be read is left to the stage's own parsing, which reports it in one line."""
+    if "torch" in sys.modules:
+        return
+    try:
+        cfg = compute_config(params_file)
+    except BertraceError:
+        return
+    os.environ.update(process_env(cfg))
+
+
+pin_cpu_arithmetic()
