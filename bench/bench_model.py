@@ -162,7 +162,8 @@ def build_variant(args, name: str):
     config = make_config(args)
     device_type = args.device.split(":")[0]
     if kind == "electra":
-        from pipeline.objectives.electra import ElectraForPreTraining, electra_losses, generator_config, uniform_noise
+        from pipeline.electra import ElectraForPreTraining, generator_config, uniform_noise
+        from pipeline.objectives.electra import electra_losses
 
         model = ElectraForPreTraining(config, generator_config(config))
     else:

@@ -76,7 +76,7 @@ def clean(raw_dir: Path, clean_dir: Path, valid_fraction: float = 0.1) -> dict:
 
 
 def tokenizer(clean_dir: Path, tok_dir: Path, vocab_size: int = 16000) -> dict:
-    from pipeline.tokenizer import train_wordpiece
+    from pipeline.tokenizer_training import train_wordpiece
 
     return train_wordpiece(clean_dir / "train.txt", tok_dir, vocab_size=vocab_size, lowercase=True, min_frequency=2,
                            progress=False)

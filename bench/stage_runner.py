@@ -32,7 +32,7 @@ def main() -> None:
         result = clean_corpus(raw, out, min_chars=200, valid_fraction=0.1, seed=0, workers=args.workers,
                               engine=args.engine, scheduler=args.scheduler or None, progress=False)
     elif args.stage == "tokenizer":
-        from pipeline.tokenizer import train_wordpiece
+        from pipeline.tokenizer_training import train_wordpiece
 
         clean, out = map(Path, args.paths)
         result = train_wordpiece(clean / "train.txt", out, vocab_size=16000, lowercase=True, min_frequency=2,

@@ -40,6 +40,7 @@ from pipeline.config import Float, Int
 from pipeline.distributed import Engine, EngineParams, run_tasks
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_path
+from pipeline.raw_corpus import load_raw_manifest
 
 
 class CleanConfig(EngineParams):
@@ -229,14 +230,12 @@ def clean_corpus(raw_dir: Path, out_dir: Path, *, min_chars: int, valid_fraction
     ``workers`` processes (0 = all cores, 1 = this process) or a Dask ``engine`` normalise the
     articles (see the module docstring); a local run of fewer than ``MIN_PARALLEL_CHUNKS`` chunks
     stays in this process. ``chunk_chars`` sets the task size (never the output)."""
-    from pipeline.corpus import load_manifest  # imports pyarrow: not for the workers
-
     raw_dir, out_dir = Path(raw_dir), Path(out_dir)
     if not 0.0 <= float(valid_fraction) < 1.0:
         raise BertraceError(f"params.yaml: clean.valid_fraction is {valid_fraction}; use a value in [0, 1)")
     if not isinstance(engine, Engine):
         engine = Engine.from_params({"engine": engine, "workers": workers, "dask_scheduler": scheduler}, "clean")
-    manifest = load_manifest(raw_dir)
+    manifest = load_raw_manifest(raw_dir)
     fmt = manifest["format"]
     chunks = row_chunks(_iter_raw_rows(raw_dir, manifest, progress), fmt, chunk_chars)
     first = list(islice(chunks, MIN_PARALLEL_CHUNKS))

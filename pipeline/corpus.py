@@ -39,10 +39,10 @@ from pipeline.config import Bool, Section, Str
 from pipeline.errors import BertraceError
 from pipeline.hub import load_split, resolve_mirror, resolve_revision
 from pipeline.io import sha256_file, write_json
+from pipeline.raw_corpus import FORMATS
 
 log = logging.getLogger("bertrace.corpus")
 
-FORMATS = ("wikitext", "wikiextractor", "documents")
 MANIFEST_VERSION = 1
 SCHEMA = pa.schema([("text", pa.string()), ("source", pa.string())])
 
@@ -140,20 +140,6 @@ def download_corpus(params: dict, out_dir: Path, *, mirror: str | None = None, p
             "parts": parts,
         }
         write_json(tmp_dir / "manifest.json", manifest)
-    return manifest
-
-
-def load_manifest(raw_dir: Path) -> dict:
-    """The download manifest of ``raw_dir``, checked for the fields the clean stage needs."""
-    path = Path(raw_dir) / "manifest.json"
-    if not path.exists():
-        raise BertraceError(f"{path}: not found; run the download stage first (dvc repro download)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BertraceError(f"{path}: not valid JSON ({e}); rerun the download stage") from None
-    if manifest.get("format") not in FORMATS or not isinstance(manifest.get("parts"), list):
-        raise BertraceError(f"{path}: not a bertrace download manifest (no format/parts); rerun the download stage")
     return manifest
 
 

@@ -63,7 +63,6 @@ Deviations from Google, on purpose (all of them, with the measurements: docs/rec
 
 from __future__ import annotations
 
-import array
 import hashlib
 import os
 import random
@@ -82,10 +81,13 @@ from pipeline.config import Bool, Float, Int, format_errors
 from pipeline.encode import SentenceEncoder
 from pipeline.errors import BertraceError
 from pipeline.distributed import Engine, EngineParams, run_tasks
-from pipeline.formats import CLS_ID, MASK_ID, SCHEMA_VERSION, SEP_ID, SPECIAL_IDS, SPLIT_IDS, UNIGRAM_COUNTS
+from pipeline.formats import CLS_ID, MASK_ID, SCHEMA_VERSION, SEP_ID, SPECIAL_IDS, SPLIT_IDS
 from pipeline.io import atomic_path, sha256_bytes, sha256_file, write_json
 from pipeline.masking import MaskingSpec, mask_sequence
+from pipeline.packing import generate_packed
 from pipeline.sentences import split_sentences
+from pipeline.shards import (arrow_array, document_order, id_dtype, index_documents, list_column, partition_sizes,
+                             read_partitions, remove_stale)
 from pipeline.tokenizer import load_tokenizer
 
 ENGINE_KEYS = tuple(EngineParams.model_fields)  # workers, engine, dask_scheduler: never change the bytes
@@ -157,10 +159,6 @@ class ExamplesConfig(EngineParams):
 
 
 # ----------------------------------------------------------------------------- tokenizer
-
-
-def _id_dtype(vocab_size: int):
-    return np.uint16 if vocab_size <= 65536 else np.uint32
 
 
 def _masking_spec(tok, cfg: ExamplesConfig) -> MaskingSpec:
@@ -358,26 +356,6 @@ def _mask_rows(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, s
     return out, positions, labels, per_row
 
 
-_NUMPY_OF = {pa.int8(): np.int8, pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.uint32(): np.uint32,
-             pa.int32(): np.int32}
-
-
-def _arrow(values: np.ndarray, type_: pa.DataType) -> pa.Array:
-    """A numpy array as an Arrow array, zero-copy (``pa.array`` would import pandas: +0.25 s per process)."""
-    values = np.ascontiguousarray(values, dtype=_NUMPY_OF[type_])
-    return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(values)])
-
-
-def _list_column(values: np.ndarray, lengths_or_offsets: np.ndarray, dtype, *, offsets: bool) -> pa.ListArray:
-    """A list<dtype> Arrow column from flat numpy values plus per-row lengths or offsets."""
-    if offsets:
-        offs = lengths_or_offsets.astype(np.int32)
-    else:
-        offs = np.zeros(len(lengths_or_offsets) + 1, dtype=np.int32)
-        np.cumsum(lengths_or_offsets, out=offs[1:])
-    return pa.ListArray.from_arrays(_arrow(offs, pa.int32()), _arrow(values, pa.from_numpy_dtype(dtype)))
-
-
 def shard_schema(id_dtype, masking: str) -> pa.Schema:
     id_type = pa.from_numpy_dtype(id_dtype)
     cols = [pa.field("input_ids", pa.list_(id_type)), pa.field("token_type_ids", pa.list_(pa.uint8())),
@@ -396,7 +374,7 @@ class _Worker:
         self.tok = Tokenizer.from_str(tokenizer_text)
         self.cfg = cfg
         self.spec = _masking_spec(self.tok, cfg)
-        self.id_dtype = _id_dtype(self.spec.vocab_size)
+        self.id_dtype = id_dtype(self.spec.vocab_size)
         self.schema = shard_schema(self.id_dtype, cfg.masking)
         self.encoder = SentenceEncoder(self.tok, self.id_dtype)
 
@@ -439,13 +417,13 @@ class _Worker:
             masked = len(positions)
 
         columns = [
-            _list_column(ids, offsets, self.id_dtype, offsets=True),
-            _list_column(types, offsets, np.uint8, offsets=True),
-            _arrow(nsp, pa.int8()),
+            list_column(ids, offsets, self.id_dtype, offsets=True),
+            list_column(types, offsets, np.uint8, offsets=True),
+            arrow_array(nsp, pa.int8()),
         ]
         if cfg.masking == "static":
-            columns += [_list_column(positions, per_row, np.uint16, offsets=False),
-                        _list_column(labels, per_row, self.id_dtype, offsets=False)]
+            columns += [list_column(positions, per_row, np.uint16, offsets=False),
+                        list_column(labels, per_row, self.id_dtype, offsets=False)]
         table = pa.Table.from_arrays(columns, schema=self.schema)
 
         index = partition * dupes + dupe
@@ -491,8 +469,8 @@ def code_fingerprint() -> str:
         import tokenizers
 
         h = hashlib.sha256()
-        for name in ("pipeline.examples", "pipeline.encode", "pipeline.sentences", "pipeline.masking",
-                     "pipeline.formats"):
+        for name in ("pipeline.examples", "pipeline.shards", "pipeline.encode", "pipeline.sentences",
+                     "pipeline.masking", "pipeline.formats"):
             h.update(Path(sys.modules[name].__file__).read_bytes())
         h.update(f"{np.__version__} {pa.__version__} {tokenizers.__version__}".encode())
         _FINGERPRINT = h.hexdigest()
@@ -503,70 +481,6 @@ _FINGERPRINT: str | None = None
 
 
 # ----------------------------------------------------------------------------- corpus
-
-
-def _index_documents(path: Path) -> np.ndarray:
-    """Byte offset of every document (non-blank line) of ``path``: 8 bytes per document."""
-    starts = array.array("q")
-    pos = 0
-    with open(path, "rb") as f:
-        for line in f:
-            if line.strip():
-                starts.append(pos)
-            pos += len(line)
-    return np.frombuffer(starts, dtype=np.int64) if len(starts) else np.zeros(0, dtype=np.int64)
-
-
-def document_order(num_docs: int, seed: int, split: str, shuffle: bool) -> np.ndarray:
-    """The order in which a split's documents are cut into partitions.
-
-    ``shuffle``: a permutation seeded from ``(seed, split)`` only, the same for every dupe pass
-    (Google shuffles ``all_documents`` once, l. 208, before its dupe loop), so it depends on
-    neither ``workers`` nor the engine; otherwise file order.
-    """
-    if not shuffle:
-        return np.arange(num_docs, dtype=np.int64)
-    key = hashlib.sha256(f"bertrace-examples/{seed}/{split}/document-order".encode()).digest()
-    return np.random.default_rng(int.from_bytes(key[:16], "little")).permutation(num_docs)
-
-
-def partition_sizes(num_docs: int, docs_per_shard: int) -> list[int]:
-    """Fixed partitions of the document order; a trailing one of < 2 documents joins the previous one."""
-    sizes = [docs_per_shard] * (num_docs // docs_per_shard)
-    rest = num_docs % docs_per_shard
-    if rest:
-        if rest < 2 and sizes:
-            sizes[-1] += rest
-        else:
-            sizes.append(rest)
-    return sizes
-
-
-def _read_partitions(path: Path, starts: np.ndarray, order: np.ndarray, sizes: list[int]) -> Iterator[list[str]]:
-    """The documents of each partition, in ``order``; each partition read in file order by seeking."""
-    def changed():
-        return BertraceError(f"{path}: changed while being read; rerun the examples stage")
-
-    stat = path.stat()
-    lo = 0
-    try:
-        with open(path, "rb") as f:
-            for size in sizes:
-                where = starts[order[lo:lo + size]]
-                lo += size
-                docs: list[str] = [""] * size
-                for k in np.argsort(where, kind="stable").tolist():
-                    f.seek(int(where[k]))
-                    line = f.readline()
-                    if not line.strip():
-                        raise changed()
-                    docs[k] = line.decode("utf-8").strip()
-                yield docs
-    except UnicodeDecodeError as e:
-        raise BertraceError(f"{path}: not valid UTF-8 ({e}); rerun the clean stage") from None
-    now = path.stat()
-    if (now.st_size, now.st_mtime_ns) != (stat.st_size, stat.st_mtime_ns):
-        raise changed()
 
 
 def _partition_tasks(split: str, partitions: Iterator[list[str]], dupes: int) -> Iterator[tuple]:
@@ -588,10 +502,10 @@ def _partition_tasks(split: str, partitions: Iterator[list[str]], dupes: int) ->
 
 
 def _check_corpus(path: Path, split: str) -> np.ndarray:
-    """The document offsets of a split's corpus (:func:`_index_documents`), or an error."""
+    """The document offsets of a split's corpus (:func:`index_documents`), or an error."""
     if not path.is_file():
         raise BertraceError(f"{path}: {split} corpus not found; run the clean stage first (dvc repro clean)")
-    starts = _index_documents(path)
+    starts = index_documents(path)
     if len(starts) == 0:
         raise BertraceError(f"{path}: the {split} corpus has no documents; check the clean stage's min_chars")
     if len(starts) < 2:
@@ -599,16 +513,6 @@ def _check_corpus(path: Path, split: str) -> np.ndarray:
             f"{path}: the {split} corpus has only 1 document, but NSP needs negatives from a different "
             "document; give the clean stage more text (or a lower min_chars / larger valid_fraction)")
     return starts
-
-
-def _remove_stale(out_dir: Path):
-    (out_dir / "manifest.json").unlink(missing_ok=True)
-    (out_dir / UNIGRAM_COUNTS).unlink(missing_ok=True)  # written by examples.mode: causal (pipeline/packing.py)
-    for split in SPLIT_IDS:
-        d = out_dir / split
-        if d.is_dir():
-            for f in chain(d.glob("shard-*.parquet"), d.glob(".shard-*.tmp")):
-                f.unlink()
 
 
 # ----------------------------------------------------------------------------- driver
@@ -642,7 +546,6 @@ def generate_examples(
     if not isinstance(engine, Engine):
         engine = Engine.from_params({"engine": engine, "workers": workers, "dask_scheduler": scheduler}, "examples")
     if cfg.mode == "causal":  # packed causal-LM blocks: pipeline/packing.py
-        from pipeline.packing import generate_packed
 
         return generate_packed(train_txt, valid_txt, tokenizer_json, out_dir, cfg, engine=engine, progress=progress)
 
@@ -660,9 +563,9 @@ def generate_examples(
     if engine.kind == "local":
         engine = Engine("local", min(engine.local_workers, n_tasks))
     out_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale(out_dir)
+    remove_stale(out_dir)
     tasks = (task for split, path in zip(SPLIT_IDS, inputs.values())
-             for task in _partition_tasks(split, _read_partitions(
+             for task in _partition_tasks(split, read_partitions(
                  path, starts[split], document_order(num_docs[split], cfg.seed, split, cfg.shuffle_documents),
                  sizes[split]), dupes[split]))
     parallel = engine.kind == "dask" or engine.local_workers > 1

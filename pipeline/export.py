@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +30,14 @@ import numpy as np
 import torch
 
 from pipeline.errors import BertraceError
+from pipeline.export_gpt import export_gpt2, is_causal_checkpoint_file
+from pipeline.export_writer import EXPORT_INFO, SCRIPT_PROBES, hf_normalizer_config, write_export
 from pipeline.inference import (Classifier, check_tokenizer, is_finetuned, load_weights, read_checkpoint)
 from pipeline.io import sha256_file, write_json
 from pipeline.pyfunc import PROBE_TEXTS
 
-# Texts whose combining marks a normaliser may keep or strip: the export's tokenizer must agree on them.
-SCRIPT_PROBES = ["অক্সিজেন একটি মৌল।", "हिन्दी भाषा", "Αθήνα, Ελλάδα", "Tiếng Việt có dấu", "中文测试",
-                 "がギ 한국어", "مُحَمَّد", "ที่นี่"]
-
 SPECIAL_TOKENS_MAP = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                       "mask_token": "[MASK]"}
-EXPORT_INFO = "bertrace_export.json"
-
-
 def _transformers():
     try:
         import transformers
@@ -114,8 +108,8 @@ def load_for_export(model_pt: str | Path, tokenizer_path: str | Path | None = No
     config = BertConfig.from_dict(ckpt["model_config"])
     train_config = ckpt.get("train_config") or {}
     electra = train_config.get("objective") == "electra"
-    if electra:  # the discriminator is exported (ElectraForPreTraining); see pipeline/objectives/electra.py
-        from pipeline.objectives.electra import ElectraForPreTraining, generator_config
+    if electra:  # the discriminator is exported (ElectraForPreTraining); see pipeline/electra.py
+        from pipeline.electra import ElectraForPreTraining, generator_config
 
         e = train_config.get("electra") or {}
         model = ElectraForPreTraining(config, generator_config(config, e.get("generator_size", 0.25),
@@ -132,22 +126,6 @@ def load_for_export(model_pt: str | Path, tokenizer_path: str | Path | None = No
 
 # --------------------------------------------------------------------------------------------
 # Tokenizer files
-
-
-def normalizer_settings(tokenizer_json: str | Path) -> dict[str, bool]:
-    """``do_lower_case`` / ``strip_accents`` / ``tokenize_chinese_chars`` of a BERT tokenizer.json
-    (for the script-aware normaliser: those of its ``BertNormalizer`` step, which strips nothing)."""
-    from pipeline.encode import bert_normalizer
-
-    data = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
-    norm = bert_normalizer(data.get("normalizer") or {})
-    if norm is None:
-        raise BertraceError(f"{tokenizer_json}: normalizer is {(data.get('normalizer') or {}).get('type')!r}, not "
-                            "BERT's; only BERT tokenizers (the tokenizer stage's) can be exported")
-    lower = bool(norm.get("lowercase", True))
-    strip = norm.get("strip_accents")
-    return {"do_lower_case": lower, "strip_accents": lower if strip is None else bool(strip),
-            "tokenize_chinese_chars": bool(norm.get("handle_chinese_chars", True))}
 
 
 def bert_class_is_exact(tokenizer_json: str | Path) -> bool:
@@ -172,7 +150,7 @@ def write_tokenizer_files(tokenizer, tokenizer_json: Path, out_dir: Path, model_
     config = {
         # the generic class loads tokenizer.json as it is; BertTokenizer would rebuild the normaliser
         "tokenizer_class": "BertTokenizer" if bert_class_is_exact(tokenizer_json) else "PreTrainedTokenizerFast",
-        **normalizer_settings(tokenizer_json),
+        **hf_normalizer_config(tokenizer_json),
         "model_max_length": int(model_max_length),
         "padding_side": "right",
         "truncation_side": "right",
@@ -261,9 +239,8 @@ def _export_hf(tf, model_pt, out_dir, tokenizer_path, verify) -> dict[str, Any]:
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / EXPORT_INFO).exists())):
         raise BertraceError(f"{out_dir}: exists and is not a bertrace export; choose a new directory or remove it")
-    from pipeline.export_gpt import export_gpt2, is_causal_checkpoint
 
-    if is_causal_checkpoint(src):  # pretrain.objective: clm, or a classifier fine-tuned from it: GPT-2 layout
+    if is_causal_checkpoint_file(src):  # pretrain.objective: clm, or a classifier fine-tuned from it: GPT-2 layout
         return export_gpt2(tf, src, out_dir, tokenizer_path, verify)
     loaded = load_for_export(src, tokenizer_path)
     config, kind = loaded["config"], loaded["kind"]
@@ -320,44 +297,6 @@ def _export_hf(tf, model_pt, out_dir, tokenizer_path, verify) -> dict[str, Any]:
                             loaded["tokenizer"], loaded["tokenizer_path"], d,
                             loaded["max_len"] if kind == "classifier" else config.max_position),
                         verify_fn=_verify)
-
-
-def write_export(tf, hf_model, hf_cls, loaded: dict[str, Any], src: Path, out_dir: Path, kind: str, verify: bool, *,
-                 write_tokenizer, verify_fn) -> dict[str, Any]:
-    """Write ``out_dir`` atomically (a temp directory renamed into place): ``hf_model``'s
-    ``save_pretrained`` files, the tokenizer files (``write_tokenizer(dir)``) and
-    ``bertrace_export.json`` (source, hashes, provenance, and ``verify_fn``'s logits check when
-    ``verify``). Shared by the BERT/ELECTRA export here and the GPT-2 one (pipeline/export_gpt.py)."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
-        hf_model.save_pretrained(tmp)
-        write_tokenizer(tmp)
-        info: dict[str, Any] = {
-            "kind": kind,
-            "architecture": hf_cls.__name__,
-            "source_checkpoint": str(src),
-            "source_sha256": sha256_file(src),
-            "tokenizer_sha256": loaded["tokenizer_sha256"],
-            "label_names": loaded["label_names"],
-            "task": loaded["checkpoint"].get("task"),
-            "transformers_version": tf.__version__,
-            "provenance": loaded["checkpoint"].get("provenance"),
-        }
-        if kind == "classifier" and loaded["truncation"] != "head":
-            info["note"] = (f"fine-tuned with {loaded['truncation']} truncation to {loaded['max_len']} tokens; "
-                            "the HF tokenizer truncates the head only")
-        if verify:
-            info["verification"] = verify_fn(loaded, tf, hf_cls, tmp)
-        write_json(tmp / EXPORT_INFO, info)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return {**{k: v for k, v in info.items() if k != "provenance"}, "path": str(out_dir),
-            "files": sorted(p.name for p in out_dir.iterdir())}
 
 
 def _verify(loaded: dict[str, Any], tf, hf_cls, directory: Path) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from pipeline.errors import BertraceError
-from pipeline.export import SCRIPT_PROBES, normalizer_settings, write_export
+from pipeline.export_writer import SCRIPT_PROBES, hf_normalizer_config, write_export
 from pipeline.formats import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID
 from pipeline.generate import encode_prompt, find_tokenizer, is_causal_state_dict
 from pipeline.io import sha256_file, write_json
@@ -38,7 +38,7 @@ SPECIAL_TOKENS_MAP = {"bos_token": "[SEP]", "eos_token": "[SEP]", "unk_token": "
                       "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}
 
 
-def is_causal_checkpoint(path: str | Path) -> bool:
+def is_causal_checkpoint_file(path: str | Path) -> bool:
     """Whether ``path`` holds GPT weights (a causal LM or a classifier fine-tuned from one)."""
     from pipeline.inference import read_checkpoint
 
@@ -104,7 +104,7 @@ def write_gpt_tokenizer_files(loaded: dict[str, Any], out_dir: Path) -> None:
         shutil.copyfile(src, out_dir / "tokenizer.json")
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        **normalizer_settings(src),
+        **hf_normalizer_config(src),
         "model_max_length": int(loaded["max_len"]),
         "padding_side": "right",
         "truncation_side": "right",
@@ -204,4 +204,4 @@ def _verify(loaded: dict[str, Any], tf, hf_cls, directory: Path) -> dict[str, An
     return {"probe_texts": len(a), "max_abs_logit_diff": diff, "tokenizer_ids_equal": True}
 
 
-__all__ = ["is_causal_checkpoint", "load_causal_for_export", "write_gpt_tokenizer_files", "export_gpt2"]
+__all__ = ["is_causal_checkpoint_file", "load_causal_for_export", "write_gpt_tokenizer_files", "export_gpt2"]

@@ -34,9 +34,9 @@ from pipeline.formats import SEP_ID
 
 def is_causal_state_dict(state_dict: dict[str, Any]) -> bool:
     """Whether a state dict is a GPT (``wte.*``) or a GPT classifier (``gpt.*``)."""
-    from pipeline.model import _strip_wrappers
+    from pipeline.model import strip_wrappers
 
-    keys = [_strip_wrappers(k) for k in state_dict]
+    keys = [strip_wrappers(k) for k in state_dict]
     return any(k == "wte.weight" or k.startswith("gpt.") for k in keys)
 
 

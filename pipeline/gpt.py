@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pipeline.errors import BertraceError
-from pipeline.model import BertConfig, FeedForward, _load_strict, _strip_wrappers, init_weights
+from pipeline.model import BertConfig, FeedForward, load_strict, strip_wrappers, init_weights
 
 KVCache = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (keys, values), each [B, heads, P, head_dim]
 
@@ -276,13 +276,13 @@ class GPTForSequenceClassification(nn.Module):
     def load_pretrained_decoder(self, pretraining_state_dict: dict, source: str = "checkpoint") -> None:
         """Load the decoder from a :class:`GPT` state dict (the ``clm`` objective's ``model``),
         strictly; ``score`` keeps its fresh init. torch.compile / DDP prefixes are stripped."""
-        sd = {_strip_wrappers(k): v for k, v in pretraining_state_dict.items()}
+        sd = {strip_wrappers(k): v for k, v in pretraining_state_dict.items()}
         if "wte.weight" not in sd:
             bert = any(k.startswith("bert.") for k in sd)
             raise BertraceError(
                 f"{source}: no 'wte.weight' in the weights; not a causal LM (GPT) state dict"
                 + ("; it is a BERT (masked LM) checkpoint: pre-train with pretrain.objective: clm" if bert else ""))
-        _load_strict(self.gpt, sd, source)
+        load_strict(self.gpt, sd, source)
 
 
 def flops_per_token(config: BertConfig, seq_len: int) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from pipeline.electra import DiscriminatorHead, ElectraForPreTraining
 from pipeline.errors import BertraceError
 from pipeline.model import (BertConfig, BertForPreTraining, BertForSequenceClassification, BertForTokenClassification,
                             BertModel)
@@ -181,7 +182,7 @@ def load_hf_state_dict(model: nn.Module, hf_sd: dict, strict: bool = True, sourc
 # ELECTRA (Clark et al. 2020): transformers' ElectraForPreTraining (discriminator),
 # ElectraForMaskedLM (generator) and ElectraForSequenceClassification. The encoder layers are
 # named as BERT's under ``electra.``; there is no pooler, and ``embeddings_project`` maps narrower
-# embeddings to the hidden size. Our ELECTRA model is pipeline/objectives/electra.py.
+# embeddings to the hidden size. Our ELECTRA model is pipeline/electra.py.
 
 _ELECTRA_IGNORABLE = {"electra.embeddings.position_ids", "electra.embeddings.token_type_ids",
                       "embeddings.position_ids", "embeddings.token_type_ids", "generator_lm_head.weight"}
@@ -206,7 +207,6 @@ def _electra_encoder_pairs(config: BertConfig, ours: str, hf: str, embeddings: b
 def _electra_maps(model: nn.Module, part: str):
     """(plain pairs, qkv pairs, tied HF aliases) for ``part``: "discriminator" or "generator" of
     our ElectraForPreTraining, or "classifier" (BertForSequenceClassification with ELECTRA's head)."""
-    from pipeline.objectives.electra import ElectraForPreTraining
 
     if part in ("discriminator", "generator") and not isinstance(model, ElectraForPreTraining):
         raise BertraceError(f"HF ELECTRA mapping: the {part} needs our ElectraForPreTraining, got {type(model).__name__}")
@@ -310,7 +310,6 @@ def electra_state_dict_from_hf(hf_state_dict: dict, hf_config) -> tuple[BertConf
     ElectraForSequenceClassification: N(0, initializer_range) from a generator seeded 0 (so an
     import is the same bytes every time), zero bias. A generator checkpoint (ElectraForMaskedLM)
     loads too (its encoder; the MLM head is dropped), as transformers allows."""
-    from pipeline.objectives.electra import DiscriminatorHead
 
     config = electra_config_from_hf(hf_config)
     sd = dict(hf_state_dict)

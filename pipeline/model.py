@@ -510,11 +510,11 @@ class _EncoderWithHead(nn.Module):
         """Load the encoder (``bert.*``) from a BertForPreTraining state dict; the MLM and NSP
         heads are dropped and the classifier keeps its fresh init. Prefixes added by
         torch.compile (``_orig_mod.``) and DDP (``module.``) are stripped."""
-        sd = {_strip_wrappers(k): v for k, v in pretraining_state_dict.items()}
+        sd = {strip_wrappers(k): v for k, v in pretraining_state_dict.items()}
         encoder = {k[len("bert."):]: v for k, v in sd.items() if k.startswith("bert.")}
         if not encoder:
             raise BertraceError(f"{source}: no 'bert.*' weights found; is it a BertForPreTraining state dict?")
-        _load_strict(self.bert, encoder, source)
+        load_strict(self.bert, encoder, source)
 
 
 class BertForSequenceClassification(_EncoderWithHead):
@@ -549,14 +549,15 @@ class BertForTokenClassification(_EncoderWithHead):
 
 
 
-def _strip_wrappers(key: str) -> str:
+def strip_wrappers(key: str) -> str:
+    """A state-dict key without torch.compile's ``_orig_mod.`` and DDP's ``module.`` prefixes."""
     for prefix in ("_orig_mod.", "module."):
         while key.startswith(prefix):
             key = key[len(prefix):]
     return key
 
 
-def _load_strict(module: nn.Module, sd: dict, source: str) -> None:
+def load_strict(module: nn.Module, sd: dict, source: str) -> None:
     own = module.state_dict()
     missing = sorted(set(own) - set(sd))
     unexpected = sorted(set(sd) - set(own))

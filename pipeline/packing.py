@@ -16,8 +16,8 @@ position of a block.
   the decoder saw at every document end, where last-token pooling reads it. A document that
   tokenizes to nothing is dropped (no separator), so two separators are never adjacent.
 * **Shards, determinism.** The documents are put in the same seeded order and cut into the same
-  partitions of ``docs_per_shard`` documents as the MLM examples (:func:`pipeline.examples.document_order`,
-  :func:`pipeline.examples.partition_sizes`); each partition is packed on its own into one shard
+  partitions of ``docs_per_shard`` documents as the MLM examples (:func:`pipeline.shards.document_order`,
+  :func:`pipeline.shards.partition_sizes`); each partition is packed on its own into one shard
   ``shard-{partition:05d}.parquet``. Packing draws no random numbers, so the bytes depend on the
   corpus, tokenizer and recipe only: byte-identical for any number of workers and either engine.
   A block never spans two shards: the **tail** of a partition's stream (fewer than
@@ -57,6 +57,9 @@ from pipeline.encode import SentenceEncoder
 from pipeline.errors import BertraceError
 from pipeline.formats import PACKED_COLUMNS, SCHEMA_VERSION, SEP_ID, SPECIAL_IDS, SPLIT_IDS, UNIGRAM_COUNTS
 from pipeline.io import atomic_path, sha256_bytes, sha256_file, write_json
+from pipeline.shards import (document_order, id_dtype, index_documents, list_column, partition_sizes, read_partitions,
+                             remove_stale)
+from pipeline.tokenizer import load_tokenizer
 
 SEPARATOR_ID = SEP_ID  # ends every document in the packed stream (module docstring)
 
@@ -90,11 +93,10 @@ def packed_schema(id_dtype) -> pa.Schema:
 
 
 def _blocks_table(blocks: np.ndarray, schema: pa.Schema) -> pa.Table:
-    from pipeline.examples import _list_column
 
     n, width = blocks.shape
     offsets = np.arange(n + 1, dtype=np.int64) * width
-    return pa.Table.from_arrays([_list_column(blocks.ravel(), offsets, blocks.dtype, offsets=True)], schema=schema)
+    return pa.Table.from_arrays([list_column(blocks.ravel(), offsets, blocks.dtype, offsets=True)], schema=schema)
 
 
 class _Packer:
@@ -103,12 +105,11 @@ class _Packer:
     def __init__(self, tokenizer_text: str, cfg):
         from tokenizers import Tokenizer
 
-        from pipeline.examples import _id_dtype
 
         self.tok = Tokenizer.from_str(tokenizer_text)
         self.cfg = cfg
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
-        self.id_dtype = _id_dtype(self.vocab_size)
+        self.id_dtype = id_dtype(self.vocab_size)
         self.schema = packed_schema(self.id_dtype)
         self.encoder = SentenceEncoder(self.tok, self.id_dtype)
 
@@ -158,10 +159,8 @@ def code_fingerprint() -> str:
 
         import tokenizers
 
-        import pipeline.examples  # noqa: F401 - hashed below
-
         h = hashlib.sha256()
-        for name in ("pipeline.packing", "pipeline.examples", "pipeline.encode", "pipeline.formats"):
+        for name in ("pipeline.packing", "pipeline.shards", "pipeline.encode", "pipeline.formats"):
             h.update(Path(sys.modules[name].__file__).read_bytes())
         h.update(f"{np.__version__} {pa.__version__} {tokenizers.__version__}".encode())
         _FINGERPRINT = h.hexdigest()
@@ -183,8 +182,6 @@ def generate_packed(train_txt: Path, valid_txt: Path, tokenizer_json: Path, out_
 
     Called by :func:`pipeline.examples.generate_examples` for ``examples.mode: causal`` (same
     arguments, same engines, same corpus reading)."""
-    from pipeline.examples import _index_documents, _read_partitions, _remove_stale, document_order, partition_sizes
-    from pipeline.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer_json)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
@@ -194,7 +191,7 @@ def generate_packed(train_txt: Path, valid_txt: Path, tokenizer_json: Path, out_
     for split, path in zip(SPLIT_IDS, inputs.values()):
         if not path.is_file():
             raise BertraceError(f"{path}: {split} corpus not found; run the clean stage first (dvc repro clean)")
-        starts[split] = _index_documents(path)
+        starts[split] = index_documents(path)
         if len(starts[split]) == 0:
             raise BertraceError(f"{path}: the {split} corpus has no documents; check the clean stage's min_chars")
     num_docs = {split: len(v) for split, v in starts.items()}
@@ -203,10 +200,10 @@ def generate_packed(train_txt: Path, valid_txt: Path, tokenizer_json: Path, out_
     if engine.kind == "local":
         engine = Engine("local", min(engine.local_workers, n_tasks))
     out_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale(out_dir)
+    remove_stale(out_dir)
     (out_dir / UNIGRAM_COUNTS).unlink(missing_ok=True)
     tasks = ((split, p, docs) for split, path in zip(SPLIT_IDS, inputs.values())
-             for p, docs in enumerate(_read_partitions(
+             for p, docs in enumerate(read_partitions(
                  path, starts[split], document_order(num_docs[split], cfg.seed, split, cfg.shuffle_documents),
                  sizes[split])))
     parallel = engine.kind == "dask" or engine.local_workers > 1

@@ -21,27 +21,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 from pydantic import Field
 
 from pipeline.config import Float, Int, Section
 from pipeline.errors import BertraceError
-from pipeline.io import sha256_file
+from pipeline.check_report import (LINE_SEPARATORS, CheckResult, ValidationReport, failed_check,
+                                    preview)
+from pipeline.gx_suites import GX, SuiteRun, to_check
+from pipeline.io import read_json
+from pipeline.shard_columns import list_column_arrays, nullable_ints, open_shard, schema_problems, segment_max, segment_sum
+from pipeline.validate_packed import validate_packed_shards
 
 NSP_MIN_ROWS = 200  # below this the NSP mean is too noisy to judge (sd of the mean ≈ 0.035)
 CORPUS_SAMPLE_ROWS = 5
 CORPUS_CHUNK_BYTES = 16 << 20  # corpus text per GX batch: bounds memory (GX copies the column to Arrow)
-_PREVIEW_CHARS = 80
 _PREVIEW_TOKENS = 40
 # Everything Python's str.splitlines breaks on, besides "\n" itself (which splits the file).
-LINE_SEPARATORS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
-# Literal characters in the classes: pandas may run GX's regexes with Arrow's RE2 (whose \s is
-# ASCII-only) or with Python's re, and both read these classes the same way.
 _SEPARATOR_REGEX = "[" + LINE_SEPARATORS + "]"
 _BLANK_REGEX = "^[" + "".join(c for c in map(chr, range(0x3001)) if c.isspace()) + "\u200b\ufeff]*$"
 
@@ -55,308 +55,6 @@ class ValidateConfig(Section):
     mask_rate_tolerance: Annotated[Float, Field(ge=0, le=1)] = 0.03  # static masking: masked share ± this
     corpus_max_chars: Annotated[Int, Field(ge=1)] | None = None  # optional upper bound on article length
     max_chars_altered: Annotated[Float, Field(ge=0, le=1)] = 0.05  # share of letters the tokenizer's normaliser may alter
-
-
-# ---------------------------------------------------------------------------------------------
-# Results
-
-
-@dataclass
-class CheckResult:
-    """One evaluated expectation on one target (a file, or a split directory for split totals)."""
-
-    target: str
-    expectation: str  # GX expectation type and its column(s), or a file-level check name
-    success: bool
-    observed: Any = None
-    unexpected_count: int = 0
-    sample_rows: list = field(default_factory=list)  # a few bad rows: {"row"/"line": i, ...}
-    message: str = ""  # what the check means, why it failed, or why it was skipped
-
-    def to_dict(self) -> dict[str, Any]:
-        return _jsonable(
-            {
-                "target": self.target,
-                "expectation": self.expectation,
-                "success": bool(self.success),
-                "observed": self.observed,
-                "unexpected_count": int(self.unexpected_count),
-                "sample_rows": self.sample_rows,
-                "message": self.message,
-            }
-        )
-
-
-@dataclass
-class ValidationReport:
-    results: list[CheckResult]
-    gx_results: list = field(default_factory=list, repr=False)  # GX suite results for the Data Docs site
-
-    def __add__(self, other: "ValidationReport") -> "ValidationReport":
-        return ValidationReport(self.results + other.results, self.gx_results + other.gx_results)
-
-    @property
-    def success(self) -> bool:
-        return all(r.success for r in self.results)
-
-    @property
-    def failures(self) -> list[CheckResult]:
-        return [r for r in self.results if not r.success]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able summary (reports/validate.json): counts, failed targets, every check."""
-        failures = self.failures
-        by_expectation: dict[str, dict[str, int]] = {}
-        for r in self.results:
-            counts = by_expectation.setdefault(r.expectation, {"checks": 0, "failures": 0})
-            counts["checks"] += 1
-            counts["failures"] += int(not r.success)
-        return {
-            "success": self.success,
-            "checks": len(self.results),
-            "failures": len(failures),
-            "failed_targets": sorted({r.target for r in failures}),
-            "by_expectation": by_expectation,
-            "results": [r.to_dict() for r in self.results],
-        }
-
-    def format_text(self) -> str:
-        """Human-readable: every failure (file, expectation, observed, sample rows), notes, summary."""
-        lines: list[str] = []
-        for r in self.failures:
-            lines.append(f"FAIL {r.target}")
-            lines.append(f"  expectation: {r.expectation}")
-            if r.message:
-                lines.append(f"  {r.message}")
-            if r.observed is not None:
-                lines.append(f"  observed: {_short(_jsonable(r.observed))}")
-            if r.unexpected_count:
-                lines.append(f"  unexpected: {r.unexpected_count}")
-            for row in r.sample_rows:
-                lines.append(f"    {_short(_jsonable(row), 300)}")
-        for r in self.results:
-            if r.success and r.message.startswith("skipped"):
-                lines.append(f"NOTE {r.target}: {r.expectation}: {r.message} (observed {_short(_jsonable(r.observed))})")
-        n_fail = len(self.failures)
-        files = len({r.target for r in self.results})
-        if n_fail:
-            lines.append(
-                f"validation FAILED: {n_fail} of {len(self.results)} checks failed on "
-                f"{len({r.target for r in self.failures})} of {files} targets"
-            )
-        else:
-            lines.append(f"validation passed: {len(self.results)} checks on {files} targets")
-        return "\n".join(lines)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return [_jsonable(v) for v in obj.tolist()]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return None
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    return str(obj)
-
-
-def _short(obj: Any, limit: int = 200) -> str:
-    s = json.dumps(obj, ensure_ascii=True, default=str)
-    return s if len(s) <= limit else s[: limit - 3] + "..."
-
-
-def _fail(target: Path | str, check: str, message: str, observed: Any = None) -> CheckResult:
-    return CheckResult(str(target), check, False, observed, 0, [], message)
-
-
-# ---------------------------------------------------------------------------------------------
-# Great Expectations plumbing: one ephemeral context per report, one validation definition per
-# suite, re-run on each frame (GX creates the batch from the dataframe passed at run time).
-
-
-class _GX:
-    def __init__(self) -> None:
-        import logging
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import great_expectations as gx
-            import great_expectations.expectations as gxe
-            from great_expectations.data_context.types.base import (
-                DataContextConfig,
-                InMemoryStoreBackendDefaults,
-                ProgressBarsConfig,
-            )
-
-        logging.getLogger("great_expectations").setLevel(logging.ERROR)
-        self.gx, self.gxe = gx, gxe
-        # In-memory stores without the default temporary Data Docs site, no "Calculating Metrics"
-        # progress bars, no analytics.
-        config = DataContextConfig(
-            store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
-            progress_bars=ProgressBarsConfig(globally=False),
-            analytics_enabled=False,
-        )
-        self.context = gx.get_context(mode="ephemeral", project_config=config)
-        asset = self.context.data_sources.add_pandas("bertrace").add_dataframe_asset("frame")
-        self.batch_definition = asset.add_batch_definition_whole_dataframe("whole frame")
-        self.definitions: list[_Definition] = []
-
-    def definition(self, name: str, expectations: list) -> "_Definition":
-        suite = self.context.suites.add(self.gx.ExpectationSuite(name=name, expectations=expectations))
-        vd = self.context.validation_definitions.add(
-            self.gx.ValidationDefinition(name=name, data=self.batch_definition, suite=suite)
-        )
-        self.definitions.append(_Definition(vd, [e.id for e in suite.expectations]))
-        return self.definitions[-1]
-
-    def kept(self) -> list:
-        """The suite results worth a Data Docs page (see :attr:`_Definition.kept`)."""
-        return [r for d in self.definitions for r in d.kept]
-
-
-@dataclass
-class _Definition:
-    vd: Any
-    order: list[str]
-    # Suite results for the Data Docs site: every failed run, and a suite's first run (what it checks);
-    # passing reruns on other shards / chunks add nothing to look at.
-    kept: list = field(default_factory=list)
-
-    def run(self, frame, *, params: dict | None = None, samples: int = 5, complete: bool = False,
-            run_name: str | None = None) -> list:
-        """Validate ``frame`` (``run_name``: the file or split it came from, the Data Docs page's
-        title); the GX results in suite order."""
-        import warnings
-
-        from great_expectations.core.run_identifier import RunIdentifier
-
-        fmt = {"result_format": "COMPLETE" if complete else "SUMMARY", "partial_unexpected_count": samples}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            res = self.vd.run(batch_parameters={"dataframe": frame}, expectation_parameters=params or {},
-                              result_format=fmt, run_id=RunIdentifier(run_name=_page_name(run_name)) if run_name else None)
-        if not res.success or not self.kept:
-            self.kept.append(res)
-        pos = {eid: i for i, eid in enumerate(self.order)}
-        return sorted(res.results, key=lambda r: pos.get(r.expectation_config.id, len(pos)))
-
-
-_EPOCH = __import__("datetime").datetime(1970, 1, 1, tzinfo=__import__("datetime").timezone.utc)
-_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def _page_name(target: str) -> str:
-    """A run name GX's filesystem store takes (no ``/`` or ``\\``): path separators become ``∕``."""
-    return str(target).replace("/", "\u2215").replace("\\", "\u2215")
-
-
-def build_data_docs(gx_results: list, directory: str | Path) -> Path:
-    """The Great Expectations Data Docs HTML site of ``gx_results`` (suite validation results:
-    :attr:`ValidationReport.gx_results`) in ``directory``; returns its ``index.html``.
-
-    A filesystem site (GX 1.x ``data_docs_sites``, ``SiteBuilder`` with a ``TupleFilesystemStoreBackend``)
-    on a fresh ephemeral context: one page per result, titled with the file or split checked (the run
-    name), listing each expectation with its observed value and, for a failed one, the unexpected
-    values GX sampled. ``directory`` is replaced."""
-    import copy
-    import shutil
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import great_expectations as gx
-        from great_expectations.core.run_identifier import RunIdentifier
-        from great_expectations.data_context.types.base import (DataContextConfig, InMemoryStoreBackendDefaults,
-                                                                ProgressBarsConfig)
-        from great_expectations.data_context.types.resource_identifiers import (ExpectationSuiteIdentifier,
-                                                                                ValidationResultIdentifier)
-
-    directory = Path(directory)
-    tmp = directory.with_name(f".{directory.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    config = DataContextConfig(
-        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
-        progress_bars=ProgressBarsConfig(globally=False), analytics_enabled=False,
-        data_docs_sites={"bertrace": {
-            "class_name": "SiteBuilder", "show_how_to_buttons": False,
-            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(tmp.resolve())},
-            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-        }},
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        context = gx.get_context(mode="ephemeral", project_config=config)
-        store = context.validation_results_store
-        for res in gx_results:
-            # Byte-identical on a rebuild (a cached DVC output that downstream records name by md5): the
-            # page's run time is fixed (the Unix epoch) and GX's random ids are replaced by stable ones.
-            run_id = RunIdentifier(run_name=res.meta["run_id"].run_name, run_time=_EPOCH)
-            res = copy.deepcopy(res)
-            res.meta.update(run_id=run_id, validation_time=_EPOCH, validation_id=None, checkpoint_id=None)
-            if isinstance(res.meta.get("batch_markers"), dict) and "ge_load_time" in res.meta["batch_markers"]:
-                res.meta["batch_markers"] = {**res.meta["batch_markers"], "ge_load_time": "19700101T000000.000000Z"}
-            for i, r in enumerate(res.results):
-                r.expectation_config.id = None
-            key = ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(name=res.suite_name),
-                                             run_id=run_id, batch_identifier="frame")
-            store.set(key, res)
-        context.build_data_docs(site_names=["bertrace"])
-    for page in tmp.rglob("*.html"):  # what the renderer itself makes up: a cache-busting time, random ids
-        text = re.sub(r"\?d=\d{8}T\d{6}\.\d+Z", "", page.read_text(encoding="utf-8"))
-        ids: dict[str, str] = {}
-        text = _UUID.sub(lambda m: ids.setdefault(m.group(0), f"{len(ids):08d}-0000-4000-8000-000000000000"), text)
-        page.write_text(text, encoding="utf-8")
-    shutil.rmtree(directory, ignore_errors=True)
-    tmp.rename(directory)
-    return directory / "index.html"
-
-
-def _expectation_name(r) -> str:
-    cfg = r.expectation_config
-    kw = cfg.kwargs
-    if "column" in kw:
-        return f"{cfg.type}({kw['column']})"
-    if "column_A" in kw:
-        return f"{cfg.type}({kw['column_A']}, {kw['column_B']})"
-    return cfg.type
-
-
-def _to_check(r, target: str, sample: Callable[[int, Any], dict] | None = None) -> CheckResult:
-    """A GX ExpectationValidationResult as a CheckResult; ``sample(row, value)`` describes a bad row."""
-    res = r.result or {}
-    name = _expectation_name(r)
-    why = r.expectation_config.description or ""
-    info = r.exception_info or {}
-    if info and "raised_exception" not in info:  # keyed by metric when run as part of a suite
-        info = next((v for v in info.values() if isinstance(v, dict) and v.get("raised_exception")), {})
-    if info.get("raised_exception"):
-        return _fail(target, name, f"{why}: GX raised {info.get('exception_message')}")
-    if "observed_value" in res:  # aggregate expectation (row count, mean, sum, column set)
-        observed = res["observed_value"]
-        if "details" in res:
-            observed = {"columns": observed, **res["details"]}
-        return CheckResult(target, name, bool(r.success), observed, 0, [], why)
-    rows = res.get("partial_unexpected_index_list") or []
-    values = res.get("partial_unexpected_list") or []
-    sample_rows = []
-    for i, v in zip(rows, values):
-        sample_rows.append(sample(int(i), v) if sample else {"row": int(i), "value": _preview(v) if isinstance(v, str) else v})
-    observed = {
-        "rows": res.get("element_count"),
-        "unexpected_values": [
-            {"value": _preview(c["value"]) if isinstance(c["value"], str) else c["value"], "count": c["count"]}
-            for c in res.get("partial_unexpected_counts") or []
-        ],
-    }
-    return CheckResult(target, name, bool(r.success), _jsonable(observed), int(res.get("unexpected_count") or 0),
-                       _jsonable(sample_rows), why)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,12 +73,12 @@ def validate_normalizer(tokenizer_json: Path, corpus: Path, *, max_chars_altered
     tokenizer_json, corpus = Path(tokenizer_json), Path(corpus)
     for path in (tokenizer_json, corpus):
         if not path.is_file():
-            return _fail(tokenizer_json, NORMALIZER_CHECK, f"{path}: not found; run the tokenizer stage first")
+            return failed_check(tokenizer_json, NORMALIZER_CHECK, f"{path}: not found; run the tokenizer stage first")
     try:
         report = normalizer_report(tokenizer_json, corpus)
         setting = normalizer_settings(tokenizer_json)
     except BertraceError as e:
-        return _fail(tokenizer_json, NORMALIZER_CHECK, str(e))
+        return failed_check(tokenizer_json, NORMALIZER_CHECK, str(e))
     observed = {k: report[k] for k in ("chars_altered", "chars_removed", "chars_changed", "letters")}
     observed.update(setting)
     ok = report["chars_altered"] <= max_chars_altered
@@ -419,7 +117,7 @@ def validate_corpus(
     chunks of ``CORPUS_CHUNK_BYTES``; only a 16-byte digest per document is kept for the
     row count and duplicate checks.
     """
-    gx = _GX()
+    gx = GX()
     E = gx.gxe
     text_suite = gx.definition("corpus text", [
         E.ExpectColumnValuesToNotMatchRegex(column="text", regex=_BLANK_REGEX,
@@ -440,7 +138,7 @@ def validate_corpus(
     for path in map(Path, files):
         target = str(path)
         if not path.is_file():
-            results.append(_fail(target, "file_exists", f"{path}: not found; run the clean stage first"))
+            results.append(failed_check(target, "file_exists", f"{path}: not found; run the clean stage first"))
             continue
         checks, frame = _check_corpus_file(path, text_suite, doc_suite)
         results += checks
@@ -451,7 +149,7 @@ def validate_corpus(
     return ValidationReport(results, gx.kept())
 
 
-def _check_corpus_file(path: Path, text_suite: "_Definition", doc_suite: "_Definition"):
+def _check_corpus_file(path: Path, text_suite: "SuiteRun", doc_suite: "SuiteRun"):
     import pandas as pd
 
     target = str(path)
@@ -468,16 +166,16 @@ def _check_corpus_file(path: Path, text_suite: "_Definition", doc_suite: "_Defin
         frame = pd.DataFrame({"text": pd.Series(docs, dtype=object)})
 
         def sample(i: int, _value: Any, docs=docs, first=first_line) -> dict:
-            return {"line": first + i, "chars": len(docs[i]), "text": _preview(docs[i])}
+            return {"line": first + i, "chars": len(docs[i]), "text": preview(docs[i])}
 
-        chunk = [_to_check(r, target, sample) for r in text_suite.run(frame, samples=CORPUS_SAMPLE_ROWS, run_name=target)]
+        chunk = [to_check(r, target, sample) for r in text_suite.run(frame, samples=CORPUS_SAMPLE_ROWS, run_name=target)]
         merged = chunk if not merged else [_merge(a, b) for a, b in zip(merged, chunk)]
         hashes += [hashlib.blake2b(d.encode("utf-8"), digest_size=16).digest() for d in docs]
         first_line += len(docs)
 
     frame = pd.DataFrame({"document_hash": [h.hex() for h in hashes], "line": np.arange(1, len(hashes) + 1)})
     del hashes
-    doc_checks = [_to_check(r, target, lambda i, _v: {"line": i + 1}) for r in doc_suite.run(frame, run_name=target)]
+    doc_checks = [to_check(r, target, lambda i, _v: {"line": i + 1}) for r in doc_suite.run(frame, run_name=target)]
     for c in doc_checks:
         if c.expectation.startswith("expect_table_row_count") and not c.success and len(frame) == 0:
             c.message = f"{path}: file is empty; " + c.message
@@ -487,7 +185,7 @@ def _check_corpus_file(path: Path, text_suite: "_Definition", doc_suite: "_Defin
             texts = _lines_at(path, {s["line"] for s in c.sample_rows})
             for s, i in zip(c.sample_rows, rows):
                 s["first_seen_line"] = int(first[frame["document_hash"].iat[i]])
-                s["text"] = _preview(texts.get(s["line"], ""))
+                s["text"] = preview(texts.get(s["line"], ""))
             c.observed["unexpected_values"] = []  # digests say nothing to a reader; see the sample rows
     unique = frame.drop_duplicates("document_hash")
     return doc_checks[:1] + (merged or []) + doc_checks[1:], unique
@@ -540,7 +238,7 @@ def _lines_at(path: Path, wanted: set[int]) -> dict[int, str]:
     return out
 
 
-def _cross_file_duplicates(gx: _GX, digests: list) -> list[CheckResult]:
+def _cross_file_duplicates(gx: GX, digests: list) -> list[CheckResult]:
     """Documents that occur in more than one file (e.g. train and valid overlap)."""
     import pandas as pd
 
@@ -566,22 +264,6 @@ def _cross_file_duplicates(gx: _GX, digests: list) -> list[CheckResult]:
         results.append(CheckResult(target, "expect_column_values_to_be_unique(document_hash across files)",
                                    len(mine) == 0, {"shared_documents": len(mine)}, len(mine), samples, msg))
     return results
-
-
-def _preview(s: str) -> str:
-    """A short view of a document: its start, or the text around its first line separator
-    (escaped, so that the separator is visible)."""
-    k = next((i for i, c in enumerate(s) if c in LINE_SEPARATORS), -1) if _has_separator(s) else -1
-    if k < 0:
-        return s[:_PREVIEW_CHARS] + ("..." if len(s) > _PREVIEW_CHARS else "")
-    lo = max(0, k - _PREVIEW_CHARS // 2)
-    hi = lo + _PREVIEW_CHARS
-    mid = s[lo:hi].encode("unicode_escape").decode("ascii")
-    return ("..." if lo else "") + mid + ("..." if hi < len(s) else "")
-
-
-def _has_separator(s: str) -> bool:
-    return any(c in s for c in LINE_SEPARATORS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -654,7 +336,6 @@ def validate_shards(
     """Check every shard listed in ``examples_dir/manifest.json`` (and flag unlisted ones)."""
     from tqdm import tqdm
 
-    from pipeline.io import read_json
 
     examples_dir = Path(examples_dir)
     manifest_path = examples_dir / "manifest.json"
@@ -663,14 +344,13 @@ def validate_shards(
         if not isinstance(manifest, dict):
             raise BertraceError(f"{manifest_path}: not a JSON object; rerun the examples stage")
         if manifest.get("mode") == "causal":  # packed causal-LM blocks: their own suite
-            from pipeline.validate_packed import validate_packed_shards
 
             return validate_packed_shards(examples_dir, manifest, max_sample_rows=max_sample_rows, progress=progress)
         spec = _ShardSpec.from_manifest(manifest, manifest_path)
     except BertraceError as e:
-        return ValidationReport([_fail(manifest_path, "manifest_readable", str(e))])
+        return ValidationReport([failed_check(manifest_path, "manifest_readable", str(e))])
 
-    gx = _GX()
+    gx = GX()
     E = gx.gxe
     columns_suite = gx.definition("shard columns", [
         E.ExpectTableColumnsToMatchSet(column_set=spec.columns, exact_match=True,
@@ -706,7 +386,7 @@ def validate_shards(
 
     for path in sorted(examples_dir.rglob("*.parquet")):
         if path.resolve() not in listed:
-            results.append(_fail(path, "shard_listed_in_manifest",
+            results.append(failed_check(path, "shard_listed_in_manifest",
                                  f"{path}: not listed in {manifest_path} (a stale shard from an earlier run?); "
                                  "delete it or rerun the examples stage"))
     return ValidationReport(results, gx.kept())
@@ -780,60 +460,7 @@ def _split_expectations(E, spec: _ShardSpec, nsp_tolerance: float) -> list:
     return ex
 
 
-_TYPES = {
-    "token_type_ids": ("list", {"uint8"}),
-    "next_sentence_label": ("scalar", {"int8"}),
-    "masked_lm_positions": ("list", {"uint16"}),
-}
-
-
-def _schema_problems(table, spec: _ShardSpec) -> tuple[list[str], bool]:
-    """Differences from the Parquet types of docs/formats.md, and whether the columns are usable at all."""
-    import pyarrow as pa
-
-    id_types = {"uint16", "uint32"} if spec.vocab_size <= 65536 else {"uint32"}
-    problems, usable = [], True
-    for name in spec.columns:
-        typ = table.schema.field(name).type
-        kind, allowed = _TYPES.get(name, ("list", id_types))
-        if kind == "list":
-            if not (pa.types.is_list(typ) or pa.types.is_large_list(typ)):
-                problems.append(f"{name}: {typ}, expected list<{'|'.join(sorted(allowed))}>")
-                usable = False
-                continue
-            typ = typ.value_type
-        if not pa.types.is_integer(typ):
-            usable = False
-        if str(typ) not in allowed:
-            problems.append(f"{name}: {table.schema.field(name).type}, expected "
-                            + (f"list<{'|'.join(sorted(allowed))}>" if kind == "list" else "|".join(sorted(allowed))))
-    return problems, usable
-
-
-def open_shard(path: Path, entry: dict) -> tuple[list[CheckResult], Any]:
-    """The file-level checks of one listed shard (present, sha256 as in manifest.json, readable
-    Parquet) and its table (None when a check stops it); shared by the MLM and packed suites."""
-    import pyarrow.parquet as pq
-
-    target = str(path)
-    if not path.is_file():
-        return [_fail(target, "shard_exists", f"{path}: listed in manifest.json but missing; rerun the examples stage")], None
-    actual = sha256_file(path)
-    results = [CheckResult(target, "sha256_matches_manifest", actual == entry["sha256"],
-                           {"manifest": entry["sha256"], "actual": actual}, 0, [],
-                           "file sha256 matches manifest.json" if actual == entry["sha256"] else
-                           f"{path}: sha256 differs from manifest.json (modified after the examples stage?); "
-                           "rerun the examples stage")]
-    try:
-        table = pq.read_table(path)
-    except Exception as e:  # pyarrow raises several types for corrupt files
-        results.append(_fail(target, "parquet_readable",
-                             f"{path}: cannot read as Parquet ({type(e).__name__}: {e}); delete it and rerun the examples stage"))
-        return results, None
-    return results, table
-
-
-def _check_shard(path: Path, entry: dict, spec: _ShardSpec, columns_suite: _Definition, row_suite: _Definition,
+def _check_shard(path: Path, entry: dict, spec: _ShardSpec, columns_suite: SuiteRun, row_suite: SuiteRun,
                  max_sample_rows: int) -> tuple[list[CheckResult], tuple | None]:
     """All checks of one shard; also its (labels, lengths, masked counts) for the split totals."""
     import pandas as pd
@@ -844,7 +471,7 @@ def _check_shard(path: Path, entry: dict, spec: _ShardSpec, columns_suite: _Defi
         return results, None
 
     (r,) = columns_suite.run(pd.DataFrame(columns=table.column_names), run_name=target)
-    check = _to_check(r, target)
+    check = to_check(r, target)
     if not check.success:
         diff = check.observed.get("mismatched", {}) if isinstance(check.observed, dict) else {}
         detail = ", ".join(f"{k} {v}" for k, v in diff.items() if v)
@@ -853,7 +480,7 @@ def _check_shard(path: Path, entry: dict, spec: _ShardSpec, columns_suite: _Defi
         results.append(check)
         return results, None
     results.append(check)
-    problems, usable = _schema_problems(table, spec)
+    problems, usable = schema_problems(table, spec)
     types = {f.name: str(f.type) for f in table.schema}
     results.append(CheckResult(target, "parquet_column_types", not problems, types,
                                len(problems), [{"column": p} for p in problems],
@@ -864,7 +491,7 @@ def _check_shard(path: Path, entry: dict, spec: _ShardSpec, columns_suite: _Defi
     try:
         frame, context = _derive(table, spec)
     except Exception as e:  # e.g. ids that do not fit the arithmetic; report, don't crash
-        results.append(_fail(target, "derived_columns", f"{path}: cannot compute per-row facts ({type(e).__name__}: {e})"))
+        results.append(failed_check(target, "derived_columns", f"{path}: cannot compute per-row facts ({type(e).__name__}: {e})"))
         return results, None
     del table
 
@@ -880,7 +507,7 @@ def _check_shard(path: Path, entry: dict, spec: _ShardSpec, columns_suite: _Defi
     params = {"rows": int(entry["rows"]), "tokens": int(entry.get("tokens", frame["length"].sum()))}
     for r in row_suite.run(frame, params=params, samples=max_sample_rows, run_name=target):
         column = r.expectation_config.kwargs.get("column") or r.expectation_config.kwargs.get("column_B", "value")
-        results.append(_to_check(r, target, lambda i, v, c=column: sample(i, v, c)))
+        results.append(to_check(r, target, lambda i, v, c=column: sample(i, v, c)))
     # Kept for the split totals until all shards are read: a few bytes per row.
     lengths = frame["length"].to_numpy().astype(np.int32)
     masked = frame["masked_count"].to_numpy().astype(np.int16) if spec.static else np.zeros(len(frame), np.int16)
@@ -902,49 +529,12 @@ _CONTEXT = {
 }
 
 
-def _lists(column) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(offsets, values, nulls per row)`` of an Arrow list column, offsets starting at 0."""
-    import pyarrow as pa
-
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    offsets = np.asarray(arr.offsets, dtype=np.int64)
-    values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
-    offsets = offsets - offsets[0]
-    nulls = _segment_sum(np.asarray(values.is_null()), offsets) + np.asarray(arr.is_null(), dtype=np.int64)
-    if values.null_count:
-        values = values.fill_null(0)
-    return offsets, values.to_numpy(zero_copy_only=False), nulls
-
-
-def _segment_sum(flags: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Per-row sum of ``flags`` over the rows delimited by ``offsets`` (empty rows give 0)."""
-    cs = np.zeros(len(flags) + 1, dtype=np.int32 if len(flags) < 2**31 else np.int64)
-    np.cumsum(flags, out=cs[1:])
-    return cs[offsets[1:]].astype(np.int64) - cs[offsets[:-1]]
-
-
-def _segment_max(values: np.ndarray, offsets: np.ndarray):
-    """Per-row max as a nullable integer array (missing for empty rows; GX skips missing values)."""
-    lengths = np.diff(offsets)
-    nonempty = lengths > 0
-    out = np.zeros(len(lengths), dtype=np.int64)
-    if nonempty.any():
-        out[nonempty] = np.maximum.reduceat(values, offsets[:-1][nonempty])
-    return _nullable(out, ~nonempty)
-
-
-def _nullable(values: np.ndarray, missing: np.ndarray):
-    import pandas as pd
-
-    return pd.arrays.IntegerArray(values.astype(np.int64), missing)
-
-
 def _derive(table, spec: _ShardSpec):
     """Per-row facts of one shard as a pandas frame (row index = row in the shard)."""
     import pandas as pd
 
-    ids_off, ids, ids_null = _lists(table.column("input_ids"))
-    tt_off, tt, tt_null = _lists(table.column("token_type_ids"))
+    ids_off, ids, ids_null = list_column_arrays(table.column("input_ids"))
+    tt_off, tt, tt_null = list_column_arrays(table.column("token_type_ids"))
     nsp = table.column("next_sentence_label")
     n = len(ids_off) - 1
     length = np.diff(ids_off)
@@ -970,29 +560,29 @@ def _derive(table, spec: _ShardSpec):
     tt_errors = np.zeros(n, dtype=np.int64)  # missing where the lengths differ (reported apart)
     same = tt_len == length
     if same.all():
-        tt_errors[:] = _segment_sum(tt != expected, ids_off)
+        tt_errors[:] = segment_sum(tt != expected, ids_off)
     elif same.any():
         keep_ids, keep_tt = np.repeat(same, length), np.repeat(same, tt_len)
         sub_off = np.concatenate([[0], np.cumsum(length[same])])
-        tt_errors[same] = _segment_sum(tt[keep_tt] != expected[keep_ids], sub_off)
+        tt_errors[same] = segment_sum(tt[keep_tt] != expected[keep_ids], sub_off)
 
     nsp_null = np.asarray(nsp.is_null(), dtype=np.int64)
     frame = {
         "length": length,
         "first_token_id": first,
         "last_token_id": last,
-        "sep_count": _segment_sum(is_sep, ids_off),
-        "max_token_id": _segment_max(ids, ids_off),
+        "sep_count": segment_sum(is_sep, ids_off),
+        "max_token_id": segment_max(ids, ids_off),
         "token_type_length_diff": tt_len - length,
-        "token_type_errors": _nullable(tt_errors, ~same),
+        "token_type_errors": nullable_ints(tt_errors, ~same),
         "next_sentence_label": nsp.fill_null(-1).to_numpy().astype(np.int64),
     }
     nulls = ids_null + tt_null + nsp_null
-    mask_tokens = _segment_sum(ids == spec.mask_id, ids_off)
+    mask_tokens = segment_sum(ids == spec.mask_id, ids_off)
     context = {"input_ids": (ids_off, ids), "token_type_ids": (tt_off, tt)}
     if spec.static:
-        pos_off, pos, pos_null = _lists(table.column("masked_lm_positions"))
-        lab_off, lab, lab_null = _lists(table.column("masked_lm_ids"))
+        pos_off, pos, pos_null = list_column_arrays(table.column("masked_lm_positions"))
+        lab_off, lab, lab_null = list_column_arrays(table.column("masked_lm_ids"))
         nulls = nulls + pos_null + lab_null
         count = np.diff(pos_off)
         pos64 = pos.astype(np.int64)
@@ -1009,12 +599,12 @@ def _derive(table, spec: _ShardSpec):
         frame.update({
             "masked_lm_length_diff": np.diff(lab_off) - count,
             "masked_count": count,
-            "positions_not_increasing": _segment_sum(not_incr, pos_off),
-            "max_masked_position": _segment_max(pos64, pos_off),
-            "masked_special": _segment_sum(on_special, pos_off) + _segment_sum(np.isin(lab, spec.never_masked_ids),
+            "positions_not_increasing": segment_sum(not_incr, pos_off),
+            "max_masked_position": segment_max(pos64, pos_off),
+            "masked_special": segment_sum(on_special, pos_off) + segment_sum(np.isin(lab, spec.never_masked_ids),
                                                                                 lab_off),
-            "max_masked_lm_id": _segment_max(lab, lab_off),
-            "stray_mask_tokens": mask_tokens - _segment_sum(inside & (at == spec.mask_id), pos_off),
+            "max_masked_lm_id": segment_max(lab, lab_off),
+            "stray_mask_tokens": mask_tokens - segment_sum(inside & (at == spec.mask_id), pos_off),
         })
         context.update({"masked_lm_positions": (pos_off, pos), "masked_lm_ids": (lab_off, lab)})
     else:
@@ -1023,7 +613,7 @@ def _derive(table, spec: _ShardSpec):
     return pd.DataFrame(frame), context
 
 
-def _check_split(target: str, info: dict, parts: list, spec: _ShardSpec, split_suite: _Definition,
+def _check_split(target: str, info: dict, parts: list, spec: _ShardSpec, split_suite: SuiteRun,
                  nsp_tolerance: float, mask_rate_tolerance: float, max_sample_rows: int) -> list[CheckResult]:
     """Split totals: rows and tokens vs the manifest, NSP balance, masked share of tokens."""
     import pandas as pd
@@ -1038,7 +628,7 @@ def _check_split(target: str, info: dict, parts: list, spec: _ShardSpec, split_s
               "masked_min": (p - tol) * tokens, "masked_max": (p + tol) * tokens}
     results = []
     for r in split_suite.run(frame, params=params, run_name=target):
-        check = _to_check(r, target)
+        check = to_check(r, target)
         col = r.expectation_config.kwargs.get("column")
         if r.expectation_config.type == "expect_column_mean_to_be_between":
             per_shard = [{"shard": s, "rows": len(lab), "nsp_label_mean": round(float(lab.mean()), 4) if len(lab) else None}

@@ -26,8 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.validate import (CheckResult, ValidationReport, _fail, _GX, _lists, open_shard, _schema_problems, _segment_max,
-                               _segment_sum, _to_check)
+from pipeline.check_report import CheckResult, ValidationReport, failed_check
+from pipeline.errors import BertraceError
+from pipeline.gx_suites import GX, to_check
+from pipeline.shard_columns import list_column_arrays, open_shard, schema_problems, segment_max, segment_sum
 
 _PREVIEW = 24  # ids shown around a bad spot of a block
 
@@ -39,8 +41,6 @@ class _PackedSpec:
     static = False
 
     def __init__(self, m: dict, path: Path):
-        from pipeline.errors import BertraceError
-
         try:
             special = {str(k): int(v) for k, v in m["special_ids"].items()}
             self.vocab_size = int(m["vocab_size"])
@@ -89,7 +89,7 @@ def _derive(table, spec: _PackedSpec):
     """Per-block facts of one shard (row index = block in the shard), and the ids for samples."""
     import pandas as pd
 
-    off, ids, nulls = _lists(table.column("input_ids"))
+    off, ids, nulls = list_column_arrays(table.column("input_ids"))
     is_sep = ids == spec.sep_id
     after_sep = np.zeros(len(ids), dtype=bool)  # [SEP] preceded by [SEP]; the shard starts after a virtual one
     if len(ids):
@@ -99,10 +99,10 @@ def _derive(table, spec: _PackedSpec):
     frame = pd.DataFrame({
         "length": np.diff(off),
         "null_values": nulls,
-        "max_token_id": _segment_max(ids.astype(np.int64), off),
-        "pad_count": _segment_sum(ids == spec.pad_id, off),
-        "sep_count": _segment_sum(is_sep, off),
-        "adjacent_separators": _segment_sum(after_sep, off),
+        "max_token_id": segment_max(ids.astype(np.int64), off),
+        "pad_count": segment_sum(ids == spec.pad_id, off),
+        "sep_count": segment_sum(is_sep, off),
+        "adjacent_separators": segment_sum(after_sep, off),
     })
     return frame, digests, (off, ids)
 
@@ -116,12 +116,12 @@ def _check_shard(path: Path, entry: dict, spec: _PackedSpec, columns_suite, row_
     if table is None:
         return results, None
     (r,) = columns_suite.run(pd.DataFrame(columns=table.column_names), run_name=target)
-    check = _to_check(r, target)
+    check = to_check(r, target)
     if not check.success:
         check.message = f"{path}: columns {table.column_names} are not exactly {spec.columns}; rerun the examples stage"
         return results + [check], None
     results.append(check)
-    problems, usable = _schema_problems(table, spec)
+    problems, usable = schema_problems(table, spec)
     types = {f.name: str(f.type) for f in table.schema}
     results.append(CheckResult(target, "parquet_column_types", not problems, types, len(problems),
                                [{"column": p} for p in problems],
@@ -136,11 +136,11 @@ def _check_shard(path: Path, entry: dict, spec: _PackedSpec, columns_suite, row_
         return {"row": i, "value": value, "input_ids": seq if len(seq) <= _PREVIEW else seq[:_PREVIEW] + ["..."]}
 
     for r in row_suite.run(frame, params={"rows": int(entry["rows"])}, samples=max_sample_rows, run_name=target):
-        results.append(_to_check(r, target, sample))
+        results.append(to_check(r, target, sample))
     return results, (frame["length"].to_numpy(), frame["sep_count"].to_numpy(), digests)
 
 
-def _overlap(gx: _GX, parts: list[tuple[str, list[str]]], max_sample_rows: int) -> list[CheckResult]:
+def _overlap(gx: GX, parts: list[tuple[str, list[str]]], max_sample_rows: int) -> list[CheckResult]:
     """One GX uniqueness check over the digests of every block of every shard."""
     import pandas as pd
 
@@ -171,15 +171,13 @@ def validate_packed_shards(examples_dir: Path, manifest: dict, *, max_sample_row
     """Check every shard listed in a causal ``manifest`` (module docstring), and flag unlisted ones."""
     from tqdm import tqdm
 
-    from pipeline.errors import BertraceError
-
     examples_dir = Path(examples_dir)
     manifest_path = examples_dir / "manifest.json"
     try:
         spec = _PackedSpec(manifest, manifest_path)
     except BertraceError as e:
-        return ValidationReport([_fail(manifest_path, "manifest_readable", str(e))])
-    gx = _GX()
+        return ValidationReport([failed_check(manifest_path, "manifest_readable", str(e))])
+    gx = GX()
     E = gx.gxe
     columns_suite = gx.definition("packed shard columns", [
         E.ExpectTableColumnsToMatchSet(column_set=spec.columns, exact_match=True,
@@ -217,11 +215,11 @@ def validate_packed_shards(examples_dir: Path, manifest: dict, *, max_sample_row
         frame = pd.DataFrame({"length": np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64),
                               "sep_count": np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)})
         params = {k: int(info.get(k, 0)) for k in ("rows", "tokens", "separators")}
-        results += [_to_check(r, target) for r in split_suite.run(frame, params=params, run_name=target)]
+        results += [to_check(r, target) for r in split_suite.run(frame, params=params, run_name=target)]
     results += _overlap(gx, digests, max_sample_rows)
     for path in sorted(examples_dir.rglob("*.parquet")):
         if path.resolve() not in listed:
-            results.append(_fail(path, "shard_listed_in_manifest",
+            results.append(failed_check(path, "shard_listed_in_manifest",
                                  f"{path}: not listed in {manifest_path} (a stale shard from an earlier run?); "
                                  "delete it or rerun the examples stage"))
     return ValidationReport(results, gx.kept())

@@ -9,7 +9,8 @@ uncased BERT's accent stripping deletes letters in scripts whose combining marks
 import sys
 from pathlib import Path
 
-from pipeline.tokenizer import TokenizerConfig, describe_alterations, tokenizer_stats, train_wordpiece, words_altered
+from pipeline.tokenizer import describe_alterations, words_altered
+from pipeline.tokenizer_training import TokenizerConfig, tokenizer_stats, train_wordpiece
 from stages.common import StageRun, load_params, run_stage
 
 CLEAN = Path("data/clean")

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from pipeline.errors import BertraceError
 from pipeline.io import write_json
-from pipeline.validate import (ValidateConfig, ValidationReport, build_data_docs, validate_corpus,
-                               validate_normalizer, validate_shards)
+from pipeline.check_report import ValidationReport
+from pipeline.gx_suites import build_data_docs
+from pipeline.validate import ValidateConfig, validate_corpus, validate_normalizer, validate_shards
 from stages.common import METRICS_DIR, StageRun, load_params, run_stage
 
 CLEAN = Path("data/clean")

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pipeline.examples import ExamplesConfig, generate_examples
-from pipeline.tokenizer import train_wordpiece
+from pipeline.tokenizer_training import train_wordpiece
 from tests.conftest import REPO, shared_file
 
 

@@ -21,7 +21,7 @@ def _sections():
     from pipeline.evaluate import EvaluateConfig
     from pipeline.examples import ExamplesConfig
     from pipeline.finetune import FinetuneConfig
-    from pipeline.tokenizer import TokenizerConfig
+    from pipeline.tokenizer_training import TokenizerConfig
     from pipeline.train import PretrainConfig
     from pipeline.validate import ValidateConfig
 
@@ -65,7 +65,7 @@ def test_wrong_types_name_the_key_the_value_and_the_fix(section, key, value, mes
 
 
 def test_unknown_keys_list_the_valid_ones():
-    from pipeline.tokenizer import TokenizerConfig
+    from pipeline.tokenizer_training import TokenizerConfig
 
     with pytest.raises(BertraceError, match=r"tokenizer.vocab: unknown key; valid keys: limit_alphabet, lowercase, "
                                             r"min_frequency, strip_accents, vocab_size, warn_chars_altered"):

@@ -257,7 +257,8 @@ def test_one_parent_run_per_pipeline_run_with_stage_runs_nested_and_reused_stage
 
 
 def test_data_docs_page_of_a_corrupted_shard_shows_the_failing_expectation_and_its_values(tmp_path):
-    from pipeline.validate import build_data_docs, validate_shards
+    from pipeline.gx_suites import build_data_docs
+    from pipeline.validate import validate_shards
     from tests.test_validate import VOCAB, _unmasked, rewrite, write_examples
 
     examples = write_examples(tmp_path / "examples")

@@ -1,4 +1,4 @@
-"""ELECTRA (pipeline/objectives/electra.py): equivalence with transformers' ElectraForPreTraining /
+"""ELECTRA (pipeline/electra.py, pipeline/objectives/electra.py): equivalence with transformers' ElectraForPreTraining /
 ElectraForMaskedLM, sampling and labels, learning on tiny shards, exact resume, the checkpoint in
 fine-tuning, the Hugging Face export and import; and the objective names (mlm_nsp, mlm, electra)."""
 
@@ -10,9 +10,9 @@ import torch
 from pipeline import checkpoint as ckpt_lib
 from pipeline.errors import BertraceError
 from pipeline.model import BertConfig, BertForSequenceClassification
+from pipeline.electra import ElectraForPreTraining, generator_config, sample_tokens, uniform_noise
 from pipeline.objectives import OBJECTIVES, ElectraPretraining
-from pipeline.objectives.electra import (ElectraForPreTraining, electra_losses, generator_config, sample_tokens,
-                                         uniform_noise)
+from pipeline.objectives.electra import electra_losses
 from pipeline.train import PretrainConfig
 from test_pretrain import TINY, run, tiny_cfg, train_logs
 from test_pretrain_data import make_examples
@@ -381,8 +381,8 @@ def test_hf_export_of_electra_pretraining_and_finetuned(tmp_path):
 
 
 def test_cpu_precision_auto_is_bf16_where_native_and_deterministic(examples, tmp_path, monkeypatch):
-    """``precision: auto`` on a CPU: bf16 autocast where the CPU has bf16 instructions (AVX512-BF16,
-    AMX, Arm BF16), fp32 elsewhere; a bf16 run is as reproducible as an fp32 one (same bytes twice)."""
+    """``precision: auto`` on a CPU: fp32 under the portable pins; with native kernels bf16 autocast
+    where the CPU has bf16 instructions (AVX512-BF16, AMX, Arm BF16), fp32 elsewhere; a bf16 run is as reproducible as an fp32 one (same bytes twice)."""
     from pipeline.device import cpu_bf16_native, resolve_precision
 
     cpu = torch.device("cpu")
@@ -392,6 +392,10 @@ def test_cpu_precision_auto_is_bf16_where_native_and_deterministic(examples, tmp
     assert not cpu_bf16_native() and resolve_precision("auto", cpu) == (None, False)
     assert resolve_precision("bf16", cpu) == (torch.bfloat16, False)  # asked for explicitly: always
     monkeypatch.delenv("BERTRACE_CPU_BF16")
+    # the portable pins (compute.kernels: portable, set for the tests by conftest) cap oneDNN at AVX2: no bf16
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert not cpu_bf16_native() and resolve_precision("auto", cpu) == (None, False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")  # native kernels: bf16 where the CPU has bf16 instructions
     caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
     assert cpu_bf16_native() == bool(caps.get("avx512_bf16") or caps.get("amx_bf16") or caps.get("bf16")
                                      or caps.get("sve_bf16"))

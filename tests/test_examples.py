@@ -19,14 +19,13 @@ from pipeline.errors import BertraceError
 from pipeline.examples import (
     SPECIAL_IDS,
     ExamplesConfig,
-    document_order,
     generate_examples,
-    partition_sizes,
     truncate_pair,
     truncation_amounts,
 )
 from pipeline.io import sha256_file
 from pipeline.sentences import split_sentences
+from pipeline.shards import document_order, id_dtype, partition_sizes
 
 CLS, SEP, MASK, UNK = SPECIAL_IDS["[CLS]"], SPECIAL_IDS["[SEP]"], SPECIAL_IDS["[MASK]"], SPECIAL_IDS["[UNK]"]
 MAX_LEN = 64
@@ -167,9 +166,9 @@ def test_pairing_tiles_each_document_with_put_back():
 
 
 def test_id_dtype_and_schema_follow_vocab_size():
-    from pipeline.examples import _id_dtype, shard_schema
+    from pipeline.examples import shard_schema
 
-    assert _id_dtype(65536) == np.uint16 and _id_dtype(65537) == np.uint32
+    assert id_dtype(65536) == np.uint16 and id_dtype(65537) == np.uint32
     schema = shard_schema(np.uint32, "static")
     assert schema.field("input_ids").type == pa.list_(pa.uint32())
     assert schema.field("masked_lm_ids").type == pa.list_(pa.uint32())

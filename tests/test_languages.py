@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from pipeline.errors import BertraceError
-from pipeline.tokenizer import (build_normalizer, build_tokenizer, load_tokenizer, normalizer_report,
-                                normalizer_settings, train_wordpiece)
+from pipeline.tokenizer import build_normalizer, build_tokenizer, load_tokenizer, normalizer_report, normalizer_settings
+from pipeline.tokenizer_training import train_wordpiece
 from tests.conftest import REPO
 
 # ---------------------------------------------------------------------------------------------
@@ -155,7 +155,8 @@ def test_sentence_encoder_matches_tokenizers_with_the_script_aware_normaliser(tm
 
 def test_hf_export_keeps_the_script_aware_normaliser(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from pipeline.export import SCRIPT_PROBES, write_tokenizer_files
+    from pipeline.export import write_tokenizer_files
+    from pipeline.export_writer import SCRIPT_PROBES
 
     corpus = tmp_path / "train.txt"
     corpus.write_text("\n".join(list(SAMPLES.values()) * 10) + "\n", encoding="utf-8")

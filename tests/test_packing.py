@@ -13,9 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.errors import BertraceError
-from pipeline.examples import ExamplesConfig, document_order, generate_examples, partition_sizes
+from pipeline.examples import ExamplesConfig, generate_examples
 from pipeline.formats import PAD_ID, SEP_ID
 from pipeline.io import sha256_file
+from pipeline.shards import document_order, partition_sizes
 from pipeline.packing import UNIGRAM_COUNTS, pack_documents, unigram_cross_entropy
 from pipeline.pretrain_data import PretrainingData
 from pipeline.validate import validate_shards

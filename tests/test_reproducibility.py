@@ -22,7 +22,7 @@ import torch
 from pipeline.examples import ExamplesConfig, generate_examples
 from pipeline.io import sha256_file
 from pipeline.train import PretrainConfig, pretrain
-from pipeline.tokenizer import train_wordpiece
+from pipeline.tokenizer_training import train_wordpiece
 from tests.test_tokenizer import write_corpus
 
 out = Path(sys.argv[1])

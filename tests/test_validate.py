@@ -19,7 +19,8 @@ import pytest
 
 from pipeline.io import read_json, sha256_file, write_json
 from pipeline.masking import MaskingSpec, mask_sequence
-from pipeline.validate import CheckResult, ValidationReport, validate_corpus, validate_shards
+from pipeline.check_report import CheckResult, ValidationReport
+from pipeline.validate import validate_corpus, validate_shards
 
 VOCAB, MAX_LEN, MAX_PRED, PROB = 300, 32, 5, 0.15
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
