@@ -203,7 +203,7 @@ def test_line_batches_are_bounded_by_characters(tmp_path, monkeypatch):
     path = tmp_path / "train.txt"
     lines = ["x" * 300] * 10 + ["y" * 5000, "z"]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    batches = list(T._line_batches(path))
+    batches = list(T.line_batches(path))
     assert [line for b in batches for line in b] == lines  # every line, in order, once
     assert [len(b) for b in batches] == [4, 4, 3, 1]  # a batch ends at the line that reaches 1000 chars
 
@@ -222,7 +222,7 @@ def test_pieces_cut_only_at_spaces_and_bound_length():
 def test_cutting_documents_for_the_trainer_changes_no_token(tmp_path):
     """The trainer gets documents cut at spaces (bounded memory); the tokenizer must be the one the
     whole documents give: same vocabulary, same ids, same bytes."""
-    from pipeline.tokenizer import line_batches as _line_batches
+    from pipeline.tokenizer import line_batches
     from pipeline.tokenizer_training import _pieces, _train, continuation_pieces
 
     rng = random.Random(1)
@@ -232,7 +232,7 @@ def test_cutting_documents_for_the_trainer_changes_no_token(tmp_path):
     path.write_text("\n".join(docs) + "\n", encoding="utf-8")
     alphabet = corpus_alphabet(path, lowercase=True, limit=1000)
     pinned = continuation_pieces(path, lowercase=True, alphabet=alphabet)
-    whole = _train(_line_batches(path), None, True, 300, 2, alphabet, pinned, False)
+    whole = _train(line_batches(path), None, True, 300, 2, alphabet, pinned, False)
     for max_chars in (7, 64):
-        cut = _train(_pieces(_line_batches(path), max_chars), None, True, 300, 2, alphabet, pinned, False)
+        cut = _train(_pieces(line_batches(path), max_chars), None, True, 300, 2, alphabet, pinned, False)
         assert cut.to_str() == whole.to_str()
