@@ -137,7 +137,8 @@ def build(args, which: str):
     def step(b):
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
             if which == "ours":
-                out = fwd(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["masked_positions"])
+                out = fwd(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["masked_positions"],
+                          mlm_labels=b["mlm_labels"])  # as training: the MLM loss fused with the decoder
                 loss = pretraining_loss(out, b["mlm_labels"], b["nsp_labels"])[0]
             else:
                 loss = fwd(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"],
@@ -190,7 +191,8 @@ def build_variant(args, name: str):
                           b["mlm_labels"], noise, padded=False)
                 loss = electra_losses(out, b["mlm_labels"], b["attention_mask"])["loss"]
             else:
-                out = fwd(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["masked_positions"], padded=False)
+                out = fwd(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["masked_positions"], padded=False,
+                          mlm_labels=b["mlm_labels"])  # as training: the MLM loss fused with the decoder
                 loss = pretraining_loss(out, b["mlm_labels"], b["nsp_labels"], 0.0 if kind == "mlm" else 1.0)[0]
         loss.backward()
         opt.step()

@@ -9,16 +9,20 @@ that runs torch):
 
 * ``ATEN_CPU_CAPABILITY=avx2``: ATen dispatches to its AVX2 kernels on any CPU that has AVX2
   (checked after import: ``torch.backends.cpu.get_cpu_capability()``);
-* ``MKL_CBWR=COMPATIBLE``: MKL's conditional numerical reproducibility, the one code path that
-  every x86-64 CPU runs the same way (on AMD CPUs MKL honours only AUTO and COMPATIBLE), with
-  ``MKL_DYNAMIC=FALSE`` so MKL never chooses its own thread count;
+* ``MKL_CBWR=AVX2``: MKL's conditional numerical reproducibility on its AVX2 branch (fixed cache
+  sizes, deterministic reductions, static scheduling): the same sgemm results on every Intel CPU
+  with AVX2. On AMD CPUs MKL honours only AUTO and COMPATIBLE and takes its AUTO branch instead,
+  which the golden test checks per AMD host kind (docs/reproducibility.md); COMPATIBLE (SSE2, any
+  vendor) made the default's step 2.5x slower. ``MKL_DYNAMIC=FALSE``: MKL never chooses its own
+  thread count;
 * ``ONEDNN_MAX_CPU_ISA=AVX2`` (and its older name ``DNNL_MAX_CPU_ISA``): oneDNN's kernels stop at
   AVX2; ``torch.backends.mkldnn`` is also switched off (:func:`pipeline.device.apply_arithmetic`),
   so no fp32 op takes a oneDNN path at all.
 
 With fp32 and a fixed thread count (intra-op reductions are split per thread) this is the
 *portable* mode: the same commit, params and data give the same bytes on any x86-64 CPU with AVX2
-(Haswell 2013+, Zen 1+), whatever AVX-512 or AMX it also has. ``native`` leaves every library its
+(Haswell 2013+, Zen 1+), whatever AVX-512 or AMX it also has, as far as the golden test has
+checked (AMD hosts: see MKL above). ``native`` leaves every library its
 fastest choice: host-specific bytes, recorded as such (docs/reproducibility.md).
 """
 
@@ -31,7 +35,7 @@ from pipeline.config import Section
 
 PORTABLE_ENV: dict[str, str] = {
     "ATEN_CPU_CAPABILITY": "avx2",
-    "MKL_CBWR": "COMPATIBLE",
+    "MKL_CBWR": "AVX2",
     "MKL_DYNAMIC": "FALSE",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "DNNL_MAX_CPU_ISA": "AVX2",

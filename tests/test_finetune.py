@@ -22,7 +22,7 @@ from pipeline.finetune import (FinetuneConfig, LengthGroupedBatches, build_model
                                layerwise_lr_groups, linear_warmup_decay, load_pretrained, resolve_checkpoint,
                                train_seed)
 from pipeline.io import sha256_file
-from pipeline.model import BertConfig, BertForPreTraining, BertForSequenceClassification, param_groups
+from pipeline.model import BertConfig, BertForPreTraining, BertForSequenceClassification, Dropout, param_groups
 from pipeline.task_data import cut, encode_examples, head_tail_split, load_task_data, pair_budget
 from pipeline.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
 from tests.conftest import REPO, shared_file
@@ -317,7 +317,7 @@ def test_encoder_dropout_overrides_the_checkpoint_config(env):
     assert kept.config.dropout == ckpt_dropout
     model = build_model(env["ckpt"], 2, "full", encoder_dropout=0.3, seed=0)
     assert model.config.dropout == 0.3 and model.config.attention_dropout == 0.3
-    assert {m.p for m in model.bert.modules() if isinstance(m, torch.nn.Dropout)} == {0.3}
+    assert {m.p for m in model.bert.modules() if isinstance(m, Dropout)} == {0.3}
     assert model.drop.p == 0.3  # the classifier's follows unless finetune.dropout is set
     same = build_model(env["ckpt"], 2, "full", dropout=0.0, encoder_dropout=0.3, seed=0)
     assert same.drop.p == 0.0

@@ -434,6 +434,59 @@ def test_masked_positions_gather_equals_full_logits():
         model(ids, token_type, mask, positions.reshape(4, -1))
 
 
+def test_cpu_dropout_drops_a_share_p_scales_the_rest_and_follows_the_seed():
+    from pipeline.model import Dropout, dropout
+
+    x = torch.ones(1001, 999, requires_grad=True)
+    torch.manual_seed(0)
+    y = dropout(x, 0.1)
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - 0.1) < 0.002  # 1M Bernoulli(0.1) draws: sd 0.0003
+    kept = y[y != 0]
+    torch.testing.assert_close(kept, torch.full_like(kept, 65536 / (65536 - 6554)))  # 1 / (1 - p rounded to 2^-16)
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())  # the gradient goes through the same mask and scale
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x.detach(), 0.1), y.detach())  # the global generator's seed fixes the mask
+    assert dropout(x, 0.1, training=False) is x and dropout(x, 0.0) is x
+    assert dropout(torch.ones(3, 5), 1.0).eq(0).all()
+    odd = dropout(torch.ones(7), 0.5)  # an odd number of elements: the last 32-bit draw is half used
+    assert odd.shape == (7,) and set(odd.tolist()) <= {0.0, 2.0}
+    module = Dropout(0.3)
+    assert module(x).ne(0).float().mean().item() == pytest.approx(0.7, abs=0.003) and module.eval()(x) is x
+
+
+@pytest.mark.parametrize("padded_vocab, chunk", [(False, 64), (True, 5)])
+def test_fused_mlm_loss_equals_the_loss_of_the_logits(padded_vocab, chunk, monkeypatch):
+    """Training's MLM loss is computed with the decoder in chunks (linear_cross_entropy): the same
+    loss and gradients as cross entropy on the logits, a padded vocabulary's extra ids never
+    predicted, -100 labels ignored, chunks that do not divide the rows."""
+    import pipeline.model as M
+
+    monkeypatch.setattr(M.linear_cross_entropy, "__defaults__", (None, chunk))
+    torch.manual_seed(0)
+    config = tiny(dropout=0.0, attention_dropout=0.0, **({"vocab_size": 256, "tokenizer_vocab_size": V} if padded_vocab else {}))
+    ids, token_type, mask, positions = batch()
+    labels = torch.arange(len(positions)) % V
+    labels[::7] = -100
+    nsp = torch.tensor([1, 0, 1, 1])
+    grads = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        model = BertForPreTraining(config).train()
+        out = model(ids, token_type, mask, positions, mlm_labels=labels if fused else None)
+        assert (out.mlm_logits is None) == fused and (out.mlm_loss is not None) == fused
+        loss = pretraining_loss(out, labels, nsp)
+        loss[0].backward()
+        grads.append((loss, {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}))
+    (plain, g_plain), (fused, g_fused) = grads
+    for x, y in zip(plain, fused):
+        torch.testing.assert_close(x, y, atol=2e-6, rtol=0)
+    assert g_plain.keys() == g_fused.keys()
+    for k in g_plain:
+        torch.testing.assert_close(g_fused[k], g_plain[k], atol=1e-6, rtol=1e-4, msg=k)
+
+
 @pytest.mark.parametrize("pre_ln", [False, True])
 def test_bert_model_rows_compute_exactly_the_full_rows(pre_ln):
     """The last layer run only at ``rows`` (+ [CLS]) gives the full computation's values there."""

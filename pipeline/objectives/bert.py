@@ -74,8 +74,10 @@ class BertPretraining(Objective):
 
     def forward(self, model: torch.nn.Module, batch) -> PreTrainingOutput:
         # padded: decided on the host by the loader's collate (no GPU→CPU read of the mask)
+        # training: the MLM loss fused with the decoder (no logits); evaluation: logits, for the accuracy
+        labels = batch.masked_lm_labels if model.training and torch.is_grad_enabled() else None
         return model(batch.input_ids, batch.token_type_ids, batch.attention_mask, batch.masked_positions,
-                     padded=batch.padded)
+                     padded=batch.padded, mlm_labels=labels)
 
     def losses(self, out: PreTrainingOutput, batch) -> dict[str, torch.Tensor]:
         loss, mlm, nsp = pretraining_loss(out, batch.masked_lm_labels, batch.next_sentence_labels, self.nsp_weight)
