@@ -234,7 +234,7 @@ def code_hashes(stage: str, root: str | os.PathLike = ".") -> dict[str, str]:
     spec = dvc_stages(root).get(stage)
     if not isinstance(spec, dict):
         return {}
-    return {p: sha256_file(root / p) for p in _dvc_paths(spec.get("deps")) if p.endswith(".py") and (root / p).is_file()}
+    return {p: sha256_file(root / p) for p in dvc_paths(spec.get("deps")) if p.endswith(".py") and (root / p).is_file()}
 
 
 def now_utc() -> str:
@@ -363,7 +363,7 @@ def chain_ids(record: dict[str, Any]) -> dict[str, str]:
 # DVC: the upstream stages' dvc.lock entries
 
 
-def _dvc_paths(entries: list[Any] | None, params: dict[str, Any] | None = None) -> list[str]:
+def dvc_paths(entries: list[Any] | None, params: dict[str, Any] | None = None) -> list[str]:
     """The paths of dvc.yaml entries; ``${section.key}`` filled from ``params`` (params.yaml), as DVC
     does (``finetune: deps: ${finetune.checkpoint}``); an entry that does not resolve is skipped."""
     paths = []
@@ -391,7 +391,7 @@ def _interpolate(text: str, params: dict[str, Any]) -> str | None:
         return None
 
 
-def _uncached(entries: list[Any] | None) -> set[str]:
+def uncached_paths(entries: list[Any] | None) -> set[str]:
     """Paths of dvc.yaml outs marked ``cache: false`` (kept in git, not in the DVC cache)."""
     return {path.rstrip("/") for e in entries or [] if isinstance(e, dict)
             for path, opts in e.items() if isinstance(opts, dict) and opts.get("cache") is False}
@@ -405,7 +405,7 @@ def expand_stages(stages: dict[str, Any], params: dict[str, Any]) -> dict[str, A
     """dvc.yaml's ``stages`` with each ``foreach``/``do`` stage expanded as DVC does: one stage
     ``<name>@<key>`` per key of the mapping (or item of the list) ``foreach`` names, ``${key}`` and
     ``${item}`` / ``${item.x}`` filled in (``finetune_variant@frozen``). Other ``${...}`` are left
-    for :func:`_dvc_paths`."""
+    for :func:`dvc_paths`."""
     out: dict[str, Any] = {}
     for name, spec in stages.items():
         if not (isinstance(spec, dict) and "foreach" in spec and isinstance(spec.get("do"), dict)):
@@ -476,19 +476,19 @@ def dvc_lock_upstream(stage: str, root: str | os.PathLike = ".") -> dict[str, An
         params = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError):
         params = {}
-    deps = _dvc_paths(stages[stage].get("deps"), params if isinstance(params, dict) else {})
+    deps = dvc_paths(stages[stage].get("deps"), params if isinstance(params, dict) else {})
     found: dict[str, Any] = {}
     for name, spec in stages.items():
         if name == stage or not isinstance(spec, dict):
             continue
         declared = (spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or [])
-        if not any(_overlaps(o, d) for o in _dvc_paths(declared) for d in deps):
+        if not any(_overlaps(o, d) for o in dvc_paths(declared) for d in deps):
             continue
         entry = locked.get(name)
         if not isinstance(entry, dict):
             found[name] = None
             continue
-        uncached = _uncached(declared)
+        uncached = uncached_paths(declared)
         found[name] = {role: {e["path"]: e.get("md5") for e in entry.get(role) or []
                               if isinstance(e, dict) and not (role == "outs" and e.get("path") in uncached)}
                        for role in ("outs", "deps")}

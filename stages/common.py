@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import re
@@ -449,23 +450,30 @@ def _repo_url_tags() -> dict[str, str]:
     """MLflow's ``mlflow.source.git.repoURL`` / ``mlflow.gitRepoURL`` (the ``origin`` remote) as a
     teammate can use it: a clone of a local directory says so instead of naming this machine's path,
     and the user and password of an ``https://user:token@host/...`` remote are dropped."""
+    return dict(_repo_url_tags_of(str(Path.cwd().resolve())))
+
+
+@functools.cache
+def _repo_url_tags_of(checkout: str) -> tuple[tuple[str, str], ...]:
+    """:func:`_repo_url_tags` of ``checkout``, asked of git once per process (every fine-tuning
+    seed's nested run sets them)."""
     import subprocess
     from urllib.parse import urlsplit, urlunsplit
 
     try:
         url = subprocess.run(["git", "remote", "get-url", "origin"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
+                             timeout=10, cwd=checkout).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return {}
+        return ()
     if not url:
-        return {}
+        return ()
     parts = urlsplit(url)
     if parts.scheme in ("", "file") and not re.match(r"^[\w.-]+@[\w.-]+:", url):  # a path, not user@host:repo
         url = "(a local directory)"
     elif parts.password or parts.username:
         url = urlunsplit((parts.scheme, parts.hostname + (f":{parts.port}" if parts.port else ""), parts.path,
                           parts.query, parts.fragment))
-    return {"mlflow.source.git.repoURL": url, "mlflow.gitRepoURL": url}
+    return (("mlflow.source.git.repoURL", url), ("mlflow.gitRepoURL", url))
 
 
 def _restore_hint(stage: str) -> str:
@@ -475,12 +483,9 @@ def _restore_hint(stage: str) -> str:
     spec = prov.dvc_stages(".").get(name or "") if name else None
     if not spec:
         return ""
-    cached, uncached = [], []
-    for kind in ("outs", "metrics", "plots"):
-        for item in spec.get(kind) or []:
-            path, opts = (item, {}) if isinstance(item, str) else next(iter(item.items()))
-            cache = (opts or {}).get("cache", kind == "outs")
-            (cached if cache else uncached).append(str(path))
+    outs = [*(spec.get("outs") or []), *(spec.get("metrics") or []), *(spec.get("plots") or [])]
+    unversioned = prov.uncached_paths(outs)
+    uncached = [path for path in prov.dvc_paths(outs) if path in unversioned]
     hint = f"; DVC removed {name}'s outputs before it ran: `dvc checkout {name}` puts them back"
     if uncached:
         hint += f" (`git checkout -- {' '.join(uncached)}` the uncached ones)"

@@ -35,12 +35,12 @@ def run(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.Comple
 
 def other_deps() -> list[str]:
     """dvc.yaml dependencies that no stage writes and that are not data (e.g. reports/profiles)."""
-    from pipeline.provenance import _dvc_paths, dvc_stages
+    from pipeline.provenance import dvc_paths, dvc_stages
 
     stages = dvc_stages(REPO)  # foreach stages expanded
     outs = {o for spec in stages.values()
-            for o in _dvc_paths((spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or []))}
-    deps = {dep for spec in stages.values() for dep in _dvc_paths(spec.get("deps"))
+            for o in dvc_paths((spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or []))}
+    deps = {dep for spec in stages.values() for dep in dvc_paths(spec.get("deps"))
             if dep not in outs and not dep.startswith("data/") and (REPO / dep).exists()}
     # a folder stages write into (reports/variants): its .gitkeep only
     return sorted(f"{d}/.gitkeep" if any(o.startswith(d + "/") for o in outs) else d for d in deps)

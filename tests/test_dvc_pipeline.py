@@ -126,13 +126,13 @@ def tiny_params(params: dict) -> dict:
 
 def _copy_other_deps(root: Path) -> None:
     """Copy the dvc.yaml dependencies that no stage writes (e.g. reports/profiles) and the copy lacks."""
-    from pipeline.provenance import _dvc_paths, dvc_stages
+    from pipeline.provenance import dvc_paths, dvc_stages
 
     stages = dvc_stages(REPO)
     outs = {o for spec in stages.values()
-            for o in _dvc_paths((spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or []))}
+            for o in dvc_paths((spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or []))}
     for spec in stages.values():
-        for dep in _dvc_paths(spec.get("deps")):
+        for dep in dvc_paths(spec.get("deps")):
             src, dst = REPO / dep, root / dep
             if dep in outs or dst.exists() or not src.exists() or dep.startswith("data/"):
                 continue

@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.provenance import dvc_paths
 from tests.dag import dag_env, link_shared, run, template_repo
 from tests.servers import team_servers
 
@@ -48,11 +49,6 @@ def _ran(proc: subprocess.CompletedProcess | str) -> set[str]:
     """The stages a `dvc repro` ran, from its output."""
     text = proc if isinstance(proc, str) else proc.stdout + proc.stderr
     return set(re.findall(r"Running stage '([^']+)'", text))
-
-
-def _names(items) -> list[str]:
-    """The paths or params of a dvc.yaml list (``- path`` or ``- path: {options}``)."""
-    return [str(i) if not isinstance(i, dict) else str(next(iter(i))) for i in items or []]
 
 
 def _files(root: Path) -> dict[str, str]:
@@ -196,11 +192,11 @@ def test_clone_c_changes_finetune_and_pulls_pretraining(team_dag):
     ran = _ran(proc)
     stages = dvc_stages(c)
     # expected: the stages that read the finetune params section, and everything downstream of them
-    expected = {s for s, spec in stages.items() if "finetune" in _names(spec.get("params"))}
+    expected = {s for s, spec in stages.items() if "finetune" in dvc_paths(spec.get("params"))}
     while True:
-        made = {o for s in expected for o in _names(stages[s].get("outs"))}
+        made = {o for s in expected for o in dvc_paths(stages[s].get("outs"))}
         more = {s for s, spec in stages.items() if s not in expected and any(
-            d == m or d.startswith(m + "/") for d in _names(spec.get("deps")) for m in made)}
+            d == m or d.startswith(m + "/") for d in dvc_paths(spec.get("deps")) for m in made)}
         if not more:
             break
         expected |= more

@@ -337,10 +337,10 @@ def dvc_repro(root: Path, env: dict, target: str = "evaluate") -> str:
 
 
 def declared_evaluate_outputs(root: Path) -> list[str]:
-    from pipeline.provenance import _dvc_paths
+    from pipeline.provenance import dvc_paths
 
     spec = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["evaluate"]
-    return _dvc_paths((spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or []))
+    return dvc_paths((spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or []))
 
 
 @pytest.mark.slow
