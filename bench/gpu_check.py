@@ -288,7 +288,7 @@ def check_ddp(ctx: Ctx) -> dict:
     notes = []
     # the second run resumes rank 0's last.pt through its broadcast (smoke mode: one run, the tests cover resume)
     for steps in ((6,) if ctx.cpu else (6, 12)):
-        params = {"pretrain": {"model": ctx.model("small"), "batch_size": 32, "max_steps": steps, "eval_every": 6,
+        params = {"compute": {"kernels": "portable"}, "pretrain": {"model": ctx.model("small"), "batch_size": 32, "max_steps": steps, "eval_every": 6,
                                "eval_batches": 2, "log_every": 2, "checkpoint_every": 6, "snapshot_steps": [],
                                "device": "cuda:0" if ctx.cuda else "cpu", "num_threads": 1 if ctx.cpu else 0,
                                "verify_shards": False}}
