@@ -11,7 +11,7 @@ ifneq ($(wildcard ../shared/data/README.md),)
 export BERTRACE_HUB_MIRROR ?= mirrors/shared-data.yaml
 endif
 
-.PHONY: install repro exps test test-fast bench learning-curve team-up team-down clean-venv
+.PHONY: install repro exps test test-fast lint bench learning-curve team-up team-down clean-venv
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ test: install
 
 test-fast: install
 	$(PYTEST) -m "not slow"
+
+# One formatter and linter ([tool.ruff] in pyproject.toml); `ruff format .` and `ruff check --fix .` apply them.
+lint: install
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 
 # Data-stage benchmarks (BENCHMARKS.md). The peer is Google's create_pretraining_data.py, run
 # from a checkout of google-research/bert (never copied here) with a Python that has tensorflow.

@@ -42,18 +42,26 @@ def main(argv=None) -> dict:
     runs = {}
     for w in args.workers:
         out = work / f"clean-w{w}"
-        r = measure.run([sys.executable, str(BENCH / "stage_runner.py"), "clean", str(work / "raw"), str(out),
-                         "--workers", str(w)])
-        runs[w] = {"wall_s": r.wall_s, "peak_rss_mb": r.peak_tree_mb, "peak_pss_mb": r.peak_pss_mb, "cpu_s": r.cpu_s,
-                   "sha256": {n: _sha(out / n) for n in ("train.txt", "valid.txt")},
-                   "documents": json.loads(r.stdout.strip().splitlines()[-1])["documents"]}
+        r = measure.run(
+            [sys.executable, str(BENCH / "stage_runner.py"), "clean", str(work / "raw"), str(out), "--workers", str(w)]
+        )
+        runs[w] = {
+            "wall_s": r.wall_s,
+            "peak_rss_mb": r.peak_tree_mb,
+            "peak_pss_mb": r.peak_pss_mb,
+            "cpu_s": r.cpu_s,
+            "sha256": {n: _sha(out / n) for n in ("train.txt", "valid.txt")},
+            "documents": json.loads(r.stdout.strip().splitlines()[-1])["documents"],
+        }
     raw_mb = sum(f.stat().st_size for f in (work / "src").iterdir()) / 1e6
     identical = len({json.dumps(r["sha256"]) for r in runs.values()}) == 1
     print(f"clean on {args.source} ({raw_mb:.1f} MB raw)")
     print(f"{'workers':>8s} {'wall s':>8s} {'MB/s':>7s} {'peak RSS MB':>12s} {'peak PSS MB':>12s} {'CPU s':>7s}")
     for w, r in runs.items():
-        print(f"{w:8d} {r['wall_s']:8.2f} {raw_mb / r['wall_s']:7.1f} {r['peak_rss_mb']:12.0f} "
-              f"{r['peak_pss_mb']:12.0f} {r['cpu_s']:7.2f}")
+        print(
+            f"{w:8d} {r['wall_s']:8.2f} {raw_mb / r['wall_s']:7.1f} {r['peak_rss_mb']:12.0f} "
+            f"{r['peak_pss_mb']:12.0f} {r['cpu_s']:7.2f}"
+        )
     print(f"output bytes identical across workers: {identical}")
     if not identical:
         raise SystemExit("clean: outputs differ between worker counts")

@@ -39,8 +39,13 @@ def main(argv=None) -> dict:
     if repo.exists():
         shutil.rmtree(repo)
     repo.mkdir(parents=True)
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
-                           capture_output=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True, capture_output=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for f in filter(None, files):
         src = ROOT / f
         if src.is_file() and not f.startswith("bench/out/"):
@@ -49,8 +54,13 @@ def main(argv=None) -> dict:
     shared = ROOT.parent / "shared"
     if shared.exists() and not (args.work / "shared").exists():
         (args.work / "shared").symlink_to(shared)  # the mirror's ../../shared/data paths resolve from the copy
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", BERTRACE_NO_MLFLOW="1",
-               BERTRACE_HUB_MIRROR="mirrors/shared-data.yaml", TQDM_DISABLE="1")
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        BERTRACE_NO_MLFLOW="1",
+        BERTRACE_HUB_MIRROR="mirrors/shared-data.yaml",
+        TQDM_DISABLE="1",
+    )
     git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost"]
     for cmd in (git + ["init", "-q"], git + ["add", "-A"], git + ["commit", "-qm", "bench"]):
         subprocess.run(cmd, cwd=repo, check=True)
@@ -60,9 +70,17 @@ def main(argv=None) -> dict:
         if "didn't change" not in r.stdout + r.stderr and "up to date" not in r.stdout + r.stderr:
             raise SystemExit(f"dvc repro reran something:\n{r.stdout[-2000:]}")
     walls = [r.wall_s for r in noop]
-    result = {"target": args.target, "first_run_s": first.wall_s, "noop_s": walls, "noop_median_s": statistics.median(walls)}
-    print(f"dvc repro {args.target}: first run {first.wall_s:.1f} s; nothing changed: "
-          + ", ".join(f"{w:.2f}" for w in walls) + f" s (median {result['noop_median_s']:.2f} s, goal < 5 s)")
+    result = {
+        "target": args.target,
+        "first_run_s": first.wall_s,
+        "noop_s": walls,
+        "noop_median_s": statistics.median(walls),
+    }
+    print(
+        f"dvc repro {args.target}: first run {first.wall_s:.1f} s; nothing changed: "
+        + ", ".join(f"{w:.2f}" for w in walls)
+        + f" s (median {result['noop_median_s']:.2f} s, goal < 5 s)"
+    )
     return measure.save_result(args.json, result)
 
 

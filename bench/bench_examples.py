@@ -35,8 +35,14 @@ sys.path.insert(0, str(BENCH.parent))
 import corpus  # noqa: E402
 import measure  # noqa: E402
 
-PARAMS = dict(max_seq_length=128, max_predictions_per_seq=20, masked_lm_prob=0.15, dupe_factor=5, short_seq_prob=0.1,
-              random_seed=12345)
+PARAMS = dict(
+    max_seq_length=128,
+    max_predictions_per_seq=20,
+    masked_lm_prob=0.15,
+    dupe_factor=5,
+    short_seq_prob=0.1,
+    random_seed=12345,
+)
 
 
 def google_input(train_txt: Path, out: Path) -> None:
@@ -59,8 +65,10 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     script = args.google_bert / "create_pretraining_data.py"
     if not (script.exists() and (args.google_bert / "tokenization.py").exists()):
-        raise SystemExit(f"{args.google_bert}: no create_pretraining_data.py + tokenization.py; pass a checkout of "
-                         "google-research/bert")
+        raise SystemExit(
+            f"{args.google_bert}: no create_pretraining_data.py + tokenization.py; pass a checkout of "
+            "google-research/bert"
+        )
 
     work = corpus.prepare(args.source, 1, args.work / args.source, valid_fraction=0.02)
     clean, tok_dir = work / "clean", work / "tokenizer"
@@ -68,44 +76,88 @@ def main(argv=None) -> dict:
     if not g_in.exists():
         google_input(clean / "train.txt", g_in)
 
-    peer = measure.run([args.peer_python, str(BENCH / "google_peer.py"), str(script), f"--input_file={g_in}",
-                        f"--output_file={work / 'google.tfrecord'}", f"--vocab_file={tok_dir / 'vocab.txt'}",
-                        "--do_lower_case=True", *(f"--{k}={v}" for k, v in PARAMS.items())])
+    peer = measure.run(
+        [
+            args.peer_python,
+            str(BENCH / "google_peer.py"),
+            str(script),
+            f"--input_file={g_in}",
+            f"--output_file={work / 'google.tfrecord'}",
+            f"--vocab_file={tok_dir / 'vocab.txt'}",
+            "--do_lower_case=True",
+            *(f"--{k}={v}" for k, v in PARAMS.items()),
+        ]
+    )
     m = re.search(r"Wrote (\d+) total instances", peer.stderr)
     if not m:
         raise SystemExit(f"peer: no 'Wrote N total instances' in its log:\n{peer.stderr[-2000:]}")
     peer_rows = int(m.group(1))
 
-    ours = measure.run([sys.executable, str(BENCH / "stage_runner.py"), "examples", str(clean),
-                        str(tok_dir / "tokenizer.json"), str(work / "ours"), "--workers", str(args.workers),
-                        "--docs-per-shard", str(args.docs_per_shard)])
+    ours = measure.run(
+        [
+            sys.executable,
+            str(BENCH / "stage_runner.py"),
+            "examples",
+            str(clean),
+            str(tok_dir / "tokenizer.json"),
+            str(work / "ours"),
+            "--workers",
+            str(args.workers),
+            "--docs-per-shard",
+            str(args.docs_per_shard),
+        ]
+    )
     our_rows = json.loads(ours.stdout.strip().splitlines()[-1])["train"]["rows"]
     (work / "google.tfrecord").unlink()  # outputs: ~9 MB per MB of text each; the prepared corpus stays
     shutil.rmtree(work / "ours")
 
     result = {
-        "corpus": {"source": args.source, "train_bytes": (clean / "train.txt").stat().st_size,
-                   "train_documents": sum(1 for _ in open(clean / "train.txt", encoding="utf-8"))},
-        "peer": {"examples": peer_rows, "wall_s": peer.wall_s, "examples_per_s": peer_rows / peer.wall_s,
-                 "peak_rss_mb": peer.peak_tree_mb, "peak_pss_mb": peer.peak_pss_mb, "cpu_s": peer.cpu_s},
-        "ours": {"examples": our_rows, "wall_s": ours.wall_s, "examples_per_s": our_rows / ours.wall_s,
-                 "peak_rss_mb": ours.peak_tree_mb, "peak_rss_largest_process_mb": ours.peak_proc_mb,
-                 "peak_pss_mb": ours.peak_pss_mb,
-                 "cpu_s": ours.cpu_s, "workers": args.workers, "docs_per_shard": args.docs_per_shard},
+        "corpus": {
+            "source": args.source,
+            "train_bytes": (clean / "train.txt").stat().st_size,
+            "train_documents": sum(1 for _ in open(clean / "train.txt", encoding="utf-8")),
+        },
+        "peer": {
+            "examples": peer_rows,
+            "wall_s": peer.wall_s,
+            "examples_per_s": peer_rows / peer.wall_s,
+            "peak_rss_mb": peer.peak_tree_mb,
+            "peak_pss_mb": peer.peak_pss_mb,
+            "cpu_s": peer.cpu_s,
+        },
+        "ours": {
+            "examples": our_rows,
+            "wall_s": ours.wall_s,
+            "examples_per_s": our_rows / ours.wall_s,
+            "peak_rss_mb": ours.peak_tree_mb,
+            "peak_rss_largest_process_mb": ours.peak_proc_mb,
+            "peak_pss_mb": ours.peak_pss_mb,
+            "cpu_s": ours.cpu_s,
+            "workers": args.workers,
+            "docs_per_shard": args.docs_per_shard,
+        },
     }
-    result["ratio"] = {"examples_per_s": result["ours"]["examples_per_s"] / result["peer"]["examples_per_s"],
-                       "peak_rss": result["ours"]["peak_rss_mb"] / result["peer"]["peak_rss_mb"],
-                       "peak_pss": result["ours"]["peak_pss_mb"] / max(result["peer"]["peak_pss_mb"], 1e-9)}
+    result["ratio"] = {
+        "examples_per_s": result["ours"]["examples_per_s"] / result["peer"]["examples_per_s"],
+        "peak_rss": result["ours"]["peak_rss_mb"] / result["peer"]["peak_rss_mb"],
+        "peak_pss": result["ours"]["peak_pss_mb"] / max(result["peer"]["peak_pss_mb"], 1e-9),
+    }
     print(f"examples on {args.source} ({result['corpus']['train_bytes'] / 1e6:.1f} MB clean train text)")
-    print(f"{'':8s} {'examples':>9s} {'wall s':>8s} {'examples/s':>11s} {'peak RSS MB':>12s} {'peak PSS MB':>12s} "
-          f"{'CPU s':>7s}")
+    print(
+        f"{'':8s} {'examples':>9s} {'wall s':>8s} {'examples/s':>11s} {'peak RSS MB':>12s} {'peak PSS MB':>12s} "
+        f"{'CPU s':>7s}"
+    )
     for name in ("peer", "ours"):
         r = result[name]
-        print(f"{name:8s} {r['examples']:9d} {r['wall_s']:8.2f} {r['examples_per_s']:11.0f} {r['peak_rss_mb']:12.0f} "
-              f"{r['peak_pss_mb']:12.0f} {r['cpu_s']:7.2f}")
-    print(f"ratio    examples/s ours/peer = {result['ratio']['examples_per_s']:.1f}x (goal >= 20x), "
-          f"peak RSS ours/peer = {result['ratio']['peak_rss']:.2f}, peak PSS ours/peer = "
-          f"{result['ratio']['peak_pss']:.2f} (goal <= 0.25)")
+        print(
+            f"{name:8s} {r['examples']:9d} {r['wall_s']:8.2f} {r['examples_per_s']:11.0f} {r['peak_rss_mb']:12.0f} "
+            f"{r['peak_pss_mb']:12.0f} {r['cpu_s']:7.2f}"
+        )
+    print(
+        f"ratio    examples/s ours/peer = {result['ratio']['examples_per_s']:.1f}x (goal >= 20x), "
+        f"peak RSS ours/peer = {result['ratio']['peak_rss']:.2f}, peak PSS ours/peer = "
+        f"{result['ratio']['peak_pss']:.2f} (goal <= 0.25)"
+    )
     return measure.save_result(args.json, result)
 
 

@@ -32,10 +32,10 @@ import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
-import torch  # noqa: E402
-
 import bench_model  # noqa: E402
 import measure  # noqa: E402
+import torch  # noqa: E402
+
 from pipeline.device import apply_arithmetic  # noqa: E402
 from pipeline.model import flops_per_token  # noqa: E402
 
@@ -52,7 +52,7 @@ def sgemm_peak(n: int = 2048, repeats: int = 5) -> float:
         t0 = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / statistics.median(times)
+    return 2 * n**3 / statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -63,24 +63,46 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     apply_arithmetic(ComputeConfig())
-    print(f"{measure.machine()}; torch {torch.__version__}, {args.threads} threads, "
-          f"capability {torch.backends.cpu.get_cpu_capability()}, MKL_CBWR={os.environ.get('MKL_CBWR')}")
+    print(
+        f"{measure.machine()}; torch {torch.__version__}, {args.threads} threads, "
+        f"capability {torch.backends.cpu.get_cpu_capability()}, MKL_CBWR={os.environ.get('MKL_CBWR')}"
+    )
     peak = sgemm_peak()
     print(f"fp32 sgemm peak (2048^3): {peak / 1e9:.1f} GFLOP/s\n")
     results = {"machine": measure.machine(), "sgemm_peak_flops": peak, "configs": {}}
     for name, layers, hidden, target in CONFIGS:
-        bargs = bench_model.parse_args(["--layers", str(layers), "--hidden", str(hidden), "--dropout", "0.1",
-                                        "--steps", str(args.steps), "--variants", "hf,ours", "--no-memory"])
+        bargs = bench_model.parse_args(
+            [
+                "--layers",
+                str(layers),
+                "--hidden",
+                str(hidden),
+                "--dropout",
+                "0.1",
+                "--steps",
+                str(args.steps),
+                "--variants",
+                "hf,ours",
+                "--no-memory",
+            ]
+        )
         table = bench_model.run_variants(bargs)["variants"]
         config = bench_model.make_config(bargs)
         flops = flops_per_token(config, bargs.seq, mlm_fraction=bargs.masked / bargs.seq)
         ours = table["ours"]
         ratio, share = ours["ratio_vs_hf"], flops * ours["tokens_per_s"] / peak
-        results["configs"][name] = {"ratio_vs_hf": ratio, "target": target, "ms_per_step": ours["ms_per_step"],
-                                    "hf_ms_per_step": table["hf"]["ms_per_step"],
-                                    "flops_per_s": flops * ours["tokens_per_s"], "share_of_sgemm_peak": share}
-        print(f"{name}: ours {ratio:.2f}x hf (target >= {target:.0f}x: {'met' if ratio >= target else 'missed'}), "
-              f"{flops * ours['tokens_per_s'] / 1e9:.1f} GFLOP/s = {share:.1%} of the sgemm peak\n")
+        results["configs"][name] = {
+            "ratio_vs_hf": ratio,
+            "target": target,
+            "ms_per_step": ours["ms_per_step"],
+            "hf_ms_per_step": table["hf"]["ms_per_step"],
+            "flops_per_s": flops * ours["tokens_per_s"],
+            "share_of_sgemm_peak": share,
+        }
+        print(
+            f"{name}: ours {ratio:.2f}x hf (target >= {target:.0f}x: {'met' if ratio >= target else 'missed'}), "
+            f"{flops * ours['tokens_per_s'] / 1e9:.1f} GFLOP/s = {share:.1%} of the sgemm peak\n"
+        )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

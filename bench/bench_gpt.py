@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.gpt import GPT, flops_per_token  # noqa: E402
 from pipeline.hf_gpt import hf_gpt2_config, to_hf_gpt2_state_dict  # noqa: E402
-from pipeline.objectives.clm import CausalLM  # noqa: E402
 from pipeline.model import BertConfig, num_parameters, param_groups  # noqa: E402
+from pipeline.objectives.clm import CausalLM  # noqa: E402
 
 VARIANTS = ("ours", "hf", "ours_bf16", "hf_bf16")
 
@@ -46,8 +46,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=16000)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--dropout", type=float, nargs="+", default=[0.0, 0.1],
-                   help="dropout settings to run (hidden and attention dropout alike)")
+    p.add_argument(
+        "--dropout",
+        type=float,
+        nargs="+",
+        default=[0.0, 0.1],
+        help="dropout settings to run (hidden and attention dropout alike)",
+    )
     p.add_argument("--steps", type=int, default=8, help="timed steps per model")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
@@ -60,10 +65,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def make_config(args, dropout: float) -> BertConfig:
     H = args.hidden
-    return BertConfig(vocab_size=args.vocab, hidden_size=H, num_layers=args.layers,
-                      num_heads=args.heads or max(1, H // 64), intermediate_size=4 * H,
-                      max_position=max(args.seq, 128), dropout=dropout, attention_dropout=dropout,
-                      layer_norm_eps=1e-5, gelu="tanh")
+    return BertConfig(
+        vocab_size=args.vocab,
+        hidden_size=H,
+        num_layers=args.layers,
+        num_heads=args.heads or max(1, H // 64),
+        intermediate_size=4 * H,
+        max_position=max(args.seq, 128),
+        dropout=dropout,
+        attention_dropout=dropout,
+        layer_norm_eps=1e-5,
+        gelu="tanh",
+    )
 
 
 def build(args, config: BertConfig, variant: str):
@@ -108,7 +121,7 @@ def run(args, dropout: float) -> dict:
     g = torch.Generator().manual_seed(args.seed)
     batches = [torch.randint(5, args.vocab, (B, T), generator=g).to(args.device) for _ in range(4)]
     steps = {v: build(args, config, v)[1] for v in args.variants}
-    for v, step in steps.items():
+    for step in steps.values():
         for i in range(args.warmup):
             step(batches[i % len(batches)])
     sync(args.device)
@@ -116,7 +129,7 @@ def run(args, dropout: float) -> dict:
     losses: dict[str, float] = {}
     names = list(steps)
     for i in range(args.steps):
-        for v in names[i % len(names):] + names[:i % len(names)]:  # rotate the order every round
+        for v in names[i % len(names) :] + names[: i % len(names)]:  # rotate the order every round
             sync(args.device)
             t0 = time.perf_counter()
             losses[v] = float(steps[v](batches[i % len(batches)]).detach())
@@ -127,9 +140,14 @@ def run(args, dropout: float) -> dict:
     for o, h in (("ours", "hf"), ("ours_bf16", "hf"), ("ours_bf16", "hf_bf16")):
         if o in times and h in times:
             ratios[f"{o}/{h}"] = statistics.median(th / to for to, th in zip(times[o], times[h]))
-    return {"dropout": dropout, "tokens_per_s": tps,
-            "median_step_s": {v: statistics.median(t) for v, t in times.items()}, "last_loss": losses,
-            "ratios": ratios, "load_average_after": os.getloadavg()[0]}
+    return {
+        "dropout": dropout,
+        "tokens_per_s": tps,
+        "median_step_s": {v: statistics.median(t) for v, t in times.items()},
+        "last_loss": losses,
+        "ratios": ratios,
+        "load_average_after": os.getloadavg()[0],
+    }
 
 
 def main(argv=None) -> None:
@@ -138,27 +156,46 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     config = make_config(args, 0.0)
     fpt = flops_per_token(config, args.seq)
-    print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print(f"config: {config.num_layers} layers / {config.hidden_size} hidden / {config.num_heads} heads / vocab "
-          f"{config.vocab_size} ({num_parameters(GPT(config)):,} parameters, tied head); batch {args.batch} x seq "
-          f"{args.seq}; {args.steps} timed steps per model, rotated; {fpt / 1e6:.1f} MFLOP per token")
+    print(
+        f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"config: {config.num_layers} layers / {config.hidden_size} hidden / {config.num_heads} heads / vocab "
+        f"{config.vocab_size} ({num_parameters(GPT(config)):,} parameters, tied head); batch {args.batch} x seq "
+        f"{args.seq}; {args.steps} timed steps per model, rotated; {fpt / 1e6:.1f} MFLOP per token"
+    )
     results = []
     for dropout in args.dropout:
         r = run(args, dropout)
         results.append(r)
         print(f"\ndropout {dropout}:\n{'model':<10} {'tokens/s':>9} {'ms/step':>9} {'GFLOP/s':>8} {'last loss':>10}")
         for v in args.variants:
-            print(f"{v:<10} {r['tokens_per_s'][v]:9.0f} {1000 * r['median_step_s'][v]:9.0f} "
-                  f"{r['tokens_per_s'][v] * fpt / 1e9:8.1f} {r['last_loss'][v]:10.4f}")
-        print("ratios (tokens/s; median over rounds of the paired step times): "
-              + ", ".join(f"{k} {x:.2f}x" for k, x in r["ratios"].items()))
+            print(
+                f"{v:<10} {r['tokens_per_s'][v]:9.0f} {1000 * r['median_step_s'][v]:9.0f} "
+                f"{r['tokens_per_s'][v] * fpt / 1e9:8.1f} {r['last_loss'][v]:10.4f}"
+            )
+        print(
+            "ratios (tokens/s; median over rounds of the paired step times): "
+            + ", ".join(f"{k} {x:.2f}x" for k, x in r["ratios"].items())
+        )
     print(f"\nload average now {os.getloadavg()[0]:.2f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"config": config.to_dict(), "batch": args.batch, "seq": args.seq,
-                                         "steps": args.steps, "torch": torch.__version__, "results": results},
-                                        indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "config": config.to_dict(),
+                    "batch": args.batch,
+                    "seq": args.seq,
+                    "steps": args.steps,
+                    "torch": torch.__version__,
+                    "results": results,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

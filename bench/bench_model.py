@@ -38,6 +38,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.device import peak_flops  # noqa: E402
+from pipeline.formats import MASK_ID  # noqa: E402
+from pipeline.hf import hf_config, to_hf_state_dict  # noqa: E402
 from pipeline.model import (  # noqa: E402
     BertConfig,
     BertForPreTraining,
@@ -46,9 +49,6 @@ from pipeline.model import (  # noqa: E402
     param_groups,
     pretraining_loss,
 )
-from pipeline.hf import hf_config, to_hf_state_dict  # noqa: E402
-from pipeline.device import peak_flops  # noqa: E402
-from pipeline.formats import MASK_ID  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -68,12 +68,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 = autocast")
     p.add_argument("--compile", action="store_true", help="torch.compile both models")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    p.add_argument("--peak-tflops", type=float, default=None,
-                   help="accelerator peak for MFU (default: pipeline.device.PEAK_FLOPS for this GPU and --dtype)")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="accelerator peak for MFU (default: pipeline.device.PEAK_FLOPS for this GPU and --dtype)",
+    )
     p.add_argument("--no-memory", action="store_true", help="skip the CPU peak-RSS probes")
-    p.add_argument("--variants", default=None,
-                   help="comma-separated set-ups to time against the first, e.g. hf,ours,ours-bf16,electra-bf16 "
-                        "(see the module docstring); --dtype/--compile are then ignored")
+    p.add_argument(
+        "--variants",
+        default=None,
+        help="comma-separated set-ups to time against the first, e.g. hf,ours,ours-bf16,electra-bf16 "
+        "(see the module docstring); --dtype/--compile are then ignored",
+    )
     p.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout (BERT: 0.1)")
     p.add_argument("--json", default=None, help="--variants: also write the results to this JSON file")
     p.add_argument("--only", choices=["ours", "hf"], default=None, help=argparse.SUPPRESS)
@@ -83,9 +90,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def make_config(args) -> BertConfig:
     return BertConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
-        num_heads=args.heads or max(1, args.hidden // 64), intermediate_size=args.intermediate or 4 * args.hidden,
-        gelu=args.gelu, dropout=args.dropout, attention_dropout=args.dropout,
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=args.heads or max(1, args.hidden // 64),
+        intermediate_size=args.intermediate or 4 * args.hidden,
+        gelu=args.gelu,
+        dropout=args.dropout,
+        attention_dropout=args.dropout,
     )
 
 
@@ -98,7 +110,7 @@ def make_batches(args, n: int = 4) -> list[dict]:
         ids = torch.randint(5, args.vocab, (B, T), generator=g)
         ids[:, 0], ids[:, T // 2], ids[:, -1] = 2, 3, 3
         token_type = torch.zeros(B, T, dtype=torch.long)
-        token_type[:, T // 2 + 1:] = 1
+        token_type[:, T // 2 + 1 :] = 1
         # positions 1..T-2 minus the middle [SEP]; pick M per row without replacement
         candidates = torch.tensor([t for t in range(1, T - 1) if t != T // 2])
         order = torch.rand(B, len(candidates), generator=g).argsort(dim=1)[:, :M]
@@ -108,11 +120,17 @@ def make_batches(args, n: int = 4) -> list[dict]:
         ids[rows, pos] = MASK_ID
         hf_labels = torch.full((B, T), -100, dtype=torch.long)
         hf_labels[rows, pos] = labels
-        batches.append({
-            "input_ids": ids, "token_type_ids": token_type, "attention_mask": torch.ones(B, T, dtype=torch.long),
-            "masked_positions": (rows * T + pos).reshape(-1), "mlm_labels": labels.reshape(-1),
-            "hf_labels": hf_labels, "nsp_labels": torch.randint(0, 2, (B,), generator=g),
-        })
+        batches.append(
+            {
+                "input_ids": ids,
+                "token_type_ids": token_type,
+                "attention_mask": torch.ones(B, T, dtype=torch.long),
+                "masked_positions": (rows * T + pos).reshape(-1),
+                "mlm_labels": labels.reshape(-1),
+                "hf_labels": hf_labels,
+                "nsp_labels": torch.randint(0, 2, (B,), generator=g),
+            }
+        )
     return [{k: v.to(args.device) for k, v in b.items()} for b in batches]
 
 
@@ -137,13 +155,22 @@ def build(args, which: str):
     def step(b):
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
             if which == "ours":
-                out = fwd(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["masked_positions"],
-                          mlm_labels=b["mlm_labels"])  # as training: the MLM loss fused with the decoder
+                out = fwd(
+                    b["input_ids"],
+                    b["token_type_ids"],
+                    b["attention_mask"],
+                    b["masked_positions"],
+                    mlm_labels=b["mlm_labels"],
+                )  # as training: the MLM loss fused with the decoder
                 loss = pretraining_loss(out, b["mlm_labels"], b["nsp_labels"])[0]
             else:
-                loss = fwd(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"],
-                           attention_mask=b["attention_mask"], labels=b["hf_labels"],
-                           next_sentence_label=b["nsp_labels"]).loss
+                loss = fwd(
+                    input_ids=b["input_ids"],
+                    token_type_ids=b["token_type_ids"],
+                    attention_mask=b["attention_mask"],
+                    labels=b["hf_labels"],
+                    next_sentence_label=b["nsp_labels"],
+                ).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -182,17 +209,34 @@ def build_variant(args, name: str):
     def step(b):
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
             if kind == "hf":
-                loss = fwd(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"],
-                           attention_mask=b["attention_mask"], labels=b["hf_labels"],
-                           next_sentence_label=b["nsp_labels"]).loss
+                loss = fwd(
+                    input_ids=b["input_ids"],
+                    token_type_ids=b["token_type_ids"],
+                    attention_mask=b["attention_mask"],
+                    labels=b["hf_labels"],
+                    next_sentence_label=b["nsp_labels"],
+                ).loss
             elif kind == "electra":
                 noise = uniform_noise(b["masked_positions"].numel(), args.device)
-                out = fwd(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["masked_positions"],
-                          b["mlm_labels"], noise, padded=False)
+                out = fwd(
+                    b["input_ids"],
+                    b["token_type_ids"],
+                    b["attention_mask"],
+                    b["masked_positions"],
+                    b["mlm_labels"],
+                    noise,
+                    padded=False,
+                )
                 loss = electra_losses(out, b["mlm_labels"], b["attention_mask"])["loss"]
             else:
-                out = fwd(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["masked_positions"], padded=False,
-                          mlm_labels=b["mlm_labels"])  # as training: the MLM loss fused with the decoder
+                out = fwd(
+                    b["input_ids"],
+                    b["token_type_ids"],
+                    b["attention_mask"],
+                    b["masked_positions"],
+                    padded=False,
+                    mlm_labels=b["mlm_labels"],
+                )  # as training: the MLM loss fused with the decoder
                 loss = pretraining_loss(out, b["mlm_labels"], b["nsp_labels"], 0.0 if kind == "mlm" else 1.0)[0]
         loss.backward()
         opt.step()
@@ -207,10 +251,14 @@ def run_variants(args) -> dict:
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     B, T = args.batch, args.seq
     config = make_config(args)
-    print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, cpu capability "
-          f"{torch.backends.cpu.get_cpu_capability()}, load average {os.getloadavg()[0]:.2f}")
-    print(f"config: {config.num_layers} layers / {config.hidden_size} hidden / vocab {config.vocab_size}, dropout "
-          f"{args.dropout}; batch {B} x seq {T}, {args.masked} masked per sequence; {args.steps} timed steps each")
+    print(
+        f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, cpu capability "
+        f"{torch.backends.cpu.get_cpu_capability()}, load average {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"config: {config.num_layers} layers / {config.hidden_size} hidden / vocab {config.vocab_size}, dropout "
+        f"{args.dropout}; batch {B} x seq {T}, {args.masked} masked per sequence; {args.steps} timed steps each"
+    )
     batches = make_batches(args)
     steps = {}
     for name in names:
@@ -223,7 +271,7 @@ def run_variants(args) -> dict:
         print(f"  {name}: built and warmed up in {time.perf_counter() - t0:.1f} s", flush=True)
     times = {n: [] for n in names}
     for i in range(args.steps):
-        order = names[i % len(names):] + names[: i % len(names)]
+        order = names[i % len(names) :] + names[: i % len(names)]
         for name in order:
             sync(args.device)
             t0 = time.perf_counter()
@@ -235,14 +283,27 @@ def run_variants(args) -> dict:
     print(f"\n{'variant':<22} {'tokens/s':>10} {'ms/step':>9} {'vs ' + ref:>12}")
     for name in names:
         ratio = statistics.median(r / t for r, t in zip(times[ref], times[name]))  # paired: same round
-        rows[name] = {"tokens_per_s": B * T / statistics.median(times[name]),
-                      "ms_per_step": 1000 * statistics.median(times[name]), f"ratio_vs_{ref}": ratio}
+        rows[name] = {
+            "tokens_per_s": B * T / statistics.median(times[name]),
+            "ms_per_step": 1000 * statistics.median(times[name]),
+            f"ratio_vs_{ref}": ratio,
+        }
         print(f"{name:<22} {rows[name]['tokens_per_s']:10.0f} {rows[name]['ms_per_step']:9.1f} {ratio:11.2f}x")
-    print(f"(ratios: median over {args.steps} rounds of this round's {ref} step time / the variant's; "
-          f"load average now {os.getloadavg()[0]:.2f})")
-    result = {"config": config.to_dict(), "batch": B, "seq": T, "masked": args.masked, "steps": args.steps,
-              "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "cpu_capability": torch.backends.cpu.get_cpu_capability(), "variants": rows}
+    print(
+        f"(ratios: median over {args.steps} rounds of this round's {ref} step time / the variant's; "
+        f"load average now {os.getloadavg()[0]:.2f})"
+    )
+    result = {
+        "config": config.to_dict(),
+        "batch": B,
+        "seq": T,
+        "masked": args.masked,
+        "steps": args.steps,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "variants": rows,
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return result
@@ -294,18 +355,24 @@ def main(argv=None) -> None:
     cuda = args.device.startswith("cuda")
     config = make_config(args)
     B, T = args.batch, args.seq
-    print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, "
-          f"dtype {args.dtype}, compile {args.compile}, load average {os.getloadavg()[0]:.2f}")
-    print(f"config: {config.num_layers} layers / {config.hidden_size} hidden / {config.num_heads} heads / "
-          f"vocab {config.vocab_size}; batch {B} x seq {T}, {args.masked} masked per sequence")
+    print(
+        f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, "
+        f"dtype {args.dtype}, compile {args.compile}, load average {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"config: {config.num_layers} layers / {config.hidden_size} hidden / {config.num_heads} heads / "
+        f"vocab {config.vocab_size}; batch {B} x seq {T}, {args.masked} masked per sequence"
+    )
 
     models = {name: build(args, name) for name in ("ours", "hf")}
     hf_model = models["hf"][0]
-    print(f"parameters: ours {num_parameters(models['ours'][0]):,}, "
-          f"hf {sum(p.numel() for p in hf_model.parameters()):,} (attention: {hf_model.config._attn_implementation})")
+    print(
+        f"parameters: ours {num_parameters(models['ours'][0]):,}, "
+        f"hf {sum(p.numel() for p in hf_model.parameters()):,} (attention: {hf_model.config._attn_implementation})"
+    )
     batches = make_batches(args)
 
-    for name, (_, step) in models.items():
+    for _, step in models.values():
         for i in range(args.warmup):
             step(batches[i % len(batches)])
     sync(args.device)
@@ -344,25 +411,40 @@ def main(argv=None) -> None:
     peak_tflops = args.peak_tflops or (known / 1e12 if known else None)
     # FLOPs actually computed: ours runs the last layer's FFN and the MLM head on the masked
     # rows, HF on every position.
-    fpt = {"ours": flops_per_token(config, T, mlm_fraction=args.masked / T),
-           "hf": flops_per_token(config, T, mlm_fraction=1.0)}
-    print(f"\n{'model':<6} {'tokens/s':>10} {'best tok/s':>11} {'ms/step':>9} {'last loss':>10} "
-          f"{'GFLOP/s':>9} {'peak MB':>9}" + (f" {'MFU':>6}" if cuda and peak_tflops else ""))
+    fpt = {
+        "ours": flops_per_token(config, T, mlm_fraction=args.masked / T),
+        "hf": flops_per_token(config, T, mlm_fraction=1.0),
+    }
+    print(
+        f"\n{'model':<6} {'tokens/s':>10} {'best tok/s':>11} {'ms/step':>9} {'last loss':>10} "
+        f"{'GFLOP/s':>9} {'peak MB':>9}" + (f" {'MFU':>6}" if cuda and peak_tflops else "")
+    )
     for name in ("ours", "hf"):
         gflops = tps[name] * fpt[name] / 1e9
         mem_s = f"{mem[name]:9.0f}" if mem[name] is not None else f"{'-':>9}"
-        line = (f"{name:<6} {tps[name]:10.0f} {best[name]:11.0f} {1000 * statistics.median(times[name]):9.1f} "
-                f"{losses[name]:10.4f} {gflops:9.1f} {mem_s}")
+        line = (
+            f"{name:<6} {tps[name]:10.0f} {best[name]:11.0f} {1000 * statistics.median(times[name]):9.1f} "
+            f"{losses[name]:10.4f} {gflops:9.1f} {mem_s}"
+        )
         if cuda and peak_tflops:
             line += f" {gflops / (peak_tflops * 1e3):6.1%}"
         print(line)
-    print(f"\nratio ours/hf tokens/s: {pair_ratio:.2f}x (median over {args.steps} alternated pairs of steps; "
-          f"from median steps {tps['ours'] / tps['hf']:.2f}x, from best steps {best['ours'] / best['hf']:.2f}x)")
+    print(
+        f"\nratio ours/hf tokens/s: {pair_ratio:.2f}x (median over {args.steps} alternated pairs of steps; "
+        f"from median steps {tps['ours'] / tps['hf']:.2f}x, from best steps {best['ours'] / best['hf']:.2f}x)"
+    )
     print(f"peak memory: {mem_label}; load average now {os.getloadavg()[0]:.2f}")
-    print(f"GFLOP/s counts the matmul FLOPs each model performs (flops_per_token; HF's MLM head "
-          f"runs on all {T} positions, ours on {args.masked})"
-          + (f"; MFU against {peak_tflops:g} TFLOP/s" if cuda and peak_tflops else
-             "; MFU: unknown GPU, pass --peak-tflops" if cuda else ""))
+    print(
+        f"GFLOP/s counts the matmul FLOPs each model performs (flops_per_token; HF's MLM head "
+        f"runs on all {T} positions, ours on {args.masked})"
+        + (
+            f"; MFU against {peak_tflops:g} TFLOP/s"
+            if cuda and peak_tflops
+            else "; MFU: unknown GPU, pass --peak-tflops"
+            if cuda
+            else ""
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,12 @@ def main(argv=None) -> dict:
     p.add_argument("--source", default="wikitext", help="wikitext (1.3 MB) or enwikiN (N MB)")
     p.add_argument("--scales", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--docs-per-shard", type=int, default=16,
-                   help="examples partition size; memory is flat once the 1x corpus fills a few partitions")
+    p.add_argument(
+        "--docs-per-shard",
+        type=int,
+        default=16,
+        help="examples partition size; memory is flat once the 1x corpus fills a few partitions",
+    )
     p.add_argument("--work", type=Path, default=BENCH / "out" / "scaling")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
@@ -45,35 +49,60 @@ def main(argv=None) -> dict:
         corpus.replicate(args.source, scale, work / "src")
         corpus.download(work / "src", work / "raw")  # not timed: the download stage only copies rows
         runs = {
-            "clean": measure.run([py, runner, "clean", str(work / "raw"), str(work / "clean"),
-                                  "--workers", str(args.workers)]),
+            "clean": measure.run(
+                [py, runner, "clean", str(work / "raw"), str(work / "clean"), "--workers", str(args.workers)]
+            ),
             "tokenizer": measure.run([py, runner, "tokenizer", str(work / "clean"), str(work / "tokenizer")]),
-            "examples": measure.run([py, runner, "examples", str(work / "clean"), str(work / "tokenizer/tokenizer.json"),
-                                     str(work / "examples"), "--workers", str(args.workers),
-                                     "--docs-per-shard", str(args.docs_per_shard)]),
+            "examples": measure.run(
+                [
+                    py,
+                    runner,
+                    "examples",
+                    str(work / "clean"),
+                    str(work / "tokenizer/tokenizer.json"),
+                    str(work / "examples"),
+                    "--workers",
+                    str(args.workers),
+                    "--docs-per-shard",
+                    str(args.docs_per_shard),
+                ]
+            ),
         }
         rows = json.loads(runs["examples"].stdout.strip().splitlines()[-1])
         table[scale] = {
             "raw_mb": sum(f.stat().st_size for f in (work / "src").iterdir()) / 1e6,
             "n_examples": rows["train"]["rows"] + rows["valid"]["rows"],
-            **{stage: {"wall_s": r.wall_s, "peak_rss_mb": r.peak_tree_mb, "peak_rss_largest_process_mb": r.peak_proc_mb}
-               for stage, r in runs.items()},
+            **{
+                stage: {
+                    "wall_s": r.wall_s,
+                    "peak_rss_mb": r.peak_tree_mb,
+                    "peak_rss_largest_process_mb": r.peak_proc_mb,
+                }
+                for stage, r in runs.items()
+            },
         }
         shutil.rmtree(work)  # 16x of the data is a few hundred MB of shards
 
     base, top = min(args.scales), max(args.scales)
     print(f"scaling on {args.source} replicated {args.scales}")
-    print(f"{'scale':>5s} {'raw MB':>7s} {'examples':>9s} " + " ".join(f"{s + ' s':>12s} {s + ' MB':>12s}" for s in STAGES))
+    print(
+        f"{'scale':>5s} {'raw MB':>7s} {'examples':>9s} "
+        + " ".join(f"{s + ' s':>12s} {s + ' MB':>12s}" for s in STAGES)
+    )
     for scale, row in table.items():
-        print(f"{scale:>4d}x {row['raw_mb']:7.1f} {row['n_examples']:9d} "
-              + " ".join(f"{row[s]['wall_s']:12.2f} {row[s]['peak_rss_mb']:12.0f}" for s in STAGES))
+        print(
+            f"{scale:>4d}x {row['raw_mb']:7.1f} {row['n_examples']:9d} "
+            + " ".join(f"{row[s]['wall_s']:12.2f} {row[s]['peak_rss_mb']:12.0f}" for s in STAGES)
+        )
     summary = {}
     for s in STAGES:
         t = table[top][s]["wall_s"] / table[base][s]["wall_s"]
         m = table[top][s]["peak_rss_mb"] / table[base][s]["peak_rss_mb"]
         summary[s] = {"time_ratio": t, "rss_ratio": m}
-        print(f"{s:10s} {top // base}x corpus: time x{t:.1f} (goal <= {18 * top // base / 16:.0f}), "
-              f"peak RSS x{m:.2f} (goal < 1.5)")
+        print(
+            f"{s:10s} {top // base}x corpus: time x{t:.1f} (goal <= {18 * top // base / 16:.0f}), "
+            f"peak RSS x{m:.2f} (goal < 1.5)"
+        )
     result = {"source": args.source, "scales": table, "summary": summary}
     return measure.save_result(args.json, result)
 

@@ -25,7 +25,7 @@ def source_files(source: str) -> list[Path]:
     if source == "wikitext":
         files = [SHARED / "wikitext-2-raw" / "wiki.test.raw"]
     elif source.startswith("enwiki"):
-        n = int(source[len("enwiki"):] or 1)
+        n = int(source[len("enwiki") :] or 1)
         files = sorted((SHARED / "enwiki-extract" / "AA").glob("wiki_*"))[:n]
     else:
         raise SystemExit(f"unknown bench source {source!r}: use wikitext or enwikiN (N = number of 1 MB files)")
@@ -55,7 +55,9 @@ def replicate(source: str, times: int, out_dir: Path) -> Path:
     for k in range(times):
         for f in source_files(source):
             state: dict = {}
-            dst = out_dir / (f"r{k:03d}-{f.name}" + (".raw" if fmt == "wikitext" and not f.name.endswith(".raw") else ""))
+            dst = out_dir / (
+                f"r{k:03d}-{f.name}" + (".raw" if fmt == "wikitext" and not f.name.endswith(".raw") else "")
+            )
             with open(f, encoding="utf-8") as fin, open(dst, "w", encoding="utf-8") as fout:
                 for line in fin:
                     fout.write(line if k == 0 else _rename_titles(line, k, fmt, state))
@@ -65,8 +67,9 @@ def replicate(source: str, times: int, out_dir: Path) -> Path:
 def download(src_dir: Path, raw_dir: Path) -> dict:
     from pipeline.corpus import download_corpus
 
-    return download_corpus({"source": "local", "local": {"path": str(src_dir), "format": "auto"}}, raw_dir,
-                           progress=False)
+    return download_corpus(
+        {"source": "local", "local": {"path": str(src_dir), "format": "auto"}}, raw_dir, progress=False
+    )
 
 
 def clean(raw_dir: Path, clean_dir: Path, valid_fraction: float = 0.1) -> dict:
@@ -78,8 +81,9 @@ def clean(raw_dir: Path, clean_dir: Path, valid_fraction: float = 0.1) -> dict:
 def tokenizer(clean_dir: Path, tok_dir: Path, vocab_size: int = 16000) -> dict:
     from pipeline.tokenizer_training import train_wordpiece
 
-    return train_wordpiece(clean_dir / "train.txt", tok_dir, vocab_size=vocab_size, lowercase=True, min_frequency=2,
-                           progress=False)
+    return train_wordpiece(
+        clean_dir / "train.txt", tok_dir, vocab_size=vocab_size, lowercase=True, min_frequency=2, progress=False
+    )
 
 
 def prepare(source: str, times: int, work: Path, *, valid_fraction: float = 0.1) -> Path:

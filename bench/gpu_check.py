@@ -58,17 +58,31 @@ TINY = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size"
 # ----------------------------------------------------------------------------- synthetic data
 
 
-def synth_examples(out: Path, *, rows: int, valid_rows: int, vocab: int, seq_len: int, seed: int = 0,
-                   rows_per_shard: int = 4096, row_group_size: int = 512) -> Path:
+def synth_examples(
+    out: Path,
+    *,
+    rows: int,
+    valid_rows: int,
+    vocab: int,
+    seq_len: int,
+    seed: int = 0,
+    rows_per_shard: int = 4096,
+    row_group_size: int = 512,
+) -> Path:
     """Statically masked examples shards + manifest (the examples stage's format): random token
     ids, 90 % of rows at full length as Google's recipe gives, 15 % of positions masked (at most
     ``seq_len * 0.15 + 1``)."""
     rng = np.random.default_rng(seed)
     max_pred = int(seq_len * 0.15) + 1
-    schema = pa.schema([pa.field("input_ids", pa.list_(pa.uint16())), pa.field("token_type_ids", pa.list_(pa.uint8())),
-                        pa.field("next_sentence_label", pa.int8()),
-                        pa.field("masked_lm_positions", pa.list_(pa.uint16())),
-                        pa.field("masked_lm_ids", pa.list_(pa.uint16()))])
+    schema = pa.schema(
+        [
+            pa.field("input_ids", pa.list_(pa.uint16())),
+            pa.field("token_type_ids", pa.list_(pa.uint8())),
+            pa.field("next_sentence_label", pa.int8()),
+            pa.field("masked_lm_positions", pa.list_(pa.uint16())),
+            pa.field("masked_lm_ids", pa.list_(pa.uint16())),
+        ]
+    )
     splits = {}
     for split, total in (("train", rows), ("valid", valid_rows)):
         shards, done, index = [], 0, 0
@@ -82,7 +96,7 @@ def synth_examples(out: Path, *, rows: int, valid_rows: int, vocab: int, seq_len
                 ids = rng.integers(5, vocab, length).astype(np.uint16)
                 ids[0], ids[la + 1], ids[-1] = 2, 3, 3  # [CLS] A [SEP] B [SEP]
                 types = np.zeros(length, np.uint8)
-                types[la + 2:] = 1
+                types[la + 2 :] = 1
                 candidates = np.setdiff1d(np.arange(1, length - 1), [la + 1])
                 k = min(max_pred, max(1, int(round(length * 0.15))))
                 pos = np.sort(rng.choice(candidates, k, replace=False)).astype(np.uint16)
@@ -98,13 +112,28 @@ def synth_examples(out: Path, *, rows: int, valid_rows: int, vocab: int, seq_len
             shards.append({"path": rel, "rows": n, "tokens": tokens, "masked": masked, "sha256": sha})
             done, index = done + n, index + 1
         tok = sum(s["tokens"] for s in shards)
-        splits[split] = {"rows": total, "tokens": tok, "documents": total, "shards": shards,
-                         "masked_fraction": sum(s["masked"] for s in shards) / tok}
-    manifest = {"schema_version": SCHEMA_VERSION, "masking": "static", "tokenizer_sha256": "0" * 64,
-                "vocab_size": vocab, "special_ids": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4},
-                "max_seq_len": seq_len, "masked_lm_prob": 0.15, "max_predictions_per_seq": max_pred,
-                "whole_word_masking": False, "seed": seed, "params": {"masking": "static"}, "inputs": {},
-                "splits": splits}
+        splits[split] = {
+            "rows": total,
+            "tokens": tok,
+            "documents": total,
+            "shards": shards,
+            "masked_fraction": sum(s["masked"] for s in shards) / tok,
+        }
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "masking": "static",
+        "tokenizer_sha256": "0" * 64,
+        "vocab_size": vocab,
+        "special_ids": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4},
+        "max_seq_len": seq_len,
+        "masked_lm_prob": 0.15,
+        "max_predictions_per_seq": max_pred,
+        "whole_word_masking": False,
+        "seed": seed,
+        "params": {"masking": "static"},
+        "inputs": {},
+        "splits": splits,
+    }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return out
 
@@ -129,8 +158,12 @@ def synth_task(out: Path, n_train: int, n_valid: int) -> tuple[dict, Path]:
 
     train, valid = rows(n_train), rows(n_valid)
     tok = build_tokenizer(lowercase=True)
-    tok.train_from_iterator([t for t, _ in train], trainer=trainers.WordPieceTrainer(
-        vocab_size=200, special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##", show_progress=False))
+    tok.train_from_iterator(
+        [t for t, _ in train],
+        trainer=trainers.WordPieceTrainer(
+            vocab_size=200, special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##", show_progress=False
+        ),
+    )
     out.mkdir(parents=True, exist_ok=True)
     tok_path = out / "tokenizer.json"
     tok_path.write_text(tok.to_str(), encoding="utf-8")
@@ -139,8 +172,13 @@ def synth_task(out: Path, n_train: int, n_valid: int) -> tuple[dict, Path]:
         path = out / f"{role}.tsv"
         path.write_text("text\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in data), encoding="utf-8")
         files[role] = str(path)
-    task = {"source": "local", "local": files, "text_columns": ["text"], "label_column": "label",
-            "label_names": ["neg", "pos"]}
+    task = {
+        "source": "local",
+        "local": files,
+        "text_columns": ["text"],
+        "label_column": "label",
+        "label_names": ["neg", "pos"],
+    }
     return task, tok_path
 
 
@@ -162,17 +200,23 @@ class Ctx:
         """The speed checks' shards: the gpu profile's sizes (vocabulary 15,774, length 128)."""
         if self._examples is None:
             rows = 512 if self.cpu else 200_000
-            self._examples = synth_examples(self.work / "examples", rows=rows, valid_rows=256 if self.cpu else 5120,
-                                            vocab=1000 if self.cpu else 15_774, seq_len=64 if self.cpu else 128,
-                                            row_group_size=64 if self.cpu else 512)
+            self._examples = synth_examples(
+                self.work / "examples",
+                rows=rows,
+                valid_rows=256 if self.cpu else 5120,
+                vocab=1000 if self.cpu else 15_774,
+                seq_len=64 if self.cpu else 128,
+                row_group_size=64 if self.cpu else 512,
+            )
         return self._examples
 
     @property
     def small(self) -> Path:
         """Shards for the correctness checks (resume, exact, ddp): small and quick."""
         if self._small is None:
-            self._small = synth_examples(self.work / "small", rows=2048, valid_rows=128, vocab=1000, seq_len=64,
-                                         row_group_size=128)
+            self._small = synth_examples(
+                self.work / "small", rows=2048, valid_rows=128, vocab=1000, seq_len=64, row_group_size=128
+            )
         return self._small
 
     def model(self, kind: str) -> dict:
@@ -186,10 +230,25 @@ class Ctx:
 def _cfg(ctx: Ctx, **kw):
     from pipeline.train import PretrainConfig
 
-    base = dict(model=ctx.model("speed"), batch_size=16 if ctx.cpu else 256, lr=2e-4, warmup=0.06, max_steps=None,
-                time_minutes=ctx.minutes, eval_every=0, eval_batches=2, log_every=10, checkpoint_every=None,
-                checkpoint_minutes=None, snapshot_steps=[], snapshot_minutes=[], device=ctx.device,
-                deterministic=False, num_threads=1 if ctx.cpu else 0, shuffle_buffer=2048)
+    base = dict(
+        model=ctx.model("speed"),
+        batch_size=16 if ctx.cpu else 256,
+        lr=2e-4,
+        warmup=0.06,
+        max_steps=None,
+        time_minutes=ctx.minutes,
+        eval_every=0,
+        eval_batches=2,
+        log_every=10,
+        checkpoint_every=None,
+        checkpoint_minutes=None,
+        snapshot_steps=[],
+        snapshot_minutes=[],
+        device=ctx.device,
+        deterministic=False,
+        num_threads=1 if ctx.cpu else 0,
+        shuffle_buffer=2048,
+    )
     base.update(kw)
     return PretrainConfig(**base)
 
@@ -215,30 +274,47 @@ def check_precision(ctx: Ctx, precision: str) -> dict:
     cfg = _cfg(ctx, precision=precision if ctx.cuda else "fp32")
     metrics = _pretrain(cfg, ctx.examples, ctx.work / f"out-{precision}")
     ok = metrics["completed"] and metrics["step"] > 1 and np.isfinite(metrics["loss"])
-    return _speed({"status": "PASS" if ok else "FAIL", "note": f"loss {metrics['loss']:.3f}, "
-                   f"{metrics['precision']}, {metrics['train_seconds']:.0f} s"}, metrics)
+    return _speed(
+        {
+            "status": "PASS" if ok else "FAIL",
+            "note": f"loss {metrics['loss']:.3f}, {metrics['precision']}, {metrics['train_seconds']:.0f} s",
+        },
+        metrics,
+    )
 
 
 def check_resume(ctx: Ctx) -> dict:
     """Item 1: an unfused (CPU) checkpoint continued with fused AdamW + GradScaler (fp16)."""
     out = ctx.work / "out-resume"
-    steps = dict(max_steps=8, time_minutes=None, model=ctx.model("small"), batch_size=32, log_every=1,
-                 deterministic=True)
+    steps = dict(
+        max_steps=8, time_minutes=None, model=ctx.model("small"), batch_size=32, log_every=1, deterministic=True
+    )
     _pretrain(_cfg(ctx, device="cpu", precision="fp32", num_threads=1, **steps), ctx.small, out, stop_at_step=4)
     metrics = _pretrain(_cfg(ctx, precision="fp16" if ctx.cuda else "fp32", **steps), ctx.small, out)
     state = torch.load(out / "last.pt", weights_only=True)
     fused = {g.get("fused") for g in state["optimizer"]["param_groups"]}
     ok = metrics["step"] == 8 and np.isfinite(metrics["loss"]) and (not ctx.cuda or fused == {True})
-    return {"status": "PASS" if ok else "FAIL", "steps": metrics["step"],
-            "note": f"CPU fp32 checkpoint -> {metrics['device']} {metrics['precision']}, fused AdamW {fused}"}
+    return {
+        "status": "PASS" if ok else "FAIL",
+        "steps": metrics["step"],
+        "note": f"CPU fp32 checkpoint -> {metrics['device']} {metrics['precision']}, fused AdamW {fused}",
+    }
 
 
 def check_exact(ctx: Ctx) -> dict:
     """docs/scaling.md's claim: bit-for-bit resume with deterministic: true (and whether false drifts)."""
     notes, ok = [], True
     for det in (True, False):
-        kw = dict(max_steps=12, time_minutes=None, model=ctx.model("small"), batch_size=32, log_every=1,
-                  deterministic=det, precision="bf16" if ctx.cuda else "fp32", eval_every=6)
+        kw = dict(
+            max_steps=12,
+            time_minutes=None,
+            model=ctx.model("small"),
+            batch_size=32,
+            log_every=1,
+            deterministic=det,
+            precision="bf16" if ctx.cuda else "fp32",
+            eval_every=6,
+        )
         full = _pretrain(_cfg(ctx, **kw), ctx.small, ctx.work / f"exact-{det}-full")
         _pretrain(_cfg(ctx, **kw), ctx.small, ctx.work / f"exact-{det}-parts", stop_at_step=5)
         parts = _pretrain(_cfg(ctx, **kw), ctx.small, ctx.work / f"exact-{det}-parts")
@@ -260,9 +336,14 @@ def check_compile(ctx: Ctx) -> dict:
         metrics = _pretrain(cfg, ctx.examples, ctx.work / "out-compile")
     wall = time.perf_counter() - t0
     ok = metrics["completed"] and metrics["step"] > 1 and metrics["train_seconds"] <= ctx.minutes * 60 + 30
-    return _speed({"status": "PASS" if ok else "FAIL",
-                   "note": f"compile + setup {wall - metrics['train_seconds']:.0f} s outside the "
-                           f"{ctx.minutes:g}-minute budget"}, metrics)
+    return _speed(
+        {
+            "status": "PASS" if ok else "FAIL",
+            "note": f"compile + setup {wall - metrics['train_seconds']:.0f} s outside the "
+            f"{ctx.minutes:g}-minute budget",
+        },
+        metrics,
+    )
 
 
 @contextlib.contextmanager
@@ -282,19 +363,51 @@ def check_ddp(ctx: Ctx) -> dict:
     work = ctx.work / "ddp"
     (work / "data").mkdir(parents=True)
     (work / "data" / "examples").symlink_to(ctx.small)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "BERTRACE_NO_MLFLOW": "1", "TQDM_DISABLE": "1",
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "BERTRACE_NO_MLFLOW": "1",
+        "TQDM_DISABLE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     gpus = torch.cuda.device_count() if ctx.cuda else 0
     notes = []
     # the second run resumes rank 0's last.pt through its broadcast (smoke mode: one run, the tests cover resume)
-    for steps in ((6,) if ctx.cpu else (6, 12)):
-        params = {"compute": {"kernels": "portable"}, "pretrain": {"model": ctx.model("small"), "batch_size": 32, "max_steps": steps, "eval_every": 6,
-                               "eval_batches": 2, "log_every": 2, "checkpoint_every": 6, "snapshot_steps": [],
-                               "device": "cuda:0" if ctx.cuda else "cpu", "num_threads": 1 if ctx.cpu else 0,
-                               "verify_shards": False}}
+    for steps in (6,) if ctx.cpu else (6, 12):
+        params = {
+            "compute": {"kernels": "portable"},
+            "pretrain": {
+                "model": ctx.model("small"),
+                "batch_size": 32,
+                "max_steps": steps,
+                "eval_every": 6,
+                "eval_batches": 2,
+                "log_every": 2,
+                "checkpoint_every": 6,
+                "snapshot_steps": [],
+                "device": "cuda:0" if ctx.cuda else "cpu",
+                "num_threads": 1 if ctx.cpu else 0,
+                "verify_shards": False,
+            },
+        }
         (work / "params.yaml").write_text(yaml.safe_dump(params))
-        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                            "-m", "stages.pretrain"], cwd=work, env=env, capture_output=True, text=True, timeout=540)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                "-m",
+                "stages.pretrain",
+            ],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=540,
+        )
         if p.returncode != 0:
             return {"status": "FAIL", "note": f"torchrun exit {p.returncode}: {(p.stdout + p.stderr)[-800:]}"}
         metrics = json.loads((work / "reports" / "pretrain.json").read_text())
@@ -317,18 +430,34 @@ def check_finetune(ctx: Ctx) -> dict:
     torch.manual_seed(0)
     ckpt = {"model": BertForPreTraining(config).state_dict(), "model_config": config.to_dict()}
     data = load_task_data(task, load_tokenizer(tok_path), max_len=32)
-    cfg = FinetuneConfig(epochs=3 if ctx.cpu else 2, batch_size=16 if ctx.cpu else 32, lr=3e-3 if ctx.cpu else 1e-4,
-                         seeds=[0], patience=0, device=ctx.device)
+    cfg = FinetuneConfig(
+        epochs=3 if ctx.cpu else 2,
+        batch_size=16 if ctx.cpu else 32,
+        lr=3e-3 if ctx.cpu else 1e-4,
+        seeds=[0],
+        patience=0,
+        device=ctx.device,
+    )
     result = train_seed(ckpt, data, cfg, 0, progress=False)
     per_s = result.steps * cfg.batch_size / result.wall_seconds
     ok = result.validation_accuracy >= 0.8
-    return {"status": "PASS" if ok else "FAIL", "steps": result.steps, "examples_per_s": round(per_s, 1),
-            "note": f"{per_s:.0f} examples/s, validation accuracy {result.validation_accuracy:.3f}"}
+    return {
+        "status": "PASS" if ok else "FAIL",
+        "steps": result.steps,
+        "examples_per_s": round(per_s, 1),
+        "note": f"{per_s:.0f} examples/s, validation accuracy {result.validation_accuracy:.3f}",
+    }
 
 
-RUNNERS = {"bf16": lambda c: check_precision(c, "bf16"), "fp16": lambda c: check_precision(c, "fp16"),
-           "resume": check_resume, "exact": check_exact, "compile": check_compile, "ddp": check_ddp,
-           "finetune": check_finetune}
+RUNNERS = {
+    "bf16": lambda c: check_precision(c, "bf16"),
+    "fp16": lambda c: check_precision(c, "fp16"),
+    "resume": check_resume,
+    "exact": check_exact,
+    "compile": check_compile,
+    "ddp": check_ddp,
+    "finetune": check_finetune,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,9 +475,13 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Ctx(args)
     if ctx.cpu:
         torch.set_num_threads(1)  # tiny models: more threads only add synchronisation
-    header = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": ctx.device,
-              "gpu": torch.cuda.get_device_name(0) if ctx.cuda else None,
-              "gpus": torch.cuda.device_count() if ctx.cuda else 0}
+    header = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": ctx.device,
+        "gpu": torch.cuda.get_device_name(0) if ctx.cuda else None,
+        "gpus": torch.cuda.device_count() if ctx.cuda else 0,
+    }
     print(f"gpu_check: {json.dumps(header)}", flush=True)
     results = {}
     try:
@@ -357,12 +490,17 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 r = RUNNERS[name](ctx)
             except Exception as e:  # a failed check is a result, not the end of the script
-                r = {"status": "FAIL", "note": f"{type(e).__name__}: {str(e)[:600]}",
-                     "traceback": traceback.format_exc()[-3000:]}
+                r = {
+                    "status": "FAIL",
+                    "note": f"{type(e).__name__}: {str(e)[:600]}",
+                    "traceback": traceback.format_exc()[-3000:],
+                }
             r["seconds"] = round(time.perf_counter() - t0, 1)
             results[name] = r
-            line = (f"{name:9s} {r['status']:4s} {r['seconds']:7.1f} s  tokens/s {r.get('tokens_per_s') or '-'!s:>10}  "
-                    f"MFU {r.get('mfu') if r.get('mfu') is not None else '-'!s:>6}  {r.get('note', '')}")
+            line = (
+                f"{name:9s} {r['status']:4s} {r['seconds']:7.1f} s  tokens/s {r.get('tokens_per_s') or '-'!s:>10}  "
+                f"MFU {r.get('mfu') if r.get('mfu') is not None else '-'!s:>6}  {r.get('note', '')}"
+            )
             print(line, flush=True)
     finally:
         shutil.rmtree(ctx.work, ignore_errors=True)
@@ -370,8 +508,12 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**header, "checks": results}, indent=1))
     failed = [n for n, r in results.items() if r["status"] == "FAIL"]
-    print(f"gpu_check: {len(results) - len(failed)}/{len(results)} passed or skipped"
-          + (f"; FAILED: {', '.join(failed)}" if failed else "") + f"; report {out}", flush=True)
+    print(
+        f"gpu_check: {len(results) - len(failed)}/{len(results)} passed or skipped"
+        + (f"; FAILED: {', '.join(failed)}" if failed else "")
+        + f"; report {out}",
+        flush=True,
+    )
     return 1 if failed else 0
 
 

@@ -75,9 +75,16 @@ def run(cmd: list[str], *, cwd=None, env=None, check: bool = True, interval: flo
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if check and proc.returncode != 0:
         raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{err[-3000:]}")
-    return Run(wall_s=wall, peak_tree_mb=peak / 2**20, peak_proc_mb=peak_one / 2**20,
-               peak_pss_mb=peak_pss / 2**20, cpu_s=cpu,
-               stdout=out, stderr=err, returncode=proc.returncode)
+    return Run(
+        wall_s=wall,
+        peak_tree_mb=peak / 2**20,
+        peak_proc_mb=peak_one / 2**20,
+        peak_pss_mb=peak_pss / 2**20,
+        cpu_s=cpu,
+        stdout=out,
+        stderr=err,
+        returncode=proc.returncode,
+    )
 
 
 def machine() -> str:

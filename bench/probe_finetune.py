@@ -28,21 +28,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from probe_pretrain import parse_variant  # noqa: E402
 
 from pipeline.errors import BertraceError  # noqa: E402
-from pipeline.finetune import (FinetuneConfig, check_tokenizer, load_pretrained, resolve_checkpoint,  # noqa: E402
-                               summarize, train_seed)
+from pipeline.finetune import (  # noqa: E402
+    FinetuneConfig,
+    check_tokenizer,
+    load_pretrained,
+    resolve_checkpoint,
+    summarize,
+    train_seed,
+)
 from pipeline.task_data import load_task_data  # noqa: E402
 from pipeline.tokenizer import load_tokenizer  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", default="data/pretrain/best.pt", help="pre-training checkpoint (best.pt, last.pt "
-                    "or a snapshot)")
+    ap.add_argument(
+        "--checkpoint", default="data/pretrain/best.pt", help="pre-training checkpoint (best.pt, last.pt or a snapshot)"
+    )
     ap.add_argument("--tokenizer", default="data/tokenizer/tokenizer.json")
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--seeds", default=None, help="comma-separated fine-tuning seeds (default: finetune.seeds)")
-    ap.add_argument("--variant", action="append", default=[],
-                    help='finetune overrides "k=v,k=v" ("" = params.yaml as is); repeatable')
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help='finetune overrides "k=v,k=v" ("" = params.yaml as is); repeatable',
+    )
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args(argv)
     base = dict(yaml.safe_load(Path(args.params).read_text())["finetune"])
@@ -59,26 +70,39 @@ def main(argv: list[str] | None = None) -> list[dict]:
         params = {**base, **parse_variant(text)}
         key = (int(params.get("max_len") or 128), str(params.get("truncation") or "head"))
         if key not in datasets:
-            datasets[key] = load_task_data(params.get("task"), tokenizer, max_len=key[0], truncation=key[1],
-                                           mirror=mirror, roles=("train", "validation"))
+            datasets[key] = load_task_data(
+                params.get("task"),
+                tokenizer,
+                max_len=key[0],
+                truncation=key[1],
+                mirror=mirror,
+                roles=("train", "validation"),
+            )
         cfg = FinetuneConfig.from_params(params, source=f"--variant {text!r}")
         t0 = time.time()
-        results = [train_seed(ckpt, datasets[key], cfg, seed, progress=False, source=str(ckpt_path))
-                   for seed in cfg.seeds]
+        results = [
+            train_seed(ckpt, datasets[key], cfg, seed, progress=False, source=str(ckpt_path)) for seed in cfg.seeds
+        ]
         summary = summarize(results)
         acc = summary["validation_accuracy"]
-        row = {"variant": text or "params.yaml", "seeds": summary["seeds"],
-               "dev_mean": round(100 * acc["mean"], 2), "dev_std": round(100 * acc["std"], 2),
-               "per_seed": {str(r.seed): round(100 * r.validation_accuracy, 2) for r in results},
-               "best_epoch": {str(r.seed): r.best_epoch for r in results},
-               # every validation check (the best one is kept): how much the choice of check adds
-               "checks": {str(r.seed): [round(100 * h["validation_accuracy"], 2) for h in r.history] for r in results},
-               "wall_s": round(time.time() - t0, 1)}
+        row = {
+            "variant": text or "params.yaml",
+            "seeds": summary["seeds"],
+            "dev_mean": round(100 * acc["mean"], 2),
+            "dev_std": round(100 * acc["std"], 2),
+            "per_seed": {str(r.seed): round(100 * r.validation_accuracy, 2) for r in results},
+            "best_epoch": {str(r.seed): r.best_epoch for r in results},
+            # every validation check (the best one is kept): how much the choice of check adds
+            "checks": {str(r.seed): [round(100 * h["validation_accuracy"], 2) for h in r.history] for r in results},
+            "wall_s": round(time.time() - t0, 1),
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(f"\n{'variant':<40} {'seeds':>6} {'dev acc. (%)':>16} {'wall (s)':>9}")
     for r in rows:
-        print(f"{r['variant']:<40} {len(r['seeds']):>6} {r['dev_mean']:>9.2f} ± {r['dev_std']:<4.2f} {r['wall_s']:>9.1f}")
+        print(
+            f"{r['variant']:<40} {len(r['seeds']):>6} {r['dev_mean']:>9.2f} ± {r['dev_std']:<4.2f} {r['wall_s']:>9.1f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     return rows

@@ -66,32 +66,55 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--minutes", type=float, default=4.0)
     ap.add_argument("--eval-batches", type=int, default=40)
-    ap.add_argument("--variant", action="append", default=[],
-                    help='pretrain overrides "k=v,k=v" ("" = params.yaml as is); repeatable')
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help='pretrain overrides "k=v,k=v" ("" = params.yaml as is); repeatable',
+    )
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args(argv)
     base = yaml.safe_load(Path(args.params).read_text())["pretrain"]
     base = {k: v for k, v in base.items() if k != "resume"}
     rows = []
     for text in args.variant or [""]:
-        params = {**apply_overrides(base, parse_variant(text)), "time_minutes": args.minutes, "max_steps": None,
-                  "epochs": None, "eval_every": 0, "eval_batches": args.eval_batches, "checkpoint_every": 0,
-                  "checkpoint_minutes": 0, "snapshot_minutes": [], "snapshot_steps": []}
+        params = {
+            **apply_overrides(base, parse_variant(text)),
+            "time_minutes": args.minutes,
+            "max_steps": None,
+            "epochs": None,
+            "eval_every": 0,
+            "eval_batches": args.eval_batches,
+            "checkpoint_every": 0,
+            "checkpoint_minutes": 0,
+            "snapshot_minutes": [],
+            "snapshot_steps": [],
+        }
         cfg = PretrainConfig.from_params(params)
         t0 = time.time()
         with tempfile.TemporaryDirectory() as out:
-            m = pretrain(cfg, examples_dir=Path(args.examples), out_dir=Path(out), provenance={}, resume=False,
-                         progress=False)
-        row = {"variant": text or "params.yaml", "minutes": args.minutes, "steps": m["step"],
-               "tokens": m["tokens_seen"], "tokens_per_s": m["tokens_per_s"],
-               "val_mlm_loss": round(m["val_mlm_loss"], 4), "val_mlm_acc": round(m["val_mlm_acc"], 4),
-               "val_nsp_acc": round(m["val_nsp_acc"], 4), "wall_s": round(time.time() - t0, 1)}
+            m = pretrain(
+                cfg, examples_dir=Path(args.examples), out_dir=Path(out), provenance={}, resume=False, progress=False
+            )
+        row = {
+            "variant": text or "params.yaml",
+            "minutes": args.minutes,
+            "steps": m["step"],
+            "tokens": m["tokens_seen"],
+            "tokens_per_s": m["tokens_per_s"],
+            "val_mlm_loss": round(m["val_mlm_loss"], 4),
+            "val_mlm_acc": round(m["val_mlm_acc"], 4),
+            "val_nsp_acc": round(m["val_nsp_acc"], 4),
+            "wall_s": round(time.time() - t0, 1),
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(f"\n{'variant':<36} {'steps':>7} {'tokens':>11} {'val MLM loss':>13} {'MLM acc':>8} {'NSP acc':>8}")
     for r in rows:
-        print(f"{r['variant']:<36} {r['steps']:>7,} {r['tokens']:>11,} {r['val_mlm_loss']:>13.3f} "
-              f"{r['val_mlm_acc']:>8.3f} {r['val_nsp_acc']:>8.3f}")
+        print(
+            f"{r['variant']:<36} {r['steps']:>7,} {r['tokens']:>11,} {r['val_mlm_loss']:>13.3f} "
+            f"{r['val_mlm_acc']:>8.3f} {r['val_nsp_acc']:>8.3f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     return rows

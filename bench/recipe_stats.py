@@ -64,7 +64,7 @@ def _segments(table, unk_id: int, sep_id: int):
     for row in ids:
         sep = row.index(sep_id, 1)
         a.append(row[1:sep])
-        b.append(row[sep + 1:-1])
+        b.append(row[sep + 1 : -1])
     return a, b, nsp, masked, unk
 
 
@@ -162,17 +162,24 @@ def measure(work: Path, cfg_kwargs: dict, seed: int, out: Path, cache: dict) -> 
     return {
         "instances": len(nsp),
         "nsp_random": float(nsp.mean()),
-        "len_a": float(la.mean()), "len_b": float(lb.mean()),
+        "len_a": float(la.mean()),
+        "len_b": float(lb.mean()),
         "short_rows": float((total < cfg.max_seq_len).mean()),
         "full_lo_hi": float(((la == m // 2) & (lb == m - m // 2))[full].mean()) if full.any() else 0.0,
         "full_hi_lo": float(((la == m - m // 2) & (lb == m // 2))[full].mean()) if full.any() else 0.0,
-        "seg_cos": float(seg_cos.mean()), "seg_cos>0.2": float((seg_cos > 0.2).mean()),
-        "base_seg_cos": float(seg_base.mean()), "base_seg_cos>0.2": float((seg_base > 0.2).mean()),
-        "doc_cos": float(doc_cos.mean()), "doc_cos>0.2": float((doc_cos > 0.2).mean()),
-        "base_doc_cos": float(doc_base.mean()), "base_doc_cos>0.2": float((doc_base > 0.2).mean()),
-        "near": float(near.mean()), "base_near": float(near_base.mean()),
+        "seg_cos": float(seg_cos.mean()),
+        "seg_cos>0.2": float((seg_cos > 0.2).mean()),
+        "base_seg_cos": float(seg_base.mean()),
+        "base_seg_cos>0.2": float((seg_base > 0.2).mean()),
+        "doc_cos": float(doc_cos.mean()),
+        "doc_cos>0.2": float((doc_cos > 0.2).mean()),
+        "base_doc_cos": float(doc_base.mean()),
+        "base_doc_cos>0.2": float((doc_base > 0.2).mean()),
+        "near": float(near.mean()),
+        "base_near": float(near_base.mean()),
         "articles_found": float(known.mean()),
-        "masked_per_row": masked / max(len(nsp), 1), "unk_label_share": unk / max(masked, 1),
+        "masked_per_row": masked / max(len(nsp), 1),
+        "unk_label_share": unk / max(masked, 1),
         "valid_unk_label_share": valid_unk / max(valid_masked, 1),
     }
 
@@ -180,11 +187,20 @@ def measure(work: Path, cfg_kwargs: dict, seed: int, out: Path, cache: dict) -> 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--source", default="enwiki10", help="bench source (bench/corpus.py): enwikiN or wikitext")
-    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bertrace-recipe-stats",
-                    help="where the prepared corpus is kept (reused when present)")
+    ap.add_argument(
+        "--work",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "bertrace-recipe-stats",
+        help="where the prepared corpus is kept (reused when present)",
+    )
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="an examples param (e.g. shuffle_documents=false); repeatable")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an examples param (e.g. shuffle_documents=false); repeatable",
+    )
     ap.add_argument("--code", type=Path, help="import `pipeline` from this directory (e.g. an older commit)")
     ap.add_argument("--label", default="", help="a name for this configuration in the printed table")
     ap.add_argument("--json", type=Path, help="also write the per-seed results here")
@@ -194,9 +210,9 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     if args.code:
         sys.path.insert(0, str(args.code.resolve()))
-    import pipeline
-
     from corpus import prepare
+
+    import pipeline
 
     work = prepare(args.source, 1, args.work / args.source)
     cfg_kwargs = {"max_seq_len": 128, "dupe_factor": 1, "masking": "static"}
@@ -209,8 +225,10 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             runs.append(measure(work, cfg_kwargs, seed, Path(tmp), cache))
         print(f"seed {seed}: {time.time() - t0:.0f} s", file=sys.stderr)
-    print(f"## {args.label or 'examples'}: {args.source}, {json.dumps(cfg_kwargs)}, seeds {args.seeds}, "
-          f"pipeline from {Path(pipeline.__file__).parent}")
+    print(
+        f"## {args.label or 'examples'}: {args.source}, {json.dumps(cfg_kwargs)}, seeds {args.seeds}, "
+        f"pipeline from {Path(pipeline.__file__).parent}"
+    )
     print(f"| {'statistic':<21} | {'mean':>10} | {'std':>8} |")
     print(f"|{'-' * 23}|{'-' * 12}|{'-' * 10}|")
     for key in runs[0]:

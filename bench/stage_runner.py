@@ -29,24 +29,52 @@ def main() -> None:
         from pipeline.clean import clean_corpus
 
         raw, out = map(Path, args.paths)
-        result = clean_corpus(raw, out, min_chars=200, valid_fraction=0.1, seed=0, workers=args.workers,
-                              engine=args.engine, scheduler=args.scheduler or None, progress=False)
+        result = clean_corpus(
+            raw,
+            out,
+            min_chars=200,
+            valid_fraction=0.1,
+            seed=0,
+            workers=args.workers,
+            engine=args.engine,
+            scheduler=args.scheduler or None,
+            progress=False,
+        )
     elif args.stage == "tokenizer":
         from pipeline.tokenizer_training import train_wordpiece
 
         clean, out = map(Path, args.paths)
-        result = train_wordpiece(clean / "train.txt", out, vocab_size=16000, lowercase=True, min_frequency=2,
-                                 progress=False)
+        result = train_wordpiece(
+            clean / "train.txt", out, vocab_size=16000, lowercase=True, min_frequency=2, progress=False
+        )
     else:
         from pipeline.examples import ExamplesConfig, generate_examples
 
         clean, tok, out = map(Path, args.paths)
-        cfg = ExamplesConfig(max_seq_len=128, dupe_factor=5, masked_lm_prob=0.15, short_seq_prob=0.1,
-                             max_predictions_per_seq=20, docs_per_shard=args.docs_per_shard, row_group_size=512)
-        manifest = generate_examples(clean / "train.txt", clean / "valid.txt", tok, out, cfg, workers=args.workers,
-                                     engine=args.engine, scheduler=args.scheduler or None, progress=False)
-        result = {split: {"rows": v["rows"], "tokens": v["tokens"], "shards": len(v["shards"])}
-                  for split, v in manifest["splits"].items()}
+        cfg = ExamplesConfig(
+            max_seq_len=128,
+            dupe_factor=5,
+            masked_lm_prob=0.15,
+            short_seq_prob=0.1,
+            max_predictions_per_seq=20,
+            docs_per_shard=args.docs_per_shard,
+            row_group_size=512,
+        )
+        manifest = generate_examples(
+            clean / "train.txt",
+            clean / "valid.txt",
+            tok,
+            out,
+            cfg,
+            workers=args.workers,
+            engine=args.engine,
+            scheduler=args.scheduler or None,
+            progress=False,
+        )
+        result = {
+            split: {"rows": v["rows"], "tokens": v["tokens"], "shards": len(v["shards"])}
+            for split, v in manifest["splits"].items()
+        }
     print(json.dumps(result))
 
 

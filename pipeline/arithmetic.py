@@ -70,8 +70,10 @@ def host_specific_reasons(arithmetic: dict[str, Any]) -> list[str]:
     if device != "cpu":
         reasons.append(f"computed on {device}")
     if arithmetic.get("kernels") != "portable":
-        reasons.append(f"compute.kernels {arithmetic.get('kernels') or 'not recorded'}"
-                       + (f" ({arithmetic['cpu_capability']} kernels)" if arithmetic.get("cpu_capability") else ""))
+        reasons.append(
+            f"compute.kernels {arithmetic.get('kernels') or 'not recorded'}"
+            + (f" ({arithmetic['cpu_capability']} kernels)" if arithmetic.get("cpu_capability") else "")
+        )
     elif arithmetic.get("cpu_capability") != PORTABLE_CAPABILITY:
         reasons.append(f"{arithmetic.get('cpu_capability')} kernels, not {PORTABLE_CAPABILITY}")
     if arithmetic.get("precision") not in (None, "fp32"):

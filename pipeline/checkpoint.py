@@ -47,8 +47,13 @@ def rng_state() -> dict[str, Any]:
     py_version, py_state, py_gauss = random.getstate()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(gauss),
+        },
         "python": {"version": py_version, "state": list(py_state), "gauss_next": py_gauss},
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -60,8 +65,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what :func:`rng_state` captured."""
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
+    np.random.set_state(
+        (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     p = state["python"]
     random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
     if "cuda" in state and torch.cuda.is_available():
@@ -142,10 +148,12 @@ def _nearly_full(path: Path, needed: int) -> bool:
 def _no_space(path: Path, needed: int, e: BaseException) -> str:
     free = free_bytes(path)
     old = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
-    return (f"{path}: no space left on the device to write the checkpoint (it needs about {needed / 2**20:,.1f} MiB, "
-            f"{'unknown' if free is None else f'{free / 2**20:,.1f} MiB'} free in {path.parent}; "
-            f"{type(e).__name__}: {' '.join(str(e).split())[:100]}); {old}. Free some space (or move "
-            f"{path.parent} to a larger disk) and rerun: training resumes from the last checkpoint")
+    return (
+        f"{path}: no space left on the device to write the checkpoint (it needs about {needed / 2**20:,.1f} MiB, "
+        f"{'unknown' if free is None else f'{free / 2**20:,.1f} MiB'} free in {path.parent}; "
+        f"{type(e).__name__}: {' '.join(str(e).split())[:100]}); {old}. Free some space (or move "
+        f"{path.parent} to a larger disk) and rerun: training resumes from the last checkpoint"
+    )
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -159,35 +167,47 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BertraceError(
             f"{path}: not a readable checkpoint (corrupt, truncated or not a torch file: {first}); "
-            f"delete it (and start pre-training over) or restore it from a backup / `dvc checkout`") from None
+            f"delete it (and start pre-training over) or restore it from a backup / `dvc checkout`"
+        ) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise BertraceError(f"{path}: not a bertrace pre-training checkpoint (no '{FORMAT}' tag)")
     if ckpt.get("version") != VERSION:
-        raise BertraceError(f"{path}: checkpoint version {ckpt.get('version')}, this code reads {VERSION}; "
-                            "re-run pre-training with this version of bertrace")
+        raise BertraceError(
+            f"{path}: checkpoint version {ckpt.get('version')}, this code reads {VERSION}; "
+            "re-run pre-training with this version of bertrace"
+        )
     return ckpt
 
 
 def check_data_matches(
-    ckpt: dict[str, Any], path: str | Path, *, tokenizer_sha256: str, manifest_sha256: str,
+    ckpt: dict[str, Any],
+    path: str | Path,
+    *,
+    tokenizer_sha256: str,
+    manifest_sha256: str,
     manifest_path: str | Path = "data/examples/manifest.json",
 ) -> None:
     """Refuse to resume (or evaluate) on different data than the checkpoint was trained on."""
     prov = ckpt.get("provenance") or {}
     problems = []
     if prov.get("tokenizer_sha256") != tokenizer_sha256:
-        problems.append(f"tokenizer sha256 {prov.get('tokenizer_sha256')} in the checkpoint, "
-                        f"{tokenizer_sha256} now (from {manifest_path})")
+        problems.append(
+            f"tokenizer sha256 {prov.get('tokenizer_sha256')} in the checkpoint, "
+            f"{tokenizer_sha256} now (from {manifest_path})"
+        )
     if prov.get("examples_manifest_sha256") != manifest_sha256:
-        problems.append(f"examples manifest sha256 {prov.get('examples_manifest_sha256')} in the checkpoint, "
-                        f"{manifest_sha256} now ({manifest_path})")
+        problems.append(
+            f"examples manifest sha256 {prov.get('examples_manifest_sha256')} in the checkpoint, "
+            f"{manifest_sha256} now ({manifest_path})"
+        )
     if problems:
         ckpt_dir = Path(path).parent
         raise BertraceError(
             f"{path}: was trained on different data: " + "; ".join(problems) + ". "
             f"To pre-train from scratch on the current data delete {ckpt_dir} (rm -r {ckpt_dir}); "
             "to continue this checkpoint point the examples directory at the data it was trained on "
-            "(e.g. `git checkout` + `dvc checkout` the matching commit)")
+            "(e.g. `git checkout` + `dvc checkout` the matching commit)"
+        )
 
 
 def remove_stale_temporaries(directory: str | Path, names: tuple[str, ...] = (LAST, BEST)) -> int:

@@ -52,6 +52,7 @@ class CleanConfig(EngineParams):
     valid_fraction: Annotated[Float, Field(ge=0, lt=1)] = 0.1  # document-level held-out share
     seed: Annotated[Int, Field(ge=0)] = 0  # keys the deterministic train/valid hash split
 
+
 log = logging.getLogger("bertrace.clean")
 _WS = re.compile(r"\s+")
 _BR = re.compile(r"<br\s*/?\s*>", re.IGNORECASE)
@@ -162,7 +163,11 @@ def document_articles(rows: Iterator[tuple[str, str]]) -> Iterator[str]:
         yield _BR.sub(" ", text)
 
 
-ARTICLE_READERS = {"wikitext": wikitext_articles, "wikiextractor": wikiextractor_articles, "documents": document_articles}
+ARTICLE_READERS = {
+    "wikitext": wikitext_articles,
+    "wikiextractor": wikiextractor_articles,
+    "documents": document_articles,
+}
 
 
 def split_score(text: str, seed: int) -> float:
@@ -221,9 +226,19 @@ def _clean_chunk(shared: tuple, rows: list[tuple[str, str]]) -> tuple[int, int, 
     return n, short, kept
 
 
-def clean_corpus(raw_dir: Path, out_dir: Path, *, min_chars: int, valid_fraction: float, seed: int,
-                 workers: int = 0, engine: str | Engine = "local", scheduler: str | None = None,
-                 chunk_chars: int = CHUNK_CHARS, progress: bool = True) -> dict:
+def clean_corpus(
+    raw_dir: Path,
+    out_dir: Path,
+    *,
+    min_chars: int,
+    valid_fraction: float,
+    seed: int,
+    workers: int = 0,
+    engine: str | Engine = "local",
+    scheduler: str | None = None,
+    chunk_chars: int = CHUNK_CHARS,
+    progress: bool = True,
+) -> dict:
     """Write ``out_dir/train.txt`` and ``out_dir/valid.txt`` (one article per line) from the
     download stage's ``raw_dir``; return counts (documents read, dropped, kept, chars, words).
 
@@ -241,8 +256,9 @@ def clean_corpus(raw_dir: Path, out_dir: Path, *, min_chars: int, valid_fraction
     first = list(islice(chunks, MIN_PARALLEL_CHUNKS))
     if engine.kind == "local" and len(first) < MIN_PARALLEL_CHUNKS:
         engine = Engine("local", 1)
-    results = run_tasks(_clean_chunk, (fmt, min_chars, seed), ((c,) for c in chain(first, chunks)), engine,
-                        what="clean", ordered=True)
+    results = run_tasks(
+        _clean_chunk, (fmt, min_chars, seed), ((c,) for c in chain(first, chunks)), engine, what="clean", ordered=True
+    )
 
     seen: set[bytes] = set()
     stats = {"documents": 0, "dropped_short": 0, "dropped_duplicate": 0}
@@ -279,10 +295,16 @@ def clean_corpus(raw_dir: Path, out_dir: Path, *, min_chars: int, valid_fraction
             raise BertraceError(
                 f"{raw_dir}: no documents left after cleaning ({stats['documents']} read, {stats['dropped_short']} "
                 f"shorter than clean.min_chars={min_chars}, {stats['dropped_duplicate']} duplicates); lower "
-                f"clean.min_chars or check the download stage's source (data/raw/manifest.json){hint}")
+                f"clean.min_chars or check the download stage's source (data/raw/manifest.json){hint}"
+            )
         if hint and stats["dropped_short"] > stats["documents"] // 2:
-            log.warning("clean: %d of %d documents are shorter than clean.min_chars=%d and were dropped%s",
-                        stats["dropped_short"], stats["documents"], min_chars, hint)
+            log.warning(
+                "clean: %d of %d documents are shorter than clean.min_chars=%d and were dropped%s",
+                stats["dropped_short"],
+                stats["documents"],
+                min_chars,
+                hint,
+            )
         # Guarantee one document on each side (deterministically: the one closest to the threshold).
         if kept >= 2 and stats["valid_documents"] == 0:
             _move_line(train_tmp, lowest_train[1], valid_tmp, stats, "train", "valid")
@@ -295,12 +317,21 @@ def _paragraphs_hint(manifest: dict, stats: dict) -> str:
     """When local text files were read as blank-line separated documents (``documents``), each
     file may rather be one article whose paragraphs became documents: say how to read it so."""
     source = manifest.get("source") or {}
-    files = [f for f in source.get("files") or [] if not str(f.get("path", "")).endswith((".parquet", ".jsonl", ".json"))]
-    if (manifest.get("format") != "documents" or source.get("type") != "local" or manifest.get("layout")
-            or len(files) < 2 or stats["documents"] < 2 * len(files)):
+    files = [
+        f for f in source.get("files") or [] if not str(f.get("path", "")).endswith((".parquet", ".jsonl", ".json"))
+    ]
+    if (
+        manifest.get("format") != "documents"
+        or source.get("type") != "local"
+        or manifest.get("layout")
+        or len(files) < 2
+        or stats["documents"] < 2 * len(files)
+    ):
         return ""
-    return (f"; {len(files)} text files gave {stats['documents']} documents: if each file is one article with "
-            "blank lines between its paragraphs, set download.local.format: document_per_file")
+    return (
+        f"; {len(files)} text files gave {stats['documents']} documents: if each file is one article with "
+        "blank lines between its paragraphs, set download.local.format: document_per_file"
+    )
 
 
 def _count(stats: dict, split: str, chars: int, words: int, sign: int) -> None:
@@ -337,8 +368,10 @@ def _iter_raw_rows(raw_dir: Path, manifest: dict, progress: bool) -> Iterator[tu
         for part in manifest["parts"]:
             path = raw_dir / part["path"]
             if not path.exists():
-                raise BertraceError(f"{path}: listed in {raw_dir / 'manifest.json'} but missing; "
-                                    "rerun the download stage (dvc repro download)")
+                raise BertraceError(
+                    f"{path}: listed in {raw_dir / 'manifest.json'} but missing; "
+                    "rerun the download stage (dvc repro download)"
+                )
             try:
                 # Read a column chunk 1 MB at a time, not whole: the download stage's row groups hold
                 # ~16 MB of text (Arrow's peak while reading one: 31 MB at once, 12 MB buffered).

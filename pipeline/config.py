@@ -81,7 +81,7 @@ def _describe(err: dict) -> str:
         msg = err.get("msg", "invalid")
         for prefix in ("Value error, ", "Assertion failed, "):
             if msg.startswith(prefix):
-                msg = msg[len(prefix):]
+                msg = msg[len(prefix) :]
         msg = msg[0].lower() + msg[1:] if msg else "invalid"
     return msg
 
@@ -127,8 +127,10 @@ class Section(BaseModel):
         """Validate ``params`` (the section's mapping); raise BertraceError naming ``section.key``."""
         section = section or cls.SECTION
         if params is not None and not isinstance(params, dict):
-            raise BertraceError(f"{source}: {section} must be a mapping of keys, got {params!r}; "
-                                f"restore it from the repository's params.yaml")
+            raise BertraceError(
+                f"{source}: {section} must be a mapping of keys, got {params!r}; "
+                f"restore it from the repository's params.yaml"
+            )
         try:
             return cls.model_validate(params or {})
         except ValidationError as e:

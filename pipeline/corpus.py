@@ -130,8 +130,10 @@ def download_corpus(params: dict, out_dir: Path, *, mirror: str | None = None, p
             f["rows"] = rows[f.get("split", f["path"])]  # mirror files are keyed by split, local ones by path
         total = sum(rows.values())
         if total == 0:
-            raise BertraceError(f"{plan['where']}: no rows were read; check that the files hold text "
-                                f"(download.{source}) and rerun the download stage")
+            raise BertraceError(
+                f"{plan['where']}: no rows were read; check that the files hold text "
+                f"(download.{source}) and rerun the download stage"
+            )
         manifest = {
             "schema_version": MANIFEST_VERSION,
             **plan["manifest"],
@@ -149,8 +151,10 @@ def download_corpus(params: dict, out_dir: Path, *, mirror: str | None = None, p
 def _plan_hub(hub: dict, mirror: str | None) -> dict:
     dataset = hub.get("dataset")
     if not dataset:
-        raise BertraceError("params.yaml: download.hub.dataset is empty; name a Hugging Face dataset "
-                            "(e.g. Salesforce/wikitext) or set download.source: local")
+        raise BertraceError(
+            "params.yaml: download.hub.dataset is empty; name a Hugging Face dataset "
+            "(e.g. Salesforce/wikitext) or set download.source: local"
+        )
     config = hub.get("config") or None
     revision = str(hub.get("revision") or "main")
     splits = list(hub.get("splits") or ["train"])
@@ -158,18 +162,29 @@ def _plan_hub(hub: dict, mirror: str | None) -> dict:
     fmt = hub.get("format") or "auto"
     _check_format(fmt, "download.hub.format")
     if fmt == PER_FILE:
-        raise BertraceError("params.yaml: download.hub.format is document_per_file, which reads local text files; "
-                            "a hub dataset has one document per row: use documents (or set download.source: local)")
-    source: dict[str, Any] = {"type": "hub", "dataset": dataset, "config": config, "revision": revision,
-                              "resolved_revision": None, "splits": splits, "missing_splits": []}
+        raise BertraceError(
+            "params.yaml: download.hub.format is document_per_file, which reads local text files; "
+            "a hub dataset has one document per row: use documents (or set download.source: local)"
+        )
+    source: dict[str, Any] = {
+        "type": "hub",
+        "dataset": dataset,
+        "config": config,
+        "revision": revision,
+        "resolved_revision": None,
+        "splits": splits,
+        "missing_splits": [],
+    }
 
     if mirror:
         paths = resolve_mirror(mirror, dataset, config, splits)
         source["missing_splits"] = [s for s in splits if s not in paths]
         if fmt == "auto":
             fmt = _common_format({str(p): _sniff_file(p, text_column) for p in paths.values()})
-        source["files"] = [{"split": s, "path": p.as_posix(), "sha256": sha256_file(p), "bytes": p.stat().st_size}
-                           for s, p in paths.items()]
+        source["files"] = [
+            {"split": s, "path": p.as_posix(), "sha256": sha256_file(p), "bytes": p.stat().st_size}
+            for s, p in paths.items()
+        ]
         inputs = [(s, s, _read_file(p, fmt, text_column)) for s, p in paths.items()]
         where = f"mirror {mirror}"
     else:
@@ -180,17 +195,26 @@ def _plan_hub(hub: dict, mirror: str | None) -> dict:
             fmt = _sniff_rows(_hub_rows(loaded[splits[0]], text_column, limit=200))
         inputs = [(s, s, _hub_rows(ds, text_column, fmt=fmt)) for s, ds in loaded.items()]
         where = f"hub dataset {dataset}"
-    return {"inputs": inputs, "where": where,
-            "manifest": {"format": fmt, "text_column": text_column, "source": source,
-                         "mirror": str(mirror) if mirror else None}}
+    return {
+        "inputs": inputs,
+        "where": where,
+        "manifest": {
+            "format": fmt,
+            "text_column": text_column,
+            "source": source,
+            "mirror": str(mirror) if mirror else None,
+        },
+    }
 
 
 def _load_hub_split(dataset: str, config: str | None, revision: str, split: str, text_column: str):
     ds = load_split(dataset, config, revision, split, key="download.hub")
     if text_column not in ds.column_names:
         name = f"{dataset}/{config}" if config else dataset
-        raise BertraceError(f"hub dataset {name} split {split}: no column {text_column!r} "
-                            f"(columns: {ds.column_names}); set download.hub.text_column")
+        raise BertraceError(
+            f"hub dataset {name} split {split}: no column {text_column!r} "
+            f"(columns: {ds.column_names}); set download.hub.text_column"
+        )
     return ds
 
 
@@ -217,8 +241,10 @@ def _plan_local(local: dict) -> dict:
     files, skipped = list_source_files(raw_path)
     titles = bool(local.get("title_from_filename"))
     if titles and fmt != PER_FILE:
-        raise BertraceError(f"params.yaml: download.local.title_from_filename is true but download.local.format is "
-                            f"{fmt}; titles from file names need format: {PER_FILE} (one document per file)")
+        raise BertraceError(
+            f"params.yaml: download.local.title_from_filename is true but download.local.format is "
+            f"{fmt}; titles from file names need format: {PER_FILE} (one document per file)"
+        )
     if fmt == PER_FILE:
         for f in files:
             if not _is_table(f):
@@ -226,14 +252,18 @@ def _plan_local(local: dict) -> dict:
         inputs = [(f.as_posix(), f.as_posix(), _read_file(f, fmt, text_column, titles=titles)) for f in files]
         layout, fmt = PER_FILE, "documents"
     else:
-        formats = {str(f): (_sniff_file(f, text_column) if fmt == "auto" else _check_file(f, fmt, text_column))
-                   for f in files}
+        formats = {
+            str(f): (_sniff_file(f, text_column) if fmt == "auto" else _check_file(f, fmt, text_column)) for f in files
+        }
         fmt = _common_format(formats)
         layout = None
         inputs = [(f.as_posix(), f.as_posix(), _read_file(f, fmt, text_column)) for f in files]
-    source = {"type": "local", "path": str(raw_path),
-              "files": [{"path": f.as_posix(), "sha256": sha256_file(f), "bytes": f.stat().st_size} for f in files],
-              "skipped": [s.as_posix() for s in skipped]}
+    source = {
+        "type": "local",
+        "path": str(raw_path),
+        "files": [{"path": f.as_posix(), "sha256": sha256_file(f), "bytes": f.stat().st_size} for f in files],
+        "skipped": [s.as_posix() for s in skipped],
+    }
     manifest = {"format": fmt, "text_column": text_column, "source": source, "mirror": None}
     if layout:
         manifest["layout"] = layout
@@ -252,8 +282,10 @@ def list_source_files(path: str | os.PathLike) -> tuple[list[Path], list[Path]]:
     else:
         p = Path(os.path.expanduser(spec))
         if not p.exists():
-            raise BertraceError(f"download.local.path {spec}: not found; put the corpus files there or point "
-                                "download.local.path at a file, directory or glob")
+            raise BertraceError(
+                f"download.local.path {spec}: not found; put the corpus files there or point "
+                "download.local.path at a file, directory or glob"
+            )
         roots = [p]
     files: list[Path] = []
     skipped: list[Path] = []
@@ -270,9 +302,11 @@ def list_source_files(path: str | os.PathLike) -> tuple[list[Path], list[Path]]:
             (files if _supported(root.name) else skipped).append(root)
     files = sorted(set(files), key=lambda f: f.as_posix())
     if not files:
-        raise BertraceError(f"download.local.path {spec}: no corpus files found (accepted: .raw .txt .tokens "
-                            f".parquet .jsonl .json and extension-less WikiExtractor files"
-                            f"{'; skipped ' + ', '.join(s.name for s in skipped[:5]) if skipped else ''})")
+        raise BertraceError(
+            f"download.local.path {spec}: no corpus files found (accepted: .raw .txt .tokens "
+            f".parquet .jsonl .json and extension-less WikiExtractor files"
+            f"{'; skipped ' + ', '.join(s.name for s in skipped[:5]) if skipped else ''})"
+        )
     return files, skipped
 
 
@@ -296,8 +330,9 @@ def _common_format(formats: dict[str, str]) -> str:
     if len(kinds) == 1:
         return kinds[0]
     examples = "; ".join(f"{k}: {next(f for f, v in formats.items() if v == k)}" for k in kinds)
-    raise BertraceError(f"the source files mix formats ({examples}); keep one format per corpus or set "
-                        "download.local.format explicitly")
+    raise BertraceError(
+        f"the source files mix formats ({examples}); keep one format per corpus or set download.local.format explicitly"
+    )
 
 
 def _is_table(path: Path) -> bool:
@@ -308,8 +343,10 @@ def _head_text(path: Path) -> str:
     with open(path, "rb") as f:
         head = f.read(_SNIFF_BYTES)
     if b"\x00" in head:
-        raise BertraceError(f"{path}: looks binary (NUL bytes), not a text corpus; remove it from the source "
-                            "or convert it to UTF-8 text / .parquet / .jsonl")
+        raise BertraceError(
+            f"{path}: looks binary (NUL bytes), not a text corpus; remove it from the source "
+            "or convert it to UTF-8 text / .parquet / .jsonl"
+        )
     try:
         return head.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -352,8 +389,10 @@ def _check_file(path: Path, fmt: str, text_column: str) -> str:
     else:
         head = _head_text(path)
         if fmt == "wikiextractor" and "<doc" not in head:
-            raise BertraceError(f"{path}: no '<doc id=... title=...>' line in its first 64 KiB, so it is not "
-                                "WikiExtractor output; set download.local.format to auto, wikitext or documents")
+            raise BertraceError(
+                f"{path}: no '<doc id=... title=...>' line in its first 64 KiB, so it is not "
+                "WikiExtractor output; set download.local.format to auto, wikitext or documents"
+            )
     return fmt
 
 
@@ -415,8 +454,10 @@ def _iter_lines(path: Path) -> Iterator[str]:
 
 
 def _not_utf8(path: Path, lineno: int, e: UnicodeDecodeError) -> str:
-    return (f"{path}: line {lineno} is not valid UTF-8 ({e.reason}); convert the file to UTF-8 "
-            f"(e.g. `iconv -f latin1 -t utf-8 in > out`) or remove it from the source")
+    return (
+        f"{path}: line {lineno} is not valid UTF-8 ({e.reason}); convert the file to UTF-8 "
+        f"(e.g. `iconv -f latin1 -t utf-8 in > out`) or remove it from the source"
+    )
 
 
 def _blank_line_documents(lines: Iterable[str]) -> Iterator[str]:
@@ -447,12 +488,15 @@ def _iter_parquet(path: Path, text_column: str) -> Iterator[str]:
         raise BertraceError(f"{path}: not a readable Parquet file ({e}); replace or remove it") from None
     names = pf.schema_arrow.names
     if text_column not in names:
-        raise BertraceError(f"{path}: no column {text_column!r} (columns: {names}); set download.local.text_column "
-                            f"(or download.hub.text_column) to the column holding the text")
+        raise BertraceError(
+            f"{path}: no column {text_column!r} (columns: {names}); set download.local.text_column "
+            f"(or download.hub.text_column) to the column holding the text"
+        )
     col_type = pf.schema_arrow.field(text_column).type
     if not (pa.types.is_string(col_type) or pa.types.is_large_string(col_type)):
-        raise BertraceError(f"{path}: column {text_column!r} has type {col_type}, not text; "
-                            f"choose a string column (columns: {names})")
+        raise BertraceError(
+            f"{path}: column {text_column!r} has type {col_type}, not text; choose a string column (columns: {names})"
+        )
     for batch in pf.iter_batches(batch_size=8192, columns=[text_column]):
         for text in batch.column(0).to_pylist():
             yield text or ""
@@ -470,11 +514,15 @@ def _iter_json(path: Path, text_column: str) -> Iterator[str]:
         items = _json_lines(path)
     for lineno, rec in items:
         if not isinstance(rec, dict):
-            raise BertraceError(f"{path}: record {lineno} is a {type(rec).__name__}, not an object with a "
-                                f"{text_column!r} field; write one JSON object per line")
+            raise BertraceError(
+                f"{path}: record {lineno} is a {type(rec).__name__}, not an object with a "
+                f"{text_column!r} field; write one JSON object per line"
+            )
         if text_column not in rec:
-            raise BertraceError(f"{path}: record {lineno} has no {text_column!r} field (fields: {sorted(rec)}); "
-                                "set download.local.text_column to the field holding the text")
+            raise BertraceError(
+                f"{path}: record {lineno} has no {text_column!r} field (fields: {sorted(rec)}); "
+                "set download.local.text_column to the field holding the text"
+            )
         text = rec[text_column]
         if text is not None and not isinstance(text, str):
             raise BertraceError(f"{path}: record {lineno}: {text_column!r} is a {type(text).__name__}, not text")
@@ -551,11 +599,16 @@ def _replace_dir(out_dir: Path) -> Iterator[Path]:
     if out_dir.exists() and not out_dir.is_dir():
         raise BertraceError(f"{out_dir}: exists and is not a directory; remove it and rerun the download stage")
     if out_dir.exists():
-        strangers = [p.name for p in out_dir.iterdir()
-                     if not (p.name == "manifest.json" or re.fullmatch(r"part-\d{5}\.parquet", p.name))]
+        strangers = [
+            p.name
+            for p in out_dir.iterdir()
+            if not (p.name == "manifest.json" or re.fullmatch(r"part-\d{5}\.parquet", p.name))
+        ]
         if strangers:
-            raise BertraceError(f"{out_dir}: holds files the download stage did not write ({strangers[:5]}); "
-                                "move them away or choose another output directory")
+            raise BertraceError(
+                f"{out_dir}: holds files the download stage did not write ({strangers[:5]}); "
+                "move them away or choose another output directory"
+            )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the output is an ordinary directory

@@ -34,8 +34,13 @@ from pipeline.errors import BertraceError
 KINDS = ("classification", "regression", "token_classification", "causal_lm")
 INSTALL_HINT = "pip install -e '.[demo]'"
 # element ids of the shared page (tests/test_demo.py drives the page through them)
-IDS = {"input": "demo-input", "input_b": "demo-input-b", "run": "demo-run", "output": "demo-output",
-       "trace": "demo-trace"}
+IDS = {
+    "input": "demo-input",
+    "input_b": "demo-input-b",
+    "run": "demo-run",
+    "output": "demo-output",
+    "trace": "demo-trace",
+}
 
 
 def require_gradio():
@@ -95,9 +100,11 @@ def load_model(path: str | Path, device: str | Any = "cpu") -> DemoModel:
     except ImportError:  # pragma: no cover - a checkout without causal LMs
         is_causal_state_dict = None
     if is_causal_state_dict is None or not is_causal_state_dict(ckpt["model"]):
-        raise BertraceError(f"{path}: a masked-LM pre-training checkpoint, which the demo cannot show; serve a "
-                            "fine-tuned model (--model data/finetune/model.pt) or a causal LM "
-                            "(pretrain.objective: clm)")
+        raise BertraceError(
+            f"{path}: a masked-LM pre-training checkpoint, which the demo cannot show; serve a "
+            "fine-tuned model (--model data/finetune/model.pt) or a causal LM "
+            "(pretrain.objective: clm)"
+        )
     del ckpt
     model, tokenizer, meta = load_causal_lm(path)
     return DemoModel("causal_lm", path, model.to(device), tokenizer, meta)
@@ -123,12 +130,15 @@ def score(m: DemoModel, text: str, text_b: str | None = None) -> float:
 def tag(m: DemoModel, text: str) -> dict[str, Any]:
     """The value of a ``gr.HighlightedText``: the text and its entity spans (character offsets)."""
     pred = m.model.tag([text])[0]
-    return {"text": text, "entities": [{"entity": e["type"], "start": e["start"], "end": e["end"]}
-                                       for e in pred["entities"]]}
+    return {
+        "text": text,
+        "entities": [{"entity": e["type"], "start": e["start"], "end": e["end"]} for e in pred["entities"]],
+    }
 
 
-def stream(m: DemoModel, prompt: str, max_new_tokens: int = 50, temperature: float = 1.0,
-           seed: int = 0) -> Iterator[str]:
+def stream(
+    m: DemoModel, prompt: str, max_new_tokens: int = 50, temperature: float = 1.0, seed: int = 0
+) -> Iterator[str]:
     """The prompt and its sampled continuation, growing as tokens come (generation runs in a
     thread; each piece the decoder makes final is yielded with all before it)."""
     from pipeline.generate import generate_text
@@ -139,8 +149,15 @@ def stream(m: DemoModel, prompt: str, max_new_tokens: int = 50, temperature: flo
 
     def work() -> None:
         try:
-            generate_text(m.model, m.tokenizer, prompt, int(max_new_tokens), temperature=float(temperature),
-                          seed=int(seed), on_text=pieces.put)
+            generate_text(
+                m.model,
+                m.tokenizer,
+                prompt,
+                int(max_new_tokens),
+                temperature=float(temperature),
+                seed=int(seed),
+                on_text=pieces.put,
+            )
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             errors.append(e)
         finally:
@@ -188,8 +205,11 @@ def trace_summary(path: str | Path, root: str | Path = ".") -> str:
         lines += ["", f"conflicting upstream records: {', '.join(lin['conflicts'])}"]
     head = chain[0] if chain else {}
     if head.get("git_commit"):
-        lines += ["", f"reproduce: `git checkout {head['git_commit'][:12]} && dvc repro`"
-                  + (" (the tree was dirty)" if head.get("git_dirty") else "")]
+        lines += [
+            "",
+            f"reproduce: `git checkout {head['git_commit'][:12]} && dvc repro`"
+            + (" (the tree was dirty)" if head.get("git_dirty") else ""),
+        ]
     lines += ["", f"full record: `bertrace trace {lin['target']} --verify`"]
     return "\n".join(lines)
 
@@ -256,6 +276,7 @@ def render_causal_lm(gr, m: DemoModel) -> None:
         seed = gr.Number(value=0, precision=0, label="seed")
     button = gr.Button("Generate", variant="primary", elem_id=IDS["run"])
     out = gr.Textbox(label="text (streamed)", lines=8, elem_id=IDS["output"])
+
     def generate(p, k, temp, s):  # a generator: Gradio shows each value as it comes
         yield from stream(m, p, k, temp, s)
 
@@ -289,6 +310,12 @@ def serve(app, port: int | None = None, block: bool = True):
     """Launch ``app`` on 127.0.0.1 (``port`` None: Gradio picks a free one from 7860 up).
     Returns the local URL (with ``block=False``, the server keeps running in a thread)."""
     app.queue(default_concurrency_limit=1)  # one inference at a time: the model is shared
-    _, url, _ = app.launch(server_name="127.0.0.1", server_port=port, share=False, inbrowser=False,
-                           prevent_thread_lock=not block, quiet=not block)
+    _, url, _ = app.launch(
+        server_name="127.0.0.1",
+        server_port=port,
+        share=False,
+        inbrowser=False,
+        prevent_thread_lock=not block,
+        quiet=not block,
+    )
     return url

@@ -132,8 +132,10 @@ def resolve_precision(name: str, device: torch.device) -> tuple[torch.dtype | No
         return None, False
     if name == "bf16":
         if device.type == "cuda" and not bf16_native():
-            raise BertraceError("params.yaml: pretrain.precision = bf16, but this GPU has no native bf16 (only a "
-                                "slow emulation); use auto or fp16")
+            raise BertraceError(
+                "params.yaml: pretrain.precision = bf16, but this GPU has no native bf16 (only a "
+                "slow emulation); use auto or fp16"
+            )
         if device.type not in ("cuda", "cpu"):
             raise BertraceError(f"params.yaml: pretrain.precision = bf16 is not supported on {device.type}; use fp32")
         return torch.bfloat16, False
@@ -196,8 +198,7 @@ def peak_flops(device: torch.device, precision: str, tf32: bool = False) -> floa
     return peaks.get(precision)
 
 
-def mfu(flops_per_s: float, device: torch.device, precision: str, world: int = 1,
-        tf32: bool = False) -> float | None:
+def mfu(flops_per_s: float, device: torch.device, precision: str, world: int = 1, tf32: bool = False) -> float | None:
     """Model FLOPs utilisation (PaLM, Chowdhery et al. 2022, app. B) on a known GPU, else None."""
     peak = peak_flops(device, precision, tf32)
     return round(flops_per_s / (peak * world), 4) if peak else None
@@ -217,8 +218,11 @@ def set_deterministic(on: bool, device: torch.device) -> dict:
     return {
         "deterministic": bool(on),
         "num_threads": torch.get_num_threads(),  # CPU reductions are split per thread
-        **({"cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
-           if on and device.type == "cuda" else {}),
+        **(
+            {"cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
+            if on and device.type == "cuda"
+            else {}
+        ),
     }
 
 
@@ -248,11 +252,15 @@ def apply_arithmetic(cfg: ComputeConfig) -> None:
     capability = torch.backends.cpu.get_cpu_capability()
     if capability != PORTABLE_CAPABILITY:
         if os.environ.get("ATEN_CPU_CAPABILITY") == PORTABLE_ENV["ATEN_CPU_CAPABILITY"]:
-            raise BertraceError(f"params.yaml: compute.kernels = portable needs AVX2, which this CPU ({cpu_model()}) "
-                                f"lacks (torch runs {capability} kernels); set compute.kernels: native")
-        raise BertraceError(f"params.yaml: compute.kernels = portable, but torch already runs {capability} kernels: "
-                            "the pins must be set before torch loads; run the stage as `python -m stages.<name>` "
-                            "(dvc repro does), or export " + " ".join(f"{k}={v}" for k, v in PORTABLE_ENV.items()))
+            raise BertraceError(
+                f"params.yaml: compute.kernels = portable needs AVX2, which this CPU ({cpu_model()}) "
+                f"lacks (torch runs {capability} kernels); set compute.kernels: native"
+            )
+        raise BertraceError(
+            f"params.yaml: compute.kernels = portable, but torch already runs {capability} kernels: "
+            "the pins must be set before torch loads; run the stage as `python -m stages.<name>` "
+            "(dvc repro does), or export " + " ".join(f"{k}={v}" for k, v in PORTABLE_ENV.items())
+        )
 
 
 def arithmetic_state(device: torch.device, precision: str, threads_fixed: bool) -> dict[str, Any]:
@@ -262,8 +270,11 @@ def arithmetic_state(device: torch.device, precision: str, threads_fixed: bool) 
     compute other bytes (empty: any x86-64 CPU with AVX2 recomputes them), and then ``cpu``, the
     model of this one."""
     capability = torch.backends.cpu.get_cpu_capability()
-    pinned = (capability == PORTABLE_CAPABILITY and not torch.backends.mkldnn.enabled
-              and all(os.environ.get(k) == v for k, v in PORTABLE_ENV.items()))
+    pinned = (
+        capability == PORTABLE_CAPABILITY
+        and not torch.backends.mkldnn.enabled
+        and all(os.environ.get(k) == v for k, v in PORTABLE_ENV.items())
+    )
     state = {
         "kernels": "portable" if pinned else "native",
         "cpu_capability": capability,

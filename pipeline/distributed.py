@@ -61,11 +61,13 @@ class Engine:
         scheduler = os.environ.get("BERTRACE_DASK_SCHEDULER") or params.get("dask_scheduler") or None
         workers = params.get("workers", 0)
         if kind not in ENGINES:
-            raise BertraceError(f"params.yaml {section}.engine = {kind!r} (or env BERTRACE_ENGINE): "
-                                f"must be one of {', '.join(ENGINES)}")
+            raise BertraceError(
+                f"params.yaml {section}.engine = {kind!r} (or env BERTRACE_ENGINE): must be one of {', '.join(ENGINES)}"
+            )
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
-            raise BertraceError(f"params.yaml {section}.workers = {workers!r}: must be an integer >= 0 "
-                                "(0 = all cores); fix params.yaml")
+            raise BertraceError(
+                f"params.yaml {section}.workers = {workers!r}: must be an integer >= 0 (0 = all cores); fix params.yaml"
+            )
         return cls(kind, workers, scheduler)
 
     @property
@@ -73,9 +75,16 @@ class Engine:
         return self.workers or os.cpu_count() or 1
 
 
-def run_tasks(fn: Callable, shared: Any, tasks: Iterable[tuple], engine: Engine, *,
-              initializer: Callable | None = None, what: str = "task",
-              ordered: bool = False) -> Iterator[tuple[tuple, Any]]:
+def run_tasks(
+    fn: Callable,
+    shared: Any,
+    tasks: Iterable[tuple],
+    engine: Engine,
+    *,
+    initializer: Callable | None = None,
+    what: str = "task",
+    ordered: bool = False,
+) -> Iterator[tuple[tuple, Any]]:
     """Yield ``(args, fn(shared, *args))`` for every ``args`` in ``tasks``, as they finish
     (``ordered``: in the order of ``tasks``).
 
@@ -115,7 +124,8 @@ def _run_pool(fn, shared, tasks, workers: int, initializer, what: str, ordered: 
             raise BertraceError(
                 f"{what}: a worker process died (out of memory? or a script that calls it without an "
                 "`if __name__ == '__main__':` guard, which the 'spawn' start method needs); rerun with "
-                "workers: 1 to see the cause") from None
+                "workers: 1 to see the cause"
+            ) from None
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
@@ -125,16 +135,18 @@ def _dask_client(engine: Engine, what: str):
     try:
         from distributed import Client, LocalCluster
     except ImportError:
-        raise BertraceError(f"{what}: engine 'dask' needs the distributed package; "
-                            "pip install 'bertrace[dask]' (or set engine: local)") from None
+        raise BertraceError(
+            f"{what}: engine 'dask' needs the distributed package; pip install 'bertrace[dask]' (or set engine: local)"
+        ) from None
     if engine.scheduler:
         try:
             return Client(engine.scheduler, timeout="30s"), None
         except OSError as e:
-            raise BertraceError(f"{what}: cannot reach the Dask scheduler at {engine.scheduler} ({e}); check "
-                                "dask_scheduler / BERTRACE_DASK_SCHEDULER and that `dask scheduler` runs") from None
-    cluster = LocalCluster(n_workers=engine.local_workers, threads_per_worker=1, processes=True,
-                           dashboard_address=None)
+            raise BertraceError(
+                f"{what}: cannot reach the Dask scheduler at {engine.scheduler} ({e}); check "
+                "dask_scheduler / BERTRACE_DASK_SCHEDULER and that `dask scheduler` runs"
+            ) from None
+    cluster = LocalCluster(n_workers=engine.local_workers, threads_per_worker=1, processes=True, dashboard_address=None)
     return Client(cluster), cluster
 
 

@@ -58,11 +58,19 @@ def generator_config(config: BertConfig, size: float = 0.25, layers: float = 1.0
     hidden = int(round(config.hidden_size * size))
     depth = int(round(config.num_layers * layers))
     if hidden < 1 or depth < 1:
-        raise BertraceError(f"params.yaml: pretrain.electra generator_size {size} / generator_layers {layers} give a "
-                            f"generator of {depth} layers x {hidden} hidden; raise them")
+        raise BertraceError(
+            f"params.yaml: pretrain.electra generator_size {size} / generator_layers {layers} give a "
+            f"generator of {depth} layers x {hidden} hidden; raise them"
+        )
     d = config.to_dict()
-    d.update(hidden_size=hidden, num_layers=depth, intermediate_size=4 * hidden, num_heads=max(1, hidden // 64),
-             embedding_size=config.embedding_dim, pooler_activation="tanh")
+    d.update(
+        hidden_size=hidden,
+        num_layers=depth,
+        intermediate_size=4 * hidden,
+        num_heads=max(1, hidden // 64),
+        embedding_size=config.embedding_dim,
+        pooler_activation="tanh",
+    )
     return BertConfig.from_dict(d)
 
 
@@ -107,20 +115,31 @@ class ElectraForPreTraining(nn.Module):
             m.apply(lambda mod: init_weights(mod, config.initializer_range))
         self.gen_head.decoder.weight = self.bert.embeddings.word.weight  # tied, as get_token_logits
 
-    def generator_logits(self, input_ids, token_type_ids, attention_mask, masked_positions, *,
-                         padded: bool | None = None) -> torch.Tensor:
+    def generator_logits(
+        self, input_ids, token_type_ids, attention_mask, masked_positions, *, padded: bool | None = None
+    ) -> torch.Tensor:
         """The generator's MLM logits [N, V] at ``masked_positions`` (flat indices into B*T)."""
         h, _ = self.generator(input_ids, token_type_ids, attention_mask, rows=masked_positions, padded=padded)
         return self.gen_head(h)
 
-    def discriminator_logits(self, input_ids, token_type_ids=None, attention_mask=None, *,
-                             padded: bool | None = None) -> torch.Tensor:
+    def discriminator_logits(
+        self, input_ids, token_type_ids=None, attention_mask=None, *, padded: bool | None = None
+    ) -> torch.Tensor:
         """Replaced-token logits [B, T] for ``input_ids``."""
         h, _ = self.bert(input_ids, token_type_ids, attention_mask, padded=padded)
         return self.disc_head(h)
 
-    def forward(self, input_ids, token_type_ids, attention_mask, masked_positions, masked_lm_labels,
-                noise: torch.Tensor, *, padded: bool | None = None) -> ElectraOutput:
+    def forward(
+        self,
+        input_ids,
+        token_type_ids,
+        attention_mask,
+        masked_positions,
+        masked_lm_labels,
+        noise: torch.Tensor,
+        *,
+        padded: bool | None = None,
+    ) -> ElectraOutput:
         """``noise``: [N, 2] uniform numbers in [0, 1) (see :func:`uniform_noise`), two per masked
         position, turned into samples of softmax(generator logits) by :func:`sample_tokens`."""
         gen_logits = self.generator_logits(input_ids, token_type_ids, attention_mask, masked_positions, padded=padded)
@@ -137,7 +156,7 @@ class ElectraForPreTraining(nn.Module):
         return ElectraOutput(gen_logits, disc_logits, labels.view_as(input_ids), sampled)
 
 
-FIXED_POINT = 2.0 ** 40  # the CDF's resolution: probabilities are summed as integers of 2^-40
+FIXED_POINT = 2.0**40  # the CDF's resolution: probabilities are summed as integers of 2^-40
 
 
 BLOCK = 128  # vocabulary ids per block of the two-level sampler

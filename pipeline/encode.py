@@ -54,9 +54,13 @@ class SentenceEncoder:
         norm, pre, model = spec.get("normalizer") or {}, spec.get("pre_tokenizer") or {}, spec.get("model") or {}
         added = [a["content"] for a in spec.get("added_tokens") or []]
         bert_norm = bert_normalizer(norm)
-        self.chunked = (pre.get("type") == "BertPreTokenizer" and (bert_norm is not None or not norm)
-                        and spec.get("truncation") is None and spec.get("padding") is None
-                        and not any(" " in a or not a for a in added))
+        self.chunked = (
+            pre.get("type") == "BertPreTokenizer"
+            and (bert_norm is not None or not norm)
+            and spec.get("truncation") is None
+            and spec.get("padding") is None
+            and not any(" " in a or not a for a in added)
+        )
         # The Python WordPiece path: printable ASCII needs nothing from BertNormalizer but lowercasing.
         self.python_wordpiece = self.chunked and model.get("type") == "WordPiece" and bert_norm is not None
         if self.python_wordpiece:
@@ -115,8 +119,12 @@ class SentenceEncoder:
         # Added tokens ("[MASK]" ...) are matched before normalization: leave chunks holding one to the tokenizer.
         check_added = self._added is not None and self._added.search("\n".join(new)) is not None
         for i, chunk in enumerate(new):
-            if self.python_wordpiece and chunk.isascii() and chunk.isprintable() and not (
-                    check_added and self._added.search(chunk)):
+            if (
+                self.python_wordpiece
+                and chunk.isascii()
+                and chunk.isprintable()
+                and not (check_added and self._added.search(chunk))
+            ):
                 pieces[i] = self._ascii_pieces(chunk)
             else:
                 slow.append(i)

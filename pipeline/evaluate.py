@@ -52,10 +52,13 @@ class EvaluateConfig(Section):
     @field_validator("registered_model_name")
     @classmethod
     def _model_name(cls, value):
-        if value is not None and (not value.strip() or any(c in value for c in "/:") or value.startswith(".")
-                                  or value != value.strip()):
-            raise ValueError("an MLflow model name cannot be empty, contain '/' or ':', start with '.' or "
-                             "space, or end with a space; choose another name")
+        if value is not None and (
+            not value.strip() or any(c in value for c in "/:") or value.startswith(".") or value != value.strip()
+        ):
+            raise ValueError(
+                "an MLflow model name cannot be empty, contain '/' or ':', start with '.' or "
+                "space, or end with a space; choose another name"
+            )
         return value
 
 
@@ -73,7 +76,8 @@ def confusion_matrix(y_true: Sequence[int], y_pred: Sequence[int], num_labels: i
         if arr.size and (arr.min() < 0 or arr.max() >= num_labels):
             raise BertraceError(
                 f"evaluation: {name} must be class ids in [0, {num_labels}), found "
-                f"{int(arr.min())}..{int(arr.max())}; does the task data use the checkpoint's label set?")
+                f"{int(arr.min())}..{int(arr.max())}; does the task data use the checkpoint's label set?"
+            )
     return np.bincount(t * num_labels + p, minlength=num_labels * num_labels).reshape(num_labels, num_labels)
 
 
@@ -97,11 +101,11 @@ def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int], label_n
     if n == 0:
         raise BertraceError("evaluation: no examples to evaluate (the split is empty)")
     tp = np.diag(cm).astype(np.float64)
-    support = cm.sum(axis=1).astype(np.float64)   # actual
+    support = cm.sum(axis=1).astype(np.float64)  # actual
     predicted = cm.sum(axis=0).astype(np.float64)  # predicted
     precision = _safe_div(tp, predicted)
     recall = _safe_div(tp, support)
-    f1 = _safe_div(2 * tp, support + predicted)    # = 2tp / (2tp + fp + fn)
+    f1 = _safe_div(2 * tp, support + predicted)  # = 2tp / (2tp + fp + fn)
     return {
         "n": n,
         "accuracy": float(tp.sum() / n),
@@ -110,8 +114,12 @@ def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int], label_n
         "macro_precision": float(precision.mean()),
         "macro_recall": float(recall.mean()),
         "per_class": {
-            name: {"precision": float(precision[i]), "recall": float(recall[i]), "f1": float(f1[i]),
-                   "support": int(support[i])}
+            name: {
+                "precision": float(precision[i]),
+                "recall": float(recall[i]),
+                "f1": float(f1[i]),
+                "support": int(support[i]),
+            }
             for i, name in enumerate(label_names)
         },
         "confusion_matrix": cm.tolist(),
@@ -125,8 +133,9 @@ def evaluate_logits(logits: np.ndarray, labels: Sequence[int], label_names: Sequ
     logits = np.asarray(logits, dtype=np.float64)
     y = np.asarray(labels, dtype=np.int64).reshape(-1)
     if logits.ndim != 2 or logits.shape != (y.size, len(label_names)):
-        raise BertraceError(f"evaluation: logits of shape {logits.shape} for {y.size} labels and "
-                            f"{len(label_names)} classes")
+        raise BertraceError(
+            f"evaluation: logits of shape {logits.shape} for {y.size} labels and {len(label_names)} classes"
+        )
     m = classification_metrics(y, logits.argmax(axis=1), label_names)
     z = logits - logits.max(axis=1, keepdims=True)
     log_probs = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
@@ -139,8 +148,20 @@ def metrics_for_dvc(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per split, the numeric metrics only (no matrix, no names): what ``dvc metrics`` shows."""
     out: dict[str, Any] = {}
     for split, m in results.items():
-        out[split] = {key: m[key] for key in ("n", "accuracy", "macro_f1", "weighted_f1", "macro_precision",
-                                               "macro_recall", "loss", "majority_accuracy") if key in m}
+        out[split] = {
+            key: m[key]
+            for key in (
+                "n",
+                "accuracy",
+                "macro_f1",
+                "weighted_f1",
+                "macro_precision",
+                "macro_recall",
+                "loss",
+                "majority_accuracy",
+            )
+            if key in m
+        }
         out[split]["per_class"] = m["per_class"]
     return out
 
@@ -177,12 +198,16 @@ def collapse_warnings(results: dict[str, dict[str, Any]]) -> list[str]:
         predicted = np.asarray(cm).sum(axis=0)
         used = [labels[i] for i in np.flatnonzero(predicted)]
         if len(used) == 1 and len(labels) > 1:
-            warnings.append(f"{split}: every prediction is '{used[0]}' (predictions collapsed to one class; "
-                            f"accuracy {100 * m['accuracy']:.1f} %, macro F1 {100 * m['macro_f1']:.1f} %)")
+            warnings.append(
+                f"{split}: every prediction is '{used[0]}' (predictions collapsed to one class; "
+                f"accuracy {100 * m['accuracy']:.1f} %, macro F1 {100 * m['macro_f1']:.1f} %)"
+            )
         elif "majority_accuracy" in m and m["accuracy"] <= m["majority_accuracy"] + MAJORITY_MARGIN:
-            warnings.append(f"{split}: accuracy {100 * m['accuracy']:.1f} % is within "
-                            f"{100 * MAJORITY_MARGIN:.0f} point of always predicting the majority class "
-                            f"({100 * m['majority_accuracy']:.1f} %)")
+            warnings.append(
+                f"{split}: accuracy {100 * m['accuracy']:.1f} % is within "
+                f"{100 * MAJORITY_MARGIN:.0f} point of always predicting the majority class "
+                f"({100 * m['majority_accuracy']:.1f} %)"
+            )
     return warnings
 
 
@@ -190,8 +215,9 @@ def collapse_warnings(results: dict[str, dict[str, Any]]) -> list[str]:
 # Confusion data (DVC plot) and picture
 
 
-def write_confusion_csv(path: str | Path, y_true: Sequence[int], y_pred: Sequence[int],
-                        label_names: Sequence[str]) -> Path:
+def write_confusion_csv(
+    path: str | Path, y_true: Sequence[int], y_pred: Sequence[int], label_names: Sequence[str]
+) -> Path:
     """One row per example, columns ``actual,predicted`` (label names), for DVC's
     ``confusion`` template (x: predicted, y: actual)."""
     path = Path(path)
@@ -203,8 +229,9 @@ def write_confusion_csv(path: str | Path, y_true: Sequence[int], y_pred: Sequenc
     return path
 
 
-def plot_confusion(path: str | Path, cm: Sequence[Sequence[int]], label_names: Sequence[str],
-                   title: str = "Confusion matrix") -> Path:
+def plot_confusion(
+    path: str | Path, cm: Sequence[Sequence[int]], label_names: Sequence[str], title: str = "Confusion matrix"
+) -> Path:
     """PNG of the confusion matrix: cells coloured by row share (recall), annotated with counts.
 
     Uses matplotlib's object API with the Agg canvas (no pyplot, no global backend switch).
@@ -221,15 +248,24 @@ def plot_confusion(path: str | Path, cm: Sequence[Sequence[int]], label_names: S
     ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(share, cmap="Blues", vmin=0.0, vmax=1.0)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of actual class")
-    ax.set_xticks(range(k), labels=[str(n) for n in label_names], rotation=45 if k > 4 else 0, ha="right" if k > 4 else "center")
+    ax.set_xticks(
+        range(k), labels=[str(n) for n in label_names], rotation=45 if k > 4 else 0, ha="right" if k > 4 else "center"
+    )
     ax.set_yticks(range(k), labels=[str(n) for n in label_names])
     ax.set_xlabel("predicted")
     ax.set_ylabel("actual")
     ax.set_title(title)
     for i in range(k):
         for j in range(k):
-            ax.text(j, i, f"{cm[i, j]}\n{share[i, j]:.1%}", ha="center", va="center", fontsize=9,
-                    color="white" if share[i, j] > 0.5 else "black")
+            ax.text(
+                j,
+                i,
+                f"{cm[i, j]}\n{share[i, j]:.1%}",
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="white" if share[i, j] > 0.5 else "black",
+            )
     return save_figure(fig, path)
 
 
@@ -282,8 +318,9 @@ def _entry(name: str, rec: dict[str, Any], source: str) -> dict[str, Any]:
     }
 
 
-def provenance_chain(record: dict[str, Any] | None, stage: str = "finetune",
-                     records: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def provenance_chain(
+    record: dict[str, Any] | None, stage: str = "finetune", records: dict[str, dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """The stages behind a checkpoint, downstream first (finetune → pretrain → … → download).
 
     Each entry: ``{stage, git_commit, git_dirty, params_hash, finished, hashes {what: sha256},
@@ -348,27 +385,45 @@ def render_report(
     ``chain``: :func:`provenance_chain` of the checkpoint.
     """
     title = f"Evaluation: {task_name}" if task_name else "Evaluation"
-    lines = [f"# {title}", "", "Written by `python -m stages.evaluate` (DVC stage `evaluate`); numbers in "
-             "`metrics/eval.json` (all of them: `reports/evaluate.json`), run details in MLflow.", ""]
+    lines = [
+        f"# {title}",
+        "",
+        "Written by `python -m stages.evaluate` (DVC stage `evaluate`); numbers in "
+        "`metrics/eval.json` (all of them: `reports/evaluate.json`), run details in MLflow.",
+        "",
+    ]
     lines += [f"> **Warning** — {w}" for w in warnings] + ([""] if warnings else [])
 
     lines += ["## Checkpoint", "", "| | |", "|---|---|"]
-    for key, label in (("path", "file"), ("sha256", "sha256"), ("tokenizer_sha256", "tokenizer sha256"),
-                       ("mode", "fine-tuning mode"), ("seed", "seed"), ("num_parameters", "parameters"),
-                       ("model", "model"), ("task", "task"),
-                       ("recorded_validation_accuracy", "validation accuracy recorded by fine-tuning")):
+    for key, label in (
+        ("path", "file"),
+        ("sha256", "sha256"),
+        ("tokenizer_sha256", "tokenizer sha256"),
+        ("mode", "fine-tuning mode"),
+        ("seed", "seed"),
+        ("num_parameters", "parameters"),
+        ("model", "model"),
+        ("task", "task"),
+        ("recorded_validation_accuracy", "validation accuracy recorded by fine-tuning"),
+    ):
         if checkpoint.get(key) is not None:
             value = checkpoint[key]
             value = f"`{value}`" if key in ("path", "sha256", "tokenizer_sha256") else value
             lines.append(f"| {label} | {value} |")
     lines.append("")
 
-    lines += ["## Results", "", "| split | examples | accuracy (%) | macro F1 (%) | weighted F1 (%) | loss |",
-              "|---|---:|---:|---:|---:|---:|"]
+    lines += [
+        "## Results",
+        "",
+        "| split | examples | accuracy (%) | macro F1 (%) | weighted F1 (%) | loss |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for split, m in results.items():
         loss = f"{m['loss']:.4f}" if "loss" in m else "—"
-        lines.append(f"| {split} | {m['n']} | {_pct(m['accuracy'])} | {_pct(m['macro_f1'])} | "
-                     f"{_pct(m['weighted_f1'])} | {loss} |")
+        lines.append(
+            f"| {split} | {m['n']} | {_pct(m['accuracy'])} | {_pct(m['macro_f1'])} | "
+            f"{_pct(m['weighted_f1'])} | {loss} |"
+        )
     lines.append("")
     lines += [f"- {note}" for note in notes]
     if notes:
@@ -376,14 +431,24 @@ def render_report(
 
     for split, m in results.items():
         names = m["labels"]
-        lines += [f"### {split}: per class", "", "| class | precision (%) | recall (%) | F1 (%) | support |",
-                  "|---|---:|---:|---:|---:|"]
+        lines += [
+            f"### {split}: per class",
+            "",
+            "| class | precision (%) | recall (%) | F1 (%) | support |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for name in names:
             c = m["per_class"][name]
-            lines.append(f"| {name} | {_pct(c['precision'])} | {_pct(c['recall'])} | {_pct(c['f1'])} | {c['support']} |")
-        lines += ["", f"### {split}: confusion matrix (rows actual, columns predicted)", "",
-                  "| actual \\ predicted | " + " | ".join(str(n) for n in names) + " |",
-                  "|---|" + "---:|" * len(names)]
+            lines.append(
+                f"| {name} | {_pct(c['precision'])} | {_pct(c['recall'])} | {_pct(c['f1'])} | {c['support']} |"
+            )
+        lines += [
+            "",
+            f"### {split}: confusion matrix (rows actual, columns predicted)",
+            "",
+            "| actual \\ predicted | " + " | ".join(str(n) for n in names) + " |",
+            "|---|" + "---:|" * len(names),
+        ]
         for name, row in zip(names, m["confusion_matrix"]):
             lines.append(f"| **{name}** | " + " | ".join(str(v) for v in row) + " |")
         lines.append("")
@@ -391,29 +456,44 @@ def render_report(
         lines += [f"![confusion matrix]({figure})", ""]
 
     rows = [(f"**this model ({split})**", 100 * m["accuracy"]) for split, m in results.items()]
-    rows += [(f"majority class ({split}, computed)", 100 * m["majority_accuracy"])
-             for split, m in results.items() if "majority_accuracy" in m]
+    rows += [
+        (f"majority class ({split}, computed)", 100 * m["majority_accuracy"])
+        for split, m in results.items()
+        if "majority_accuracy" in m
+    ]
     rows += [(str(name), float(value)) for name, value in (baselines or {}).items()]
     lines += ["## Compared with baselines", "", "| model | accuracy (%) |", "|---|---:|"]
     lines += [f"| {name} | {value:.1f} |" for name, value in sorted(rows, key=lambda r: -r[1])]
     lines.append("")
     if not baselines:
-        lines += ["Published numbers and measured anchors: `reports/scorecard.md` (from `reports/references.yaml`).", ""]
+        lines += [
+            "Published numbers and measured anchors: `reports/scorecard.md` (from `reports/references.yaml`).",
+            "",
+        ]
     if baselines:
-        lines += ["Published numbers come from their papers: other "
-                  "test sets, model sizes, pre-training corpora and compute. They are a reference point, "
-                  "not a like-for-like comparison.", ""]
+        lines += [
+            "Published numbers come from their papers: other "
+            "test sets, model sizes, pre-training corpora and compute. They are a reference point, "
+            "not a like-for-like comparison.",
+            "",
+        ]
 
     lines += ["## Provenance", ""]
     if not chain:
         lines += ["The checkpoint carries no provenance record.", ""]
     else:
-        lines += [" → ".join(e["stage"] for e in chain), "",
-                  "| stage | git commit | dirty | params hash | finished | record from |", "|---|---|---|---|---|---|"]
+        lines += [
+            " → ".join(e["stage"] for e in chain),
+            "",
+            "| stage | git commit | dirty | params hash | finished | record from |",
+            "|---|---|---|---|---|---|",
+        ]
         for e in chain:
             dirty = {True: "yes", False: "no"}.get(e["git_dirty"], "?")
-            lines.append(f"| {e['stage']} | {_short(e['git_commit'], 10)} | {dirty} | "
-                         f"{_short(e['params_hash'])} | {e['finished'] or '—'} | {e.get('source') or '—'} |")
+            lines.append(
+                f"| {e['stage']} | {_short(e['git_commit'], 10)} | {dirty} | "
+                f"{_short(e['params_hash'])} | {e['finished'] or '—'} | {e.get('source') or '—'} |"
+            )
         lines.append("")
         for e in chain:
             if e["hashes"]:

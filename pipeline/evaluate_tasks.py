@@ -33,16 +33,16 @@ GRADES = [str(g) for g in range(6)]  # STS-B's 0..5 similarity grades: the regre
 # Metrics per split
 
 
-def token_results(clf, split, batch_size: int = 128, progress: bool = False) -> tuple[dict[str, Any], list[int],
-                                                                                      list[int]]:
+def token_results(
+    clf, split, batch_size: int = 128, progress: bool = False
+) -> tuple[dict[str, Any], list[int], list[int]]:
     """``(metrics, gold tag ids, predicted tag ids)`` of a labelled token-classification split;
     ids are per word (all sentences concatenated), metrics as :func:`entity_metrics` plus the
     word-level ``confusion_matrix`` and ``labels``."""
     from pipeline.token_data import word_predictions
 
     names = clf.label_names
-    logits = clf.token_logits_from_ids(split.input_ids, split.token_type_ids, batch_size=batch_size,
-                                       progress=progress)
+    logits = clf.token_logits_from_ids(split.input_ids, split.token_type_ids, batch_size=batch_size, progress=progress)
     pred = [word_predictions(lg, first, names) for lg, first in zip(logits, split.first)]
     gold = [[names[t] for t in tags] for tags in split.word_labels]
     m = entity_metrics(gold, pred)
@@ -54,12 +54,14 @@ def token_results(clf, split, batch_size: int = 128, progress: bool = False) -> 
     return m, gold_ids, pred_ids
 
 
-def regression_results(clf, split, batch_size: int = 128, progress: bool = False) -> tuple[dict[str, Any],
-                                                                                           np.ndarray, np.ndarray]:
+def regression_results(
+    clf, split, batch_size: int = 128, progress: bool = False
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
     """``(metrics, predicted, gold)`` of a labelled regression split; metrics as
     :func:`regression_metrics` plus the rounded-grade ``confusion_matrix`` and ``labels``."""
-    pred = clf.logits_from_ids(split.input_ids, split.token_type_ids, batch_size=batch_size,
-                               progress=progress)[:, 0].astype(np.float64)
+    pred = clf.logits_from_ids(split.input_ids, split.token_type_ids, batch_size=batch_size, progress=progress)[
+        :, 0
+    ].astype(np.float64)
     gold = split.labels.numpy().astype(np.float64)
     m = regression_metrics(pred, gold)
     m["gold_mean"], m["predicted_mean"] = float(gold.mean()), float(pred.mean())
@@ -70,8 +72,9 @@ def regression_results(clf, split, batch_size: int = 128, progress: bool = False
 
 def details_for_dvc(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per split, the numbers (no matrices): ``reports/evaluate.json``."""
-    return {split: {k: v for k, v in m.items() if k not in ("confusion_matrix", "labels")}
-            for split, m in results.items()}
+    return {
+        split: {k: v for k, v in m.items() if k not in ("confusion_matrix", "labels")} for split, m in results.items()
+    }
 
 
 SHORT = {"validation": "dev", "test": "test"}
@@ -99,8 +102,13 @@ def write_scatter_csv(path: str | Path, predicted: Sequence[float] | None, gold:
     return path
 
 
-def plot_scatter(path: str | Path, predicted: Sequence[float] | None, gold: Sequence[float] | None,
-                 title: str = "", message: str | None = None) -> Path:
+def plot_scatter(
+    path: str | Path,
+    predicted: Sequence[float] | None,
+    gold: Sequence[float] | None,
+    title: str = "",
+    message: str | None = None,
+) -> Path:
     """PNG of predicted vs gold with the diagonal; or, with ``message``, a figure stating it."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -135,20 +143,39 @@ def _num(x: float) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
 
 
-def render_task_report(task_type: str, results: dict[str, dict[str, Any]], *, checkpoint: dict[str, Any],
-                       chain: list[dict[str, Any]] | None = None, task_name: str | None = None,
-                       figures: Sequence[tuple[str, str]] = (), notes: Sequence[str] = ()) -> str:
+def render_task_report(
+    task_type: str,
+    results: dict[str, dict[str, Any]],
+    *,
+    checkpoint: dict[str, Any],
+    chain: list[dict[str, Any]] | None = None,
+    task_name: str | None = None,
+    figures: Sequence[tuple[str, str]] = (),
+    notes: Sequence[str] = (),
+) -> str:
     """The evaluation report of a token-classification or regression model as markdown
     (``figures``: ``(caption, file)`` pairs; ``chain``: :func:`pipeline.evaluate.provenance_chain`)."""
     title = f"Evaluation: {task_name}" if task_name else "Evaluation"
     kind = {"token_classification": "token classification (NER)", "regression": "regression"}[task_type]
-    lines = [f"# {title}", "", f"Task type: {kind}. Written by `python -m stages.evaluate` (DVC stage `evaluate`); "
-             "headline numbers in `metrics/eval.json`, all of them in `reports/evaluate.json`, run details in MLflow.",
-             ""]
+    lines = [
+        f"# {title}",
+        "",
+        f"Task type: {kind}. Written by `python -m stages.evaluate` (DVC stage `evaluate`); "
+        "headline numbers in `metrics/eval.json`, all of them in `reports/evaluate.json`, run details in MLflow.",
+        "",
+    ]
     lines += ["## Checkpoint", "", "| | |", "|---|---|"]
-    for key, label in (("path", "file"), ("sha256", "sha256"), ("tokenizer_sha256", "tokenizer sha256"),
-                       ("mode", "fine-tuning mode"), ("seed", "seed"), ("num_parameters", "parameters"),
-                       ("model", "model"), ("task", "task"), ("recorded", "recorded by fine-tuning")):
+    for key, label in (
+        ("path", "file"),
+        ("sha256", "sha256"),
+        ("tokenizer_sha256", "tokenizer sha256"),
+        ("mode", "fine-tuning mode"),
+        ("seed", "seed"),
+        ("num_parameters", "parameters"),
+        ("model", "model"),
+        ("task", "task"),
+        ("recorded", "recorded by fine-tuning"),
+    ):
         if checkpoint.get(key) is not None:
             value = checkpoint[key]
             value = f"`{value}`" if key in ("path", "sha256", "tokenizer_sha256") else value
@@ -156,18 +183,29 @@ def render_task_report(task_type: str, results: dict[str, dict[str, Any]], *, ch
     lines.append("")
 
     if task_type == "token_classification":
-        lines += ["## Results (entity level, seqeval / conlleval)", "",
-                  "| split | sentences | words | gold entities | precision (%) | recall (%) | F1 (%) | "
-                  "word accuracy (%) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "## Results (entity level, seqeval / conlleval)",
+            "",
+            "| split | sentences | words | gold entities | precision (%) | recall (%) | F1 (%) | word accuracy (%) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for split, m in results.items():
-            lines.append(f"| {split} | {m['n']} | {m['words']} | {m['entities']} | {_pct(m['precision'])} | "
-                         f"{_pct(m['recall'])} | {_pct(m['f1'])} | {_pct(m['accuracy'])} |")
+            lines.append(
+                f"| {split} | {m['n']} | {m['words']} | {m['entities']} | {_pct(m['precision'])} | "
+                f"{_pct(m['recall'])} | {_pct(m['f1'])} | {_pct(m['accuracy'])} |"
+            )
     else:
-        lines += ["## Results", "", "| split | pairs | Pearson r | Spearman ρ | MSE | mean gold | mean predicted |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "## Results",
+            "",
+            "| split | pairs | Pearson r | Spearman ρ | MSE | mean gold | mean predicted |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for split, m in results.items():
-            lines.append(f"| {split} | {m['n']} | {_num(m['pearson'])} | {_num(m['spearman'])} | {_num(m['mse'])} | "
-                         f"{m['gold_mean']:.3f} | {m['predicted_mean']:.3f} |")
+            lines.append(
+                f"| {split} | {m['n']} | {_num(m['pearson'])} | {_num(m['spearman'])} | {_num(m['mse'])} | "
+                f"{m['gold_mean']:.3f} | {m['predicted_mean']:.3f} |"
+            )
     lines.append("")
     lines += [f"- {note}" for note in notes]
     if notes:
@@ -176,11 +214,16 @@ def render_task_report(task_type: str, results: dict[str, dict[str, Any]], *, ch
     for split, m in results.items():
         names = m["labels"]
         if task_type == "token_classification":
-            lines += [f"### {split}: per entity type", "", "| type | precision (%) | recall (%) | F1 (%) | support |",
-                      "|---|---:|---:|---:|---:|"]
+            lines += [
+                f"### {split}: per entity type",
+                "",
+                "| type | precision (%) | recall (%) | F1 (%) | support |",
+                "|---|---:|---:|---:|---:|",
+            ]
             for kind_name, c in m["per_type"].items():
-                lines.append(f"| {kind_name} | {_pct(c['precision'])} | {_pct(c['recall'])} | {_pct(c['f1'])} | "
-                             f"{c['support']} |")
+                lines.append(
+                    f"| {kind_name} | {_pct(c['precision'])} | {_pct(c['recall'])} | {_pct(c['f1'])} | {c['support']} |"
+                )
             lines += ["", f"### {split}: word-level tag confusion (rows gold, columns predicted)", ""]
         else:
             lines += [f"### {split}: rounded grades (rows gold, columns predicted; scores rounded to 0..5)", ""]
@@ -200,15 +243,29 @@ def _provenance_lines(chain: list[dict[str, Any]] | None) -> list[str]:
     if not chain:
         return lines + ["The checkpoint carries no provenance record.", ""]
     short = lambda h, n=12: f"`{h[:n]}`" if h else "—"  # noqa: E731
-    lines += [" → ".join(e["stage"] for e in chain), "",
-              "| stage | git commit | dirty | params hash | finished | record from |", "|---|---|---|---|---|---|"]
+    lines += [
+        " → ".join(e["stage"] for e in chain),
+        "",
+        "| stage | git commit | dirty | params hash | finished | record from |",
+        "|---|---|---|---|---|---|",
+    ]
     for e in chain:
         dirty = {True: "yes", False: "no"}.get(e["git_dirty"], "?")
-        lines.append(f"| {e['stage']} | {short(e['git_commit'], 10)} | {dirty} | {short(e['params_hash'])} | "
-                     f"{e['finished'] or '—'} | {e.get('source') or '—'} |")
+        lines.append(
+            f"| {e['stage']} | {short(e['git_commit'], 10)} | {dirty} | {short(e['params_hash'])} | "
+            f"{e['finished'] or '—'} | {e.get('source') or '—'} |"
+        )
     lines.append("")
     return lines
 
 
-__all__ = ["token_results", "regression_results", "details_for_dvc", "summary_for_dvc", "write_scatter_csv",
-           "plot_scatter", "render_task_report", "GRADES"]
+__all__ = [
+    "token_results",
+    "regression_results",
+    "details_for_dvc",
+    "summary_for_dvc",
+    "write_scatter_csv",
+    "plot_scatter",
+    "render_task_report",
+    "GRADES",
+]

@@ -73,21 +73,28 @@ from typing import Any, ClassVar, Iterator, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import ValidationError, field_validator
 from tqdm import tqdm
 
-from pydantic import ValidationError, field_validator
-
 from pipeline.config import Bool, Float, Int, format_errors
+from pipeline.distributed import Engine, EngineParams, run_tasks
 from pipeline.encode import SentenceEncoder
 from pipeline.errors import BertraceError
-from pipeline.distributed import Engine, EngineParams, run_tasks
 from pipeline.formats import CLS_ID, MASK_ID, SCHEMA_VERSION, SEP_ID, SPECIAL_IDS, SPLIT_IDS
 from pipeline.io import atomic_path, sha256_bytes, sha256_file, write_json
 from pipeline.masking import MaskingSpec, mask_sequence
 from pipeline.packing import generate_packed
 from pipeline.sentences import split_sentences
-from pipeline.shards import (arrow_array, document_order, id_dtype, index_documents, list_column, partition_sizes,
-                             read_partitions, remove_stale)
+from pipeline.shards import (
+    arrow_array,
+    document_order,
+    id_dtype,
+    index_documents,
+    list_column,
+    partition_sizes,
+    read_partitions,
+    remove_stale,
+)
 from pipeline.tokenizer import load_tokenizer
 
 ENGINE_KEYS = tuple(EngineParams.model_fields)  # workers, engine, dask_scheduler: never change the bytes
@@ -169,10 +176,16 @@ def _masking_spec(tok, cfg: ExamplesConfig) -> MaskingSpec:
         for piece, i in tok.get_vocab(with_added_tokens=True).items():
             if piece.startswith("##"):
                 is_cont[i] = True
-    return MaskingSpec(vocab_size=vocab_size, mask_id=MASK_ID, special_ids=tuple(SPECIAL_IDS.values()),
-                       masked_lm_prob=cfg.masked_lm_prob, max_predictions_per_seq=cfg.max_predictions_per_seq,
-                       whole_word_masking=cfg.whole_word_masking, is_continuation=is_cont,
-                       never_masked=MaskingSpec.never_masked_ids(cfg.mask_candidates, SPECIAL_IDS))
+    return MaskingSpec(
+        vocab_size=vocab_size,
+        mask_id=MASK_ID,
+        special_ids=tuple(SPECIAL_IDS.values()),
+        masked_lm_prob=cfg.masked_lm_prob,
+        max_predictions_per_seq=cfg.max_predictions_per_seq,
+        whole_word_masking=cfg.whole_word_masking,
+        is_continuation=is_cont,
+        never_masked=MaskingSpec.never_masked_ids(cfg.mask_candidates, SPECIAL_IDS),
+    )
 
 
 # ----------------------------------------------------------------------------- one partition
@@ -197,8 +210,9 @@ def truncation_amounts(len_a: int, len_b: int, max_num_tokens: int) -> tuple[int
     return rest // 2, gap + (rest + 1) // 2
 
 
-def truncate_pair(a_lo: int, a_hi: int, b_lo: int, b_hi: int, max_num_tokens: int,
-                  rng: random.Random) -> tuple[int, int, int, int]:
+def truncate_pair(
+    a_lo: int, a_hi: int, b_lo: int, b_hi: int, max_num_tokens: int, rng: random.Random
+) -> tuple[int, int, int, int]:
     """``truncate_seq_pair`` on the spans ``[a_lo, a_hi)`` and ``[b_lo, b_hi)``.
 
     Google removes each token from the front or the back with probability 0.5 (l. 430-433),
@@ -237,7 +251,7 @@ class _Partition:
         n_in = len(per_doc)
         doc_of = np.repeat(np.arange(n_in), per_doc)[keep]
         counts = np.bincount(doc_of, minlength=n_in)
-        self.own_docs = int((counts[:len(docs)] > 0).sum())
+        self.own_docs = int((counts[: len(docs)] > 0).sum())
         counts = counts[counts > 0]
         self.off = np.concatenate([[0], np.cumsum(lens[keep])]).tolist()
         self.doc_n = counts.tolist()
@@ -300,7 +314,9 @@ def _gather_rows(tokens: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, np.
     cls_at, sep_at = len(tokens), len(tokens) + 1
     len_a, len_b = pairs[:, 1] - pairs[:, 0], pairs[:, 3] - pairs[:, 2]
     run_len = np.stack([np.ones(n, np.int64), len_a, np.ones(n, np.int64), len_b, np.ones(n, np.int64)], 1).ravel()
-    run_src = np.stack([np.full(n, cls_at), pairs[:, 0], np.full(n, sep_at), pairs[:, 2], np.full(n, sep_at)], 1).ravel()
+    run_src = np.stack(
+        [np.full(n, cls_at), pairs[:, 0], np.full(n, sep_at), pairs[:, 2], np.full(n, sep_at)], 1
+    ).ravel()
     run_dst = np.cumsum(run_len) - run_len
     total = int(run_len.sum())
     src = np.repeat(run_src - run_dst, run_len) + np.arange(total)
@@ -327,7 +343,9 @@ def _mask_rows(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, s
         return ids.copy(), empty, ids[:0].copy(), empty
     skipped = np.zeros(spec.vocab_size, dtype=bool)
     skipped[list(spec.skipped_ids)] = True
-    want = np.minimum(spec.max_predictions_per_seq, np.maximum(1, np.rint(lengths * spec.masked_lm_prob))).astype(np.int64)
+    want = np.minimum(spec.max_predictions_per_seq, np.maximum(1, np.rint(lengths * spec.masked_lm_prob))).astype(
+        np.int64
+    )
 
     # One row of random keys per example, padded and skipped positions get 2 (keys are < 1);
     # the `want` smallest keys of a row win.
@@ -358,8 +376,11 @@ def _mask_rows(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, s
 
 def shard_schema(id_dtype, masking: str) -> pa.Schema:
     id_type = pa.from_numpy_dtype(id_dtype)
-    cols = [pa.field("input_ids", pa.list_(id_type)), pa.field("token_type_ids", pa.list_(pa.uint8())),
-            pa.field("next_sentence_label", pa.int8())]
+    cols = [
+        pa.field("input_ids", pa.list_(id_type)),
+        pa.field("token_type_ids", pa.list_(pa.uint8())),
+        pa.field("next_sentence_label", pa.int8()),
+    ]
     if masking == "static":
         cols += [pa.field("masked_lm_positions", pa.list_(pa.uint16())), pa.field("masked_lm_ids", pa.list_(id_type))]
     return pa.schema(cols)
@@ -378,8 +399,9 @@ class _Worker:
         self.schema = shard_schema(self.id_dtype, cfg.masking)
         self.encoder = SentenceEncoder(self.tok, self.id_dtype)
 
-    def process(self, split: str, partition: int, docs: list[str], dupes: int,
-                reserve: list[str] = ()) -> list[tuple[dict, bytes]]:
+    def process(
+        self, split: str, partition: int, docs: list[str], dupes: int, reserve: list[str] = ()
+    ) -> list[tuple[dict, bytes]]:
         """Tokenize one partition once; return its ``dupes`` shards as ``(stats, parquet bytes)``.
 
         ``reserve`` (documents of a neighbouring partition) is tokenized only when the partition
@@ -407,7 +429,7 @@ class _Worker:
         masked = 0
         if cfg.masking == "static":
             if cfg.whole_word_masking:  # word grouping is per row: use the shared per-row code
-                rows = [mask_sequence(ids[offsets[r]:offsets[r + 1]], np_rng, self.spec) for r in range(len(pairs))]
+                rows = [mask_sequence(ids[offsets[r] : offsets[r + 1]], np_rng, self.spec) for r in range(len(pairs))]
                 ids = np.concatenate([r[0] for r in rows]) if rows else ids
                 positions = np.concatenate([r[1] for r in rows] + [np.zeros(0, np.int64)])
                 labels = np.concatenate([r[2] for r in rows] + [np.zeros(0, ids.dtype)])
@@ -422,20 +444,35 @@ class _Worker:
             arrow_array(nsp, pa.int8()),
         ]
         if cfg.masking == "static":
-            columns += [list_column(positions, per_row, np.uint16, offsets=False),
-                        list_column(labels, per_row, self.id_dtype, offsets=False)]
+            columns += [
+                list_column(positions, per_row, np.uint16, offsets=False),
+                list_column(labels, per_row, self.id_dtype, offsets=False),
+            ]
         table = pa.Table.from_arrays(columns, schema=self.schema)
 
         index = partition * dupes + dupe
         sink = pa.BufferOutputStream()
         # Token ids have no useful dictionary or min/max statistics: skipping both writes
         # 25% faster and smaller files.
-        pq.write_table(table, sink, compression="zstd", row_group_size=cfg.row_group_size,
-                       use_dictionary=False, write_statistics=False)
+        pq.write_table(
+            table,
+            sink,
+            compression="zstd",
+            row_group_size=cfg.row_group_size,
+            use_dictionary=False,
+            write_statistics=False,
+        )
         data = sink.getvalue().to_pybytes()
-        stats = {"split": split, "index": index, "path": f"{split}/shard-{index:05d}.parquet", "rows": len(pairs),
-                 "tokens": int(offsets[-1]), "sha256": sha256_bytes(data), "random_next": int(nsp.sum()),
-                 "masked": masked}
+        stats = {
+            "split": split,
+            "index": index,
+            "path": f"{split}/shard-{index:05d}.parquet",
+            "rows": len(pairs),
+            "tokens": int(offsets[-1]),
+            "sha256": sha256_bytes(data),
+            "random_next": int(nsp.sum()),
+            "masked": masked,
+        }
         return stats, data
 
 
@@ -450,9 +487,11 @@ def _partition_task(shared: tuple, split: str, partition: int, docs: list[str], 
     if limit_threads:  # N worker processes already use the cores; the Rust thread pool would oversubscribe
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if fingerprint != code_fingerprint():
-        raise BertraceError("examples: this worker runs other bertrace code or library versions than the client "
-                            f"(fingerprint {code_fingerprint()[:12]} != {fingerprint[:12]}); install the same "
-                            "bertrace, numpy, pyarrow and tokenizers on every Dask worker")
+        raise BertraceError(
+            "examples: this worker runs other bertrace code or library versions than the client "
+            f"(fingerprint {code_fingerprint()[:12]} != {fingerprint[:12]}); install the same "
+            "bertrace, numpy, pyarrow and tokenizers on every Dask worker"
+        )
     key = (tokenizer_sha, repr(cfg.recipe()))
     if key not in _WORKERS:
         _WORKERS.clear()
@@ -469,8 +508,14 @@ def code_fingerprint() -> str:
         import tokenizers
 
         h = hashlib.sha256()
-        for name in ("pipeline.examples", "pipeline.shards", "pipeline.encode", "pipeline.sentences",
-                     "pipeline.masking", "pipeline.formats"):
+        for name in (
+            "pipeline.examples",
+            "pipeline.shards",
+            "pipeline.encode",
+            "pipeline.sentences",
+            "pipeline.masking",
+            "pipeline.formats",
+        ):
             h.update(Path(sys.modules[name].__file__).read_bytes())
         h.update(f"{np.__version__} {pa.__version__} {tokenizers.__version__}".encode())
         _FINGERPRINT = h.hexdigest()
@@ -511,7 +556,8 @@ def _check_corpus(path: Path, split: str) -> np.ndarray:
     if len(starts) < 2:
         raise BertraceError(
             f"{path}: the {split} corpus has only 1 document, but NSP needs negatives from a different "
-            "document; give the clean stage more text (or a lower min_chars / larger valid_fraction)")
+            "document; give the clean stage more text (or a lower min_chars / larger valid_fraction)"
+        )
     return starts
 
 
@@ -546,7 +592,6 @@ def generate_examples(
     if not isinstance(engine, Engine):
         engine = Engine.from_params({"engine": engine, "workers": workers, "dask_scheduler": scheduler}, "examples")
     if cfg.mode == "causal":  # packed causal-LM blocks: pipeline/packing.py
-
         return generate_packed(train_txt, valid_txt, tokenizer_json, out_dir, cfg, engine=engine, progress=progress)
 
     tok = load_tokenizer(tokenizer_json)
@@ -564,16 +609,26 @@ def generate_examples(
         engine = Engine("local", min(engine.local_workers, n_tasks))
     out_dir.mkdir(parents=True, exist_ok=True)
     remove_stale(out_dir)
-    tasks = (task for split, path in zip(SPLIT_IDS, inputs.values())
-             for task in _partition_tasks(split, read_partitions(
-                 path, starts[split], document_order(num_docs[split], cfg.seed, split, cfg.shuffle_documents),
-                 sizes[split]), dupes[split]))
+    tasks = (
+        task
+        for split, path in zip(SPLIT_IDS, inputs.values())
+        for task in _partition_tasks(
+            split,
+            read_partitions(
+                path,
+                starts[split],
+                document_order(num_docs[split], cfg.seed, split, cfg.shuffle_documents),
+                sizes[split],
+            ),
+            dupes[split],
+        )
+    )
     parallel = engine.kind == "dask" or engine.local_workers > 1
     shared = (tokenizer_text, sha256_bytes(tokenizer_text.encode("utf-8")), cfg, code_fingerprint(), parallel)
 
     results: list[dict] = []
     with tqdm(total=sum(num_docs.values()), unit="doc", desc="examples", disable=not progress) as bar:
-        for (split, _, docs, *_), shards in run_tasks(_partition_task, shared, tasks, engine, what="examples"):
+        for (_split, _, docs, *_), shards in run_tasks(_partition_task, shared, tasks, engine, what="examples"):
             for stats, data in shards:
                 with atomic_path(out_dir / stats["path"]) as tmp:
                     tmp.write_bytes(data)
@@ -589,9 +644,12 @@ def generate_examples(
         if rows == 0:
             raise BertraceError(
                 f"{inputs[split + '.txt']}: produced no {split} examples (its documents tokenize to nothing "
-                "usable); check the clean stage's output and the tokenizer")
+                "usable); check the clean stage's output and the tokenizer"
+            )
         entry = {
-            "rows": rows, "tokens": tokens, "documents": num_docs[split],
+            "rows": rows,
+            "tokens": tokens,
+            "documents": num_docs[split],
             "nsp_random_fraction": sum(s["random_next"] for s in shards) / max(rows, 1),
             "shards": [{k: s[k] for k in ("path", "rows", "tokens", "sha256")} for s in shards],
         }
@@ -615,8 +673,11 @@ def generate_examples(
         "shuffle_documents": cfg.shuffle_documents,
         "seed": cfg.seed,
         "params": cfg.recipe(),
-        "inputs": {"train.txt": sha256_file(train_txt), "valid.txt": sha256_file(valid_txt),
-                   "tokenizer.json": tokenizer_sha},
+        "inputs": {
+            "train.txt": sha256_file(train_txt),
+            "valid.txt": sha256_file(valid_txt),
+            "tokenizer.json": tokenizer_sha,
+        },
         "splits": splits,
     }
     write_json(out_dir / "manifest.json", manifest)

@@ -32,19 +32,27 @@ import torch
 from pipeline.errors import BertraceError
 from pipeline.export_gpt import export_gpt2, is_causal_checkpoint_file
 from pipeline.export_writer import EXPORT_INFO, SCRIPT_PROBES, hf_normalizer_config, write_export
-from pipeline.inference import (Classifier, check_tokenizer, is_finetuned, load_weights, read_checkpoint)
+from pipeline.inference import Classifier, check_tokenizer, is_finetuned, load_weights, read_checkpoint
 from pipeline.io import sha256_file, write_json
 from pipeline.pyfunc import PROBE_TEXTS
 
-SPECIAL_TOKENS_MAP = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-                      "mask_token": "[MASK]"}
+SPECIAL_TOKENS_MAP = {
+    "unk_token": "[UNK]",
+    "sep_token": "[SEP]",
+    "pad_token": "[PAD]",
+    "cls_token": "[CLS]",
+    "mask_token": "[MASK]",
+}
+
+
 def _transformers():
     try:
         import transformers
     except ImportError:
         raise BertraceError(
             "exporting to Hugging Face format needs the transformers package, which is not installed; "
-            "install it with `pip install 'bertrace[test]'` (or `pip install transformers`)") from None
+            "install it with `pip install 'bertrace[test]'` (or `pip install transformers`)"
+        ) from None
     return transformers
 
 
@@ -82,8 +90,10 @@ def _find_tokenizer(path: Path, ckpt: dict[str, Any], tokenizer_path: str | Path
     for c in candidates:
         if c.is_file():
             return c, expected
-    raise BertraceError(f"{path}: no tokenizer.json found at {', '.join(map(str, candidates))}; pass the tokenizer "
-                        "the checkpoint was trained with (--tokenizer data/tokenizer/tokenizer.json)")
+    raise BertraceError(
+        f"{path}: no tokenizer.json found at {', '.join(map(str, candidates))}; pass the tokenizer "
+        "the checkpoint was trained with (--tokenizer data/tokenizer/tokenizer.json)"
+    )
 
 
 def load_for_export(model_pt: str | Path, tokenizer_path: str | Path | None = None) -> dict[str, Any]:
@@ -99,11 +109,21 @@ def load_for_export(model_pt: str | Path, tokenizer_path: str | Path | None = No
     if is_finetuned(ckpt):
         clf = Classifier.from_checkpoint(ckpt, path, tok_path)
         electra = clf.model.config.pooler_activation == "gelu"  # ELECTRA's classification head
-        return {"kind": "classifier", "model": clf.model, "config": clf.model.config, "tokenizer": clf.tokenizer,
-                "electra": electra, "task_type": clf.task_type,
-                "tokenizer_path": tok_path, "tokenizer_sha256": sha256_file(tok_path), "label_names": clf.label_names,
-                "max_len": clf.max_len, "truncation": clf.truncation, "text_columns": clf.text_columns,
-                "checkpoint": clf.checkpoint}
+        return {
+            "kind": "classifier",
+            "model": clf.model,
+            "config": clf.model.config,
+            "tokenizer": clf.tokenizer,
+            "electra": electra,
+            "task_type": clf.task_type,
+            "tokenizer_path": tok_path,
+            "tokenizer_sha256": sha256_file(tok_path),
+            "label_names": clf.label_names,
+            "max_len": clf.max_len,
+            "truncation": clf.truncation,
+            "text_columns": clf.text_columns,
+            "checkpoint": clf.checkpoint,
+        }
     sha = check_tokenizer(tok_path, expected, path)
     config = BertConfig.from_dict(ckpt["model_config"])
     train_config = ckpt.get("train_config") or {}
@@ -112,16 +132,27 @@ def load_for_export(model_pt: str | Path, tokenizer_path: str | Path | None = No
         from pipeline.electra import ElectraForPreTraining, generator_config
 
         e = train_config.get("electra") or {}
-        model = ElectraForPreTraining(config, generator_config(config, e.get("generator_size", 0.25),
-                                                               e.get("generator_layers", 1.0)))
+        model = ElectraForPreTraining(
+            config, generator_config(config, e.get("generator_size", 0.25), e.get("generator_layers", 1.0))
+        )
     else:
         model = BertForPreTraining(config)
     load_weights(model, ckpt["model"], path)
     model.eval()
-    return {"kind": "pretraining", "model": model, "config": config, "tokenizer": Tokenizer.from_file(str(tok_path)),
-            "electra": electra,
-            "tokenizer_path": tok_path, "tokenizer_sha256": sha, "label_names": None, "max_len": config.max_position,
-            "truncation": "head", "text_columns": None, "checkpoint": {k: v for k, v in ckpt.items() if k != "model"}}
+    return {
+        "kind": "pretraining",
+        "model": model,
+        "config": config,
+        "tokenizer": Tokenizer.from_file(str(tok_path)),
+        "electra": electra,
+        "tokenizer_path": tok_path,
+        "tokenizer_sha256": sha,
+        "label_names": None,
+        "max_len": config.max_position,
+        "truncation": "head",
+        "text_columns": None,
+        "checkpoint": {k: v for k, v in ckpt.items() if k != "model"},
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,11 +171,12 @@ def write_tokenizer_files(tokenizer, tokenizer_json: Path, out_dir: Path, model_
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     by_id = sorted(vocab.items(), key=lambda kv: kv[1])
     if [i for _, i in by_id] != list(range(len(by_id))):
-        raise BertraceError(f"{tokenizer_json}: vocabulary ids are not 0..{len(by_id) - 1}; it cannot be written "
-                            "as vocab.txt")
-    for tok, i in SPECIAL_TOKENS_MAP.items():
-        if i not in vocab:
-            raise BertraceError(f"{tokenizer_json}: special token {i} missing from the vocabulary")
+        raise BertraceError(
+            f"{tokenizer_json}: vocabulary ids are not 0..{len(by_id) - 1}; it cannot be written as vocab.txt"
+        )
+    for token in SPECIAL_TOKENS_MAP.values():
+        if token not in vocab:
+            raise BertraceError(f"{tokenizer_json}: special token {token} missing from the vocabulary")
     (out_dir / "vocab.txt").write_text("".join(t + "\n" for t, _ in by_id), encoding="utf-8")
     shutil.copyfile(tokenizer_json, out_dir / "tokenizer.json")
     config = {
@@ -173,8 +205,9 @@ def _probe_batch(loaded: dict[str, Any]) -> tuple[list[list[int]], list[list[int
     a = PROBE_TEXTS
     pair = loaded["kind"] == "pretraining" or len(loaded["text_columns"] or []) == 2
     b = list(reversed(PROBE_TEXTS)) if pair else None
-    ids, types, _ = encode_examples(loaded["tokenizer"], a, b, min(loaded["max_len"], loaded["config"].max_position),
-                                    "head")
+    ids, types, _ = encode_examples(
+        loaded["tokenizer"], a, b, min(loaded["max_len"], loaded["config"].max_position), "head"
+    )
     return ids, types, a, b
 
 
@@ -192,8 +225,9 @@ def _compare(loaded: dict[str, Any], hf_model, ids, types) -> float:
     batch = _pad(ids, types)
     ours = loaded["model"]
     hf_model.eval()
-    hf_out = hf_model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                      attention_mask=batch["attention_mask"])
+    hf_out = hf_model(
+        input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"]
+    )
     if loaded["kind"] == "classifier":
         a = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         if a.dim() == 3:  # token classification: the real (unpadded) positions
@@ -210,8 +244,9 @@ def _compare(loaded: dict[str, Any], hf_model, ids, types) -> float:
     return max(mlm, nsp)
 
 
-def export_hf(model_pt: str | Path, out_dir: str | Path, tokenizer_path: str | Path | None = None,
-              verify: bool = True) -> dict[str, Any]:
+def export_hf(
+    model_pt: str | Path, out_dir: str | Path, tokenizer_path: str | Path | None = None, verify: bool = True
+) -> dict[str, Any]:
     """Write ``out_dir`` as a Hugging Face model + tokenizer directory; returns what it wrote.
 
     A fine-tuned checkpoint becomes ``BertForSequenceClassification`` (config with
@@ -247,56 +282,91 @@ def _export_hf(tf, model_pt, out_dir, tokenizer_path, verify) -> dict[str, Any]:
 
     electra = bool(loaded.get("electra"))
     if config.pre_ln:
-        raise BertraceError(f"{src}: a pre-LN encoder (pretrain.model.pre_ln: true), which transformers' BERT and "
-                            "ELECTRA classes (post-LN) cannot express; export a post-LN checkpoint, or use this one "
-                            "with bertrace (finetune, evaluate, predict)")
+        raise BertraceError(
+            f"{src}: a pre-LN encoder (pretrain.model.pre_ln: true), which transformers' BERT and "
+            "ELECTRA classes (post-LN) cannot express; export a post-LN checkpoint, or use this one "
+            "with bertrace (finetune, evaluate, predict)"
+        )
     if not electra and config.embedding_dim != config.hidden_size:
-        raise BertraceError(f"{src}: embedding_size {config.embedding_dim} differs from hidden_size "
-                            f"{config.hidden_size}, which transformers' BERT cannot express; only ELECTRA "
-                            "checkpoints (pretrain.objective: electra) export with it")
+        raise BertraceError(
+            f"{src}: embedding_size {config.embedding_dim} differs from hidden_size "
+            f"{config.hidden_size}, which transformers' BERT cannot express; only ELECTRA "
+            "checkpoints (pretrain.objective: electra) export with it"
+        )
     family = "Electra" if electra else "Bert"
-    fields = (electra_hf_config if electra else hf_config)(config, len(loaded["label_names"])
-                                                           if kind == "classifier" else None)
+    fields = (electra_hf_config if electra else hf_config)(
+        config, len(loaded["label_names"]) if kind == "classifier" else None
+    )
     task_type = loaded.get("task_type") or "classification"
     if kind == "classifier" and task_type != "classification" and electra:
-        raise BertraceError(f"{src}: exporting an ELECTRA {task_type} model is not supported yet; only BERT's "
-                            "token classification and regression heads export")
+        raise BertraceError(
+            f"{src}: exporting an ELECTRA {task_type} model is not supported yet; only BERT's "
+            "token classification and regression heads export"
+        )
     if kind == "classifier" and task_type == "regression":  # one output, MSE: transformers' problem_type
         fields.update(num_labels=1, problem_type="regression", architectures=[f"{family}ForSequenceClassification"])
         hf_cls = getattr(tf, f"{family}ForSequenceClassification")
     elif kind == "classifier" and task_type == "token_classification":
         names = loaded["label_names"]
-        fields.update(id2label={i: n for i, n in enumerate(names)}, label2id={n: i for i, n in enumerate(names)},
-                      architectures=[f"{family}ForTokenClassification"])
+        fields.update(
+            id2label={i: n for i, n in enumerate(names)},
+            label2id={n: i for i, n in enumerate(names)},
+            architectures=[f"{family}ForTokenClassification"],
+        )
         hf_cls = getattr(tf, f"{family}ForTokenClassification")
     elif kind == "classifier":
         names = loaded["label_names"]
-        fields.update(id2label={i: n for i, n in enumerate(names)}, label2id={n: i for i, n in enumerate(names)},
-                      problem_type="single_label_classification",
-                      architectures=[f"{family}ForSequenceClassification"])
+        fields.update(
+            id2label={i: n for i, n in enumerate(names)},
+            label2id={n: i for i, n in enumerate(names)},
+            problem_type="single_label_classification",
+            architectures=[f"{family}ForSequenceClassification"],
+        )
         hf_cls = getattr(tf, f"{family}ForSequenceClassification")
     else:
         fields.update(architectures=[f"{family}ForPreTraining"])
         hf_cls = getattr(tf, f"{family}ForPreTraining")
     hf_model = hf_cls(getattr(tf, f"{family}Config")(**fields))
-    sd = (to_hf_electra_state_dict(loaded["model"], "classifier" if kind == "classifier" else "discriminator")
-          if electra else to_hf_state_dict(loaded["model"]))
+    sd = (
+        to_hf_electra_state_dict(loaded["model"], "classifier" if kind == "classifier" else "discriminator")
+        if electra
+        else to_hf_state_dict(loaded["model"])
+    )
     result = hf_model.load_state_dict(sd, strict=False)
-    allowed_missing = {"bert.embeddings.position_ids", "bert.embeddings.token_type_ids",
-                       "cls.predictions.decoder.weight", "cls.predictions.decoder.bias",
-                       "electra.embeddings.position_ids", "electra.embeddings.token_type_ids"}
+    allowed_missing = {
+        "bert.embeddings.position_ids",
+        "bert.embeddings.token_type_ids",
+        "cls.predictions.decoder.weight",
+        "cls.predictions.decoder.bias",
+        "electra.embeddings.position_ids",
+        "electra.embeddings.token_type_ids",
+    }
     bad_missing = [k for k in result.missing_keys if k not in allowed_missing]
     if bad_missing or result.unexpected_keys:
-        raise BertraceError(f"{src}: weights do not map onto transformers.{hf_cls.__name__} (missing {bad_missing[:6]}, "
-                            f"unexpected {list(result.unexpected_keys)[:6]}); transformers {tf.__version__} may "
-                            "name BERT's parameters differently")
+        raise BertraceError(
+            f"{src}: weights do not map onto transformers.{hf_cls.__name__} (missing {bad_missing[:6]}, "
+            f"unexpected {list(result.unexpected_keys)[:6]}); transformers {tf.__version__} may "
+            "name BERT's parameters differently"
+        )
     hf_model.eval()
 
-    return write_export(tf, hf_model, hf_cls, loaded, src, out_dir, kind, verify,
-                        write_tokenizer=lambda d: write_tokenizer_files(
-                            loaded["tokenizer"], loaded["tokenizer_path"], d,
-                            loaded["max_len"] if kind == "classifier" else config.max_position),
-                        verify_fn=_verify)
+    return write_export(
+        tf,
+        hf_model,
+        hf_cls,
+        loaded,
+        src,
+        out_dir,
+        kind,
+        verify,
+        write_tokenizer=lambda d: write_tokenizer_files(
+            loaded["tokenizer"],
+            loaded["tokenizer_path"],
+            d,
+            loaded["max_len"] if kind == "classifier" else config.max_position,
+        ),
+        verify_fn=_verify,
+    )
 
 
 def _verify(loaded: dict[str, Any], tf, hf_cls, directory: Path) -> dict[str, Any]:
@@ -306,18 +376,24 @@ def _verify(loaded: dict[str, Any], tf, hf_cls, directory: Path) -> dict[str, An
     enc = hf_tok(a, b) if b is not None else hf_tok(a)
     ours = loaded["tokenizer"].encode_batch(list(zip(a, b)) if b is not None else a)  # untruncated, with [CLS]/[SEP]
     scripts = hf_tok(SCRIPT_PROBES)["input_ids"]  # the normaliser on marks, tones, CJK, Hangul
-    if ([list(x) for x in enc["input_ids"]] != [e.ids for e in ours]
-            or [list(x) for x in enc["token_type_ids"]] != [e.type_ids for e in ours]
-            or [list(x) for x in scripts] != [e.ids for e in loaded["tokenizer"].encode_batch(SCRIPT_PROBES)]):
-        raise BertraceError(f"export to {directory}: transformers' {type(hf_tok).__name__} encodes the probe texts "
-                            f"differently from {loaded['tokenizer_path']}; the export is not faithful "
-                            f"(transformers {tf.__version__})")
+    if (
+        [list(x) for x in enc["input_ids"]] != [e.ids for e in ours]
+        or [list(x) for x in enc["token_type_ids"]] != [e.type_ids for e in ours]
+        or [list(x) for x in scripts] != [e.ids for e in loaded["tokenizer"].encode_batch(SCRIPT_PROBES)]
+    ):
+        raise BertraceError(
+            f"export to {directory}: transformers' {type(hf_tok).__name__} encodes the probe texts "
+            f"differently from {loaded['tokenizer_path']}; the export is not faithful "
+            f"(transformers {tf.__version__})"
+        )
     hf_model = hf_cls.from_pretrained(str(directory))
     diff = _compare(loaded, hf_model, ids, types)
     scale = max(1.0, float(np.abs(_pad_logits(loaded, ids, types)).max()))
     if not diff <= 1e-4 * scale:
-        raise BertraceError(f"export to {directory}: transformers' {hf_cls.__name__} logits differ from ours by {diff:.3g} "
-                            f"(tolerance {1e-4 * scale:.3g}); the export is not faithful (transformers {tf.__version__})")
+        raise BertraceError(
+            f"export to {directory}: transformers' {hf_cls.__name__} logits differ from ours by {diff:.3g} "
+            f"(tolerance {1e-4 * scale:.3g}); the export is not faithful (transformers {tf.__version__})"
+        )
     return {"probe_texts": len(a), "max_abs_logit_diff": diff, "tokenizer_ids_equal": True}
 
 
@@ -325,7 +401,10 @@ def _verify(loaded: dict[str, Any], tf, hf_cls, directory: Path) -> dict[str, An
 def _pad_logits(loaded: dict[str, Any], ids, types) -> np.ndarray:
     batch = _pad(ids, types)
     if loaded.get("electra") and loaded["kind"] == "pretraining":
-        return loaded["model"].discriminator_logits(batch["input_ids"], batch["token_type_ids"],
-                                                    batch["attention_mask"]).numpy()
+        return (
+            loaded["model"]
+            .discriminator_logits(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+            .numpy()
+        )
     out = loaded["model"](batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
     return (out if loaded["kind"] == "classifier" else out.nsp_logits).numpy()

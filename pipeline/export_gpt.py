@@ -34,8 +34,15 @@ from pipeline.generate import encode_prompt, find_tokenizer, is_causal_state_dic
 from pipeline.io import sha256_file, write_json
 from pipeline.pyfunc import PROBE_TEXTS
 
-SPECIAL_TOKENS_MAP = {"bos_token": "[SEP]", "eos_token": "[SEP]", "unk_token": "[UNK]", "sep_token": "[SEP]",
-                      "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}
+SPECIAL_TOKENS_MAP = {
+    "bos_token": "[SEP]",
+    "eos_token": "[SEP]",
+    "unk_token": "[UNK]",
+    "sep_token": "[SEP]",
+    "pad_token": "[PAD]",
+    "cls_token": "[CLS]",
+    "mask_token": "[MASK]",
+}
 
 
 def is_causal_checkpoint_file(path: str | Path) -> bool:
@@ -61,9 +68,18 @@ def load_causal_for_export(model_pt: str | Path, tokenizer_path: str | Path | No
     if not is_finetuned(ckpt):
         model, tokenizer, meta = causal_lm_from_checkpoint(ckpt, path, tokenizer_path)
         tok_path = find_tokenizer(path, tokenizer_path)
-        return {"kind": "causal_lm", "model": model, "config": model.config, "tokenizer": tokenizer,
-                "tokenizer_path": tok_path, "tokenizer_sha256": sha256_file(tok_path), "label_names": None,
-                "max_len": model.config.max_position, "text_columns": None, "checkpoint": meta}
+        return {
+            "kind": "causal_lm",
+            "model": model,
+            "config": model.config,
+            "tokenizer": tokenizer,
+            "tokenizer_path": tok_path,
+            "tokenizer_sha256": sha256_file(tok_path),
+            "label_names": None,
+            "max_len": model.config.max_position,
+            "text_columns": None,
+            "checkpoint": meta,
+        }
     check_finetuned(ckpt, path)
     tok_path = Path(tokenizer_path) if tokenizer_path else path.parent / "tokenizer.json"
     sha = check_tokenizer(tok_path, ckpt["tokenizer_sha256"], path)
@@ -71,13 +87,21 @@ def load_causal_for_export(model_pt: str | Path, tokenizer_path: str | Path | No
     model = GPTForSequenceClassification(config, int(ckpt["num_labels"]))
     load_weights(model, ckpt["model"], path)
     task = ckpt.get("task") or {}
-    return {"kind": "classifier", "model": model.eval(), "config": config,
-            "tokenizer": Tokenizer.from_file(str(tok_path)), "tokenizer_path": tok_path, "tokenizer_sha256": sha,
-            "label_names": [str(n) for n in ckpt["label_names"]], "num_labels": int(ckpt["num_labels"]),
-            "task_type": str(task.get("type") or "classification"),
-            "max_len": int(task.get("max_len") or config.max_position),
-            "truncation": str(task.get("truncation") or "head"),
-            "text_columns": list(task.get("text_columns") or ["text"]), "checkpoint": meta}
+    return {
+        "kind": "classifier",
+        "model": model.eval(),
+        "config": config,
+        "tokenizer": Tokenizer.from_file(str(tok_path)),
+        "tokenizer_path": tok_path,
+        "tokenizer_sha256": sha,
+        "label_names": [str(n) for n in ckpt["label_names"]],
+        "num_labels": int(ckpt["num_labels"]),
+        "task_type": str(task.get("type") or "classification"),
+        "max_len": int(task.get("max_len") or config.max_position),
+        "truncation": str(task.get("truncation") or "head"),
+        "text_columns": list(task.get("text_columns") or ["text"]),
+        "checkpoint": meta,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -97,8 +121,9 @@ def write_gpt_tokenizer_files(loaded: dict[str, Any], out_dir: Path) -> None:
             raise BertraceError(f"{src}: special token {name} is not id {token_id}; not a bertrace tokenizer")
     if loaded["kind"] == "causal_lm":
         tok = Tokenizer.from_file(str(src))
-        tok.post_processor = TemplateProcessing(single="[SEP] $A", pair="[SEP] $A [SEP] $B:1",
-                                                special_tokens=[("[SEP]", SEP_ID)])
+        tok.post_processor = TemplateProcessing(
+            single="[SEP] $A", pair="[SEP] $A [SEP] $B:1", special_tokens=[("[SEP]", SEP_ID)]
+        )
         (out_dir / "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
     else:
         shutil.copyfile(src, out_dir / "tokenizer.json")
@@ -130,8 +155,9 @@ def _our_ids(loaded: dict[str, Any], texts: list[str], pairs: list[str] | None =
 # Export
 
 
-def export_gpt2(tf, model_pt: str | Path, out_dir: str | Path, tokenizer_path: str | Path | None = None,
-                verify: bool = True) -> dict[str, Any]:
+def export_gpt2(
+    tf, model_pt: str | Path, out_dir: str | Path, tokenizer_path: str | Path | None = None, verify: bool = True
+) -> dict[str, Any]:
     """Write ``out_dir`` (checked by the caller: absent, empty or a previous export) as a GPT-2
     directory; returns what it wrote, as ``pipeline.export.export_hf``."""
     from pipeline.hf_gpt import hf_gpt2_config, to_hf_gpt2_state_dict
@@ -144,9 +170,12 @@ def export_gpt2(tf, model_pt: str | Path, out_dir: str | Path, tokenizer_path: s
         names = loaded["label_names"] if len(loaded["label_names"]) == n else [f"LABEL_{i}" for i in range(n)]
         regression = loaded["task_type"] == "regression"
         fields = hf_gpt2_config(config, num_labels=n)
-        fields.update(id2label=dict(enumerate(names)), label2id={name: i for i, name in enumerate(names)},
-                      problem_type="regression" if regression else "single_label_classification",
-                      architectures=["GPT2ForSequenceClassification"])
+        fields.update(
+            id2label=dict(enumerate(names)),
+            label2id={name: i for i, name in enumerate(names)},
+            problem_type="regression" if regression else "single_label_classification",
+            architectures=["GPT2ForSequenceClassification"],
+        )
         hf_cls = tf.GPT2ForSequenceClassification
     else:
         fields = {**hf_gpt2_config(config), "architectures": ["GPT2LMHeadModel"]}
@@ -154,13 +183,25 @@ def export_gpt2(tf, model_pt: str | Path, out_dir: str | Path, tokenizer_path: s
     hf_model = hf_cls(tf.GPT2Config(**fields))
     result = hf_model.load_state_dict(to_hf_gpt2_state_dict(loaded["model"]), strict=False)
     if result.missing_keys or result.unexpected_keys:
-        raise BertraceError(f"{src}: weights do not map onto transformers.{hf_cls.__name__} (missing "
-                            f"{list(result.missing_keys)[:6]}, unexpected {list(result.unexpected_keys)[:6]}); "
-                            f"transformers {tf.__version__} may name GPT-2's parameters differently")
+        raise BertraceError(
+            f"{src}: weights do not map onto transformers.{hf_cls.__name__} (missing "
+            f"{list(result.missing_keys)[:6]}, unexpected {list(result.unexpected_keys)[:6]}); "
+            f"transformers {tf.__version__} may name GPT-2's parameters differently"
+        )
     hf_model.eval()
 
-    return write_export(tf, hf_model, hf_cls, loaded, src, out_dir, kind, verify,
-                        write_tokenizer=lambda d: write_gpt_tokenizer_files(loaded, d), verify_fn=_verify)
+    return write_export(
+        tf,
+        hf_model,
+        hf_cls,
+        loaded,
+        src,
+        out_dir,
+        kind,
+        verify,
+        write_tokenizer=lambda d: write_gpt_tokenizer_files(loaded, d),
+        verify_fn=_verify,
+    )
 
 
 def _padded(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,11 +221,16 @@ def _verify(loaded: dict[str, Any], tf, hf_cls, directory: Path) -> dict[str, An
     enc = hf_tok(a, b) if pair else hf_tok(a)
     ours = _our_ids(loaded, a, b)
     scripts = hf_tok(SCRIPT_PROBES)["input_ids"]
-    if ([list(x) for x in enc["input_ids"]] != ours or "token_type_ids" in enc
-            or [list(x) for x in scripts] != _our_ids(loaded, SCRIPT_PROBES)):
-        raise BertraceError(f"export to {directory}: transformers' {type(hf_tok).__name__} encodes the probe texts "
-                            f"differently from {loaded['tokenizer_path']}; the export is not faithful "
-                            f"(transformers {tf.__version__})")
+    if (
+        [list(x) for x in enc["input_ids"]] != ours
+        or "token_type_ids" in enc
+        or [list(x) for x in scripts] != _our_ids(loaded, SCRIPT_PROBES)
+    ):
+        raise BertraceError(
+            f"export to {directory}: transformers' {type(hf_tok).__name__} encodes the probe texts "
+            f"differently from {loaded['tokenizer_path']}; the export is not faithful "
+            f"(transformers {tf.__version__})"
+        )
     limit = min(loaded["max_len"], loaded["config"].max_position)
     input_ids, mask = _padded([i[:limit] for i in ours])
     hf_model = hf_cls.from_pretrained(str(directory)).eval()
@@ -194,13 +240,15 @@ def _verify(loaded: dict[str, Any], tf, hf_cls, directory: Path) -> dict[str, An
     else:
         valid = mask.bool()
         mine = loaded["model"](input_ids, mask).logits[valid]
-        theirs = theirs[valid][:, :mine.size(-1)]  # a padded vocabulary's extra ids are never predicted
+        theirs = theirs[valid][:, : mine.size(-1)]  # a padded vocabulary's extra ids are never predicted
     diff = float((mine - theirs).abs().max())
     scale = max(1.0, float(np.abs(mine.numpy()).max()))
     if not diff <= 1e-4 * scale:
-        raise BertraceError(f"export to {directory}: transformers' {hf_cls.__name__} logits differ from ours by "
-                            f"{diff:.3g} (tolerance {1e-4 * scale:.3g}); the export is not faithful "
-                            f"(transformers {tf.__version__})")
+        raise BertraceError(
+            f"export to {directory}: transformers' {hf_cls.__name__} logits differ from ours by "
+            f"{diff:.3g} (tolerance {1e-4 * scale:.3g}); the export is not faithful "
+            f"(transformers {tf.__version__})"
+        )
     return {"probe_texts": len(a), "max_abs_logit_diff": diff, "tokenizer_ids_equal": True}
 
 

@@ -16,8 +16,16 @@ from pipeline.errors import BertraceError
 from pipeline.io import sha256_file, write_json
 
 # Texts whose combining marks a normaliser may keep or strip: the export's tokenizer must agree on them.
-SCRIPT_PROBES = ["অক্সিজেন একটি মৌল।", "हिन्दी भाषा", "Αθήνα, Ελλάδα", "Tiếng Việt có dấu", "中文测试",
-                 "がギ 한국어", "مُحَمَّد", "ที่นี่"]
+SCRIPT_PROBES = [
+    "অক্সিজেন একটি মৌল।",
+    "हिन्दी भाषा",
+    "Αθήνα, Ελλάδα",
+    "Tiếng Việt có dấu",
+    "中文测试",
+    "がギ 한국어",
+    "مُحَمَّد",
+    "ที่นี่",
+]
 EXPORT_INFO = "bertrace_export.json"
 
 
@@ -27,16 +35,32 @@ def hf_normalizer_config(tokenizer_json: str | Path) -> dict[str, bool]:
     data = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
     norm = bert_normalizer(data.get("normalizer") or {})
     if norm is None:
-        raise BertraceError(f"{tokenizer_json}: normalizer is {(data.get('normalizer') or {}).get('type')!r}, not "
-                            "BERT's; only BERT tokenizers (the tokenizer stage's) can be exported")
+        raise BertraceError(
+            f"{tokenizer_json}: normalizer is {(data.get('normalizer') or {}).get('type')!r}, not "
+            "BERT's; only BERT tokenizers (the tokenizer stage's) can be exported"
+        )
     lower = bool(norm.get("lowercase", True))
     strip = norm.get("strip_accents")
-    return {"do_lower_case": lower, "strip_accents": lower if strip is None else bool(strip),
-            "tokenize_chinese_chars": bool(norm.get("handle_chinese_chars", True))}
+    return {
+        "do_lower_case": lower,
+        "strip_accents": lower if strip is None else bool(strip),
+        "tokenize_chinese_chars": bool(norm.get("handle_chinese_chars", True)),
+    }
 
 
-def write_export(tf, hf_model, hf_cls, loaded: dict[str, Any], src: Path, out_dir: Path, kind: str, verify: bool, *,
-                 write_tokenizer, verify_fn) -> dict[str, Any]:
+def write_export(
+    tf,
+    hf_model,
+    hf_cls,
+    loaded: dict[str, Any],
+    src: Path,
+    out_dir: Path,
+    kind: str,
+    verify: bool,
+    *,
+    write_tokenizer,
+    verify_fn,
+) -> dict[str, Any]:
     """Write ``out_dir`` atomically (a temp directory renamed into place): ``hf_model``'s
     ``save_pretrained`` files, the tokenizer files (``write_tokenizer(dir)``) and
     ``bertrace_export.json`` (source, hashes, provenance, and ``verify_fn``'s logits check when
@@ -58,8 +82,10 @@ def write_export(tf, hf_model, hf_cls, loaded: dict[str, Any], src: Path, out_di
             "provenance": loaded["checkpoint"].get("provenance"),
         }
         if kind == "classifier" and loaded["truncation"] != "head":
-            info["note"] = (f"fine-tuned with {loaded['truncation']} truncation to {loaded['max_len']} tokens; "
-                            "the HF tokenizer truncates the head only")
+            info["note"] = (
+                f"fine-tuned with {loaded['truncation']} truncation to {loaded['max_len']} tokens; "
+                "the HF tokenizer truncates the head only"
+            )
         if verify:
             info["verification"] = verify_fn(loaded, tf, hf_cls, tmp)
         write_json(tmp / EXPORT_INFO, info)
@@ -69,5 +95,8 @@ def write_export(tf, hf_model, hf_cls, loaded: dict[str, Any], src: Path, out_di
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {**{k: v for k, v in info.items() if k != "provenance"}, "path": str(out_dir),
-            "files": sorted(p.name for p in out_dir.iterdir())}
+    return {
+        **{k: v for k, v in info.items() if k != "provenance"},
+        "path": str(out_dir),
+        "files": sorted(p.name for p in out_dir.iterdir()),
+    }

@@ -40,12 +40,12 @@ import torch.nn.functional as F
 from pydantic import Field, field_validator
 
 from pipeline.config import Bool, Float, Int, Section, Str
+from pipeline.device import amp_dtype, resolve_device
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_path, sha256_file
 from pipeline.model import BertConfig, BertForSequenceClassification, BertForTokenClassification, param_groups
 from pipeline.task_data import DEFAULT_TASK, TaskData, TaskSplit, collate, task_params
 from pipeline.task_metrics import SELECTION, selection_value
-from pipeline.device import amp_dtype, resolve_device
 
 MODES = ("full", "frozen", "scratch")
 FORMAT = "bertrace-finetune-checkpoint"
@@ -118,13 +118,17 @@ def variant_params(finetune_params: dict, overrides: Any, name: str) -> dict:
     if overrides is None:
         overrides = {}
     if not isinstance(overrides, dict):
-        raise BertraceError(f"{where}: expected a mapping of finetune keys to values (e.g. {{mode: frozen, lr: 1.0e-3}}), "
-                            f"got {type(overrides).__name__} {overrides!r}")
+        raise BertraceError(
+            f"{where}: expected a mapping of finetune keys to values (e.g. {{mode: frozen, lr: 1.0e-3}}), "
+            f"got {type(overrides).__name__} {overrides!r}"
+        )
     known = set(FinetuneConfig.model_fields)
     for key in overrides:
         if key in SHARED_KEYS:
-            raise BertraceError(f"{where}.{key}: every variant fine-tunes finetune.{key} (a DVC dependency of the "
-                                f"variant stages); remove the key, or compare checkpoints with `dvc exp run -S finetune.{key}=...`")
+            raise BertraceError(
+                f"{where}.{key}: every variant fine-tunes finetune.{key} (a DVC dependency of the "
+                f"variant stages); remove the key, or compare checkpoints with `dvc exp run -S finetune.{key}=...`"
+            )
         if key not in known:
             raise BertraceError(f"{where}.{key}: not a finetune key; use one of {sorted(known - set(SHARED_KEYS))}")
 
@@ -160,8 +164,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
     last = path.with_name("last.pt")
     if path.name != "last.pt" and last.is_file():
         return last
-    raise BertraceError(f"{path}: pre-training checkpoint not found (nor {last}); run the pretrain stage "
-                        "(dvc repro pretrain) or set finetune.checkpoint")
+    raise BertraceError(
+        f"{path}: pre-training checkpoint not found (nor {last}); run the pretrain stage "
+        "(dvc repro pretrain) or set finetune.checkpoint"
+    )
 
 
 def check_tokenizer(ckpt: dict[str, Any], ckpt_path: str | Path, tokenizer_path: str | Path) -> str:
@@ -173,19 +179,30 @@ def check_tokenizer(ckpt: dict[str, Any], ckpt_path: str | Path, tokenizer_path:
     actual = sha256_file(tokenizer_path)
     expected = (ckpt.get("provenance") or {}).get("tokenizer_sha256")
     if not expected:
-        raise BertraceError(f"{ckpt_path}: records no tokenizer_sha256 in its provenance, so the tokenizer it was "
-                            "pre-trained with is unknown; rerun the pretrain stage")
+        raise BertraceError(
+            f"{ckpt_path}: records no tokenizer_sha256 in its provenance, so the tokenizer it was "
+            "pre-trained with is unknown; rerun the pretrain stage"
+        )
     if actual != expected:
         raise BertraceError(
             f"tokenizer mismatch: {ckpt_path} was pre-trained with tokenizer sha256 {expected}, but "
             f"{tokenizer_path} has sha256 {actual}; fine-tune with the tokenizer the checkpoint was trained with "
-            "(finetune.tokenizer, or `dvc checkout` the matching data/tokenizer) or pre-train again")
+            "(finetune.tokenizer, or `dvc checkout` the matching data/tokenizer) or pre-train again"
+        )
     return actual
 
 
-def build_model(ckpt: dict[str, Any], num_labels: int, mode: str = "full", *, dropout: float | None = None,
-                encoder_dropout: float | None = None, seed: int = 0,
-                source: str = "checkpoint", task_type: str = "classification") -> BertForSequenceClassification:
+def build_model(
+    ckpt: dict[str, Any],
+    num_labels: int,
+    mode: str = "full",
+    *,
+    dropout: float | None = None,
+    encoder_dropout: float | None = None,
+    seed: int = 0,
+    source: str = "checkpoint",
+    task_type: str = "classification",
+) -> BertForSequenceClassification:
     """BertForSequenceClassification (BertForTokenClassification for ``task_type``
     token_classification; regression is sequence classification with ``num_labels`` 1) with the
     checkpoint's config; encoder weights loaded for ``full`` / ``frozen``, random (seeded) for
@@ -213,17 +230,27 @@ def build_model(ckpt: dict[str, Any], num_labels: int, mode: str = "full", *, dr
     return model
 
 
-def _build_gpt(ckpt: dict[str, Any], config: BertConfig, num_labels: int, mode: str, *, dropout: float | None,
-               source: str, task_type: str) -> torch.nn.Module:
+def _build_gpt(
+    ckpt: dict[str, Any],
+    config: BertConfig,
+    num_labels: int,
+    mode: str,
+    *,
+    dropout: float | None,
+    source: str,
+    task_type: str,
+) -> torch.nn.Module:
     """:class:`pipeline.gpt.GPTForSequenceClassification` (the last real token's hidden state, as
     ``GPT2ForSequenceClassification``) on a ``clm`` checkpoint's decoder: loaded for ``full`` /
     ``frozen``, random (seeded by the caller) for ``scratch``, frozen for ``frozen``."""
     from pipeline.gpt import GPTForSequenceClassification
 
     if task_type == "token_classification":
-        raise BertraceError(f"{source}: a causal (GPT) checkpoint fine-tunes sequence tasks only (classification, "
-                            "regression); for token classification pre-train an encoder (pretrain.objective mlm_nsp, "
-                            "mlm or electra)")
+        raise BertraceError(
+            f"{source}: a causal (GPT) checkpoint fine-tunes sequence tasks only (classification, "
+            "regression); for token classification pre-train an encoder (pretrain.objective mlm_nsp, "
+            "mlm or electra)"
+        )
     model = GPTForSequenceClassification(config, num_labels, classifier_dropout=dropout)
     if mode != "scratch":
         model.load_pretrained_decoder(ckpt["model"], source=str(source))
@@ -283,8 +310,11 @@ def layerwise_lr_groups(model: torch.nn.Module, lr: float, weight_decay: float, 
             groups = by_depth.setdefault(depth, [])
             match = next((g for g in groups if g["weight_decay"] == group["weight_decay"]), None)
             if match is None:
-                match = {"params": [], "weight_decay": group["weight_decay"],
-                         "lr": lr * decay ** (num_layers + 2 - depth)}
+                match = {
+                    "params": [],
+                    "weight_decay": group["weight_decay"],
+                    "lr": lr * decay ** (num_layers + 2 - depth),
+                }
                 groups.append(match)
             match["params"].append(p)
     return [g for depth in sorted(by_depth) for g in by_depth[depth]]
@@ -302,10 +332,12 @@ def _set_train_mode(model: BertForSequenceClassification, mode: str) -> None:
 def linear_warmup_decay(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
     """LR multiplier: 0 -> 1 over ``warmup_steps``, then linearly to 0 at ``total_steps``
     (Google's optimization.py; Hugging Face's get_linear_schedule_with_warmup)."""
+
     def f(step: int) -> float:
         if step < warmup_steps:
             return step / max(1, warmup_steps)
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
     return f
 
 
@@ -330,28 +362,35 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
         size = self.batch_size * self.window
         batches = []
         for s in range(0, len(perm), size):
-            chunk = sorted(perm[s:s + size], key=lambda i: self.lengths[i])
-            batches += [chunk[j:j + self.batch_size] for j in range(0, len(chunk), self.batch_size)]
+            chunk = sorted(perm[s : s + size], key=lambda i: self.lengths[i])
+            batches += [chunk[j : j + self.batch_size] for j in range(0, len(chunk), self.batch_size)]
         for k in torch.randperm(len(batches), generator=self.generator).tolist():
             yield batches[k]
 
 
-def task_loss(logits: torch.Tensor, labels: torch.Tensor, task_type: str = "classification",
-              reduction: str = "mean") -> torch.Tensor:
+def task_loss(
+    logits: torch.Tensor, labels: torch.Tensor, task_type: str = "classification", reduction: str = "mean"
+) -> torch.Tensor:
     """Cross-entropy (classification; token classification over the positions whose label is not
     -100, i.e. each word's first sub-token) or mean squared error of the single output
     (regression: transformers' ``problem_type="regression"``), in float32."""
     if task_type == "regression":
         return F.mse_loss(logits.float().squeeze(-1), labels.float(), reduction=reduction)
     if task_type == "token_classification":
-        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100,
-                               reduction=reduction)
+        return F.cross_entropy(
+            logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction=reduction
+        )
     return F.cross_entropy(logits.float(), labels, reduction=reduction)
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, split: TaskSplit, batch_size: int = 128,
-             device: torch.device | str = "cpu", label_names: list[str] | None = None) -> dict[str, float]:
+def evaluate(
+    model: torch.nn.Module,
+    split: TaskSplit,
+    batch_size: int = 128,
+    device: torch.device | str = "cpu",
+    label_names: list[str] | None = None,
+) -> dict[str, float]:
     """``{"accuracy", "loss", "n"}`` on a labelled split (batches of length-sorted examples).
     On a GPU under autocast (:func:`pipeline.device.amp_dtype`); sums stay on the device until
     the end (one sync per evaluation, not two per batch).
@@ -371,8 +410,10 @@ def evaluate(model: torch.nn.Module, split: TaskSplit, batch_size: int = 128,
     correct = torch.zeros((), dtype=torch.long, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for s in range(0, len(order), batch_size):
-        batch = {k: v.to(device, non_blocking=True)
-                 for k, v in collate([split[i] for i in order[s:s + batch_size]]).items()}
+        batch = {
+            k: v.to(device, non_blocking=True)
+            for k, v in collate([split[i] for i in order[s : s + batch_size]]).items()
+        }
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
             logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
         loss_sum += F.cross_entropy(logits, batch["labels"], reduction="sum").double()
@@ -383,8 +424,9 @@ def evaluate(model: torch.nn.Module, split: TaskSplit, batch_size: int = 128,
 
 
 @torch.no_grad()
-def _evaluate_task(model: torch.nn.Module, split: TaskSplit, batch_size: int, device: torch.device,
-                   label_names: list[str] | None) -> dict[str, float]:
+def _evaluate_task(
+    model: torch.nn.Module, split: TaskSplit, batch_size: int, device: torch.device, label_names: list[str] | None
+) -> dict[str, float]:
     from pipeline.task_metrics import entity_metrics, regression_metrics
 
     task_type = split.task_type
@@ -398,7 +440,7 @@ def _evaluate_task(model: torch.nn.Module, split: TaskSplit, batch_size: int, de
     count = torch.zeros((), dtype=torch.long, device=device)
     outputs: list[Any] = [None] * len(split)
     for s in range(0, len(order), batch_size):
-        idx = order[s:s + batch_size]
+        idx = order[s : s + batch_size]
         batch = {k: v.to(device, non_blocking=True) for k, v in collate([split[i] for i in idx]).items()}
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
             logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
@@ -419,8 +461,14 @@ def _evaluate_task(model: torch.nn.Module, split: TaskSplit, batch_size: int, de
     gold = [[label_names[t] for t in tags] for tags in split.word_labels]
     pred = [[label_names[row[p]] if p >= 0 else "O" for p in first] for row, first in zip(outputs, split.first)]
     m = entity_metrics(gold, pred)
-    return {"f1": m["f1"], "precision": m["precision"], "recall": m["recall"], "accuracy": m["accuracy"],
-            "loss": loss, "n": n}
+    return {
+        "f1": m["f1"],
+        "precision": m["precision"],
+        "recall": m["recall"],
+        "accuracy": m["accuracy"],
+        "loss": loss,
+        "n": n,
+    }
 
 
 @dataclass
@@ -454,18 +502,39 @@ class SeedResult:
 
     def metrics(self) -> dict[str, Any]:
         """The numbers (no weights, no history) as a JSON-able dict."""
-        out = {k: getattr(self, k) for k in (
-            "seed", "validation_accuracy", "validation_loss", "best_step", "best_epoch", "steps",
-            "planned_steps", "epochs_run", "stopped_early", "train_loss", "cpu_seconds", "wall_seconds")}
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "seed",
+                "validation_accuracy",
+                "validation_loss",
+                "best_step",
+                "best_epoch",
+                "steps",
+                "planned_steps",
+                "epochs_run",
+                "stopped_early",
+                "train_loss",
+                "cpu_seconds",
+                "wall_seconds",
+            )
+        }
         if self.task_type != "classification":  # validation_f1 / _precision / ... or _pearson / _spearman / _mse
             out.pop("validation_accuracy")
             out.update({f"validation_{k}": v for k, v in self.validation.items() if k not in ("n", "loss")})
         return out
 
 
-def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: int, *, progress: bool = True,
-               log: Callable[[dict[str, float], int], None] | None = None,
-               source: str = "checkpoint") -> SeedResult:
+def train_seed(
+    ckpt: dict[str, Any],
+    data: TaskData,
+    cfg: FinetuneConfig,
+    seed: int,
+    *,
+    progress: bool = True,
+    log: Callable[[dict[str, float], int], None] | None = None,
+    source: str = "checkpoint",
+) -> SeedResult:
     """Fine-tune one model with ``seed`` (init, shuffling and dropout all follow it) and return
     its best-validation weights and numbers. ``log(metrics, step)`` receives the training loss
     and learning rate every ``log_every_steps`` and each validation check."""
@@ -473,8 +542,9 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
 
     train, valid = data.splits.get("train"), data.splits.get("validation")
     if train is None or valid is None:
-        raise BertraceError("fine-tuning needs the train and validation splits; load them with "
-                            "roles=('train', 'validation')")
+        raise BertraceError(
+            "fine-tuning needs the train and validation splits; load them with roles=('train', 'validation')"
+        )
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     device = resolve_device(cfg.device, param="finetune.device")
     # On a GPU: autocast (bf16; fp16 + GradScaler where bf16 is only emulated), TF32 matmuls and
@@ -485,8 +555,16 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
     if pin:
         torch.set_float32_matmul_precision("high")
     task_type = getattr(data, "task_type", "classification")
-    model = build_model(ckpt, data.num_labels, cfg.mode, dropout=cfg.dropout, encoder_dropout=cfg.encoder_dropout,
-                        seed=seed, source=source, task_type=task_type).to(device)
+    model = build_model(
+        ckpt,
+        data.num_labels,
+        cfg.mode,
+        dropout=cfg.dropout,
+        encoder_dropout=cfg.encoder_dropout,
+        seed=seed,
+        source=source,
+        task_type=task_type,
+    ).to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     groups = layerwise_lr_groups(model, cfg.lr, cfg.weight_decay, cfg.layer_lr_decay)
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
@@ -495,8 +573,9 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
         sampler = LengthGroupedBatches([len(x) for x in train.input_ids], cfg.batch_size, generator)
         loader = torch.utils.data.DataLoader(train, batch_sampler=sampler, collate_fn=collate, pin_memory=pin)
     else:
-        loader = torch.utils.data.DataLoader(train, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate,
-                                             generator=generator, pin_memory=pin)
+        loader = torch.utils.data.DataLoader(
+            train, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate, generator=generator, pin_memory=pin
+        )
     steps_per_epoch = len(loader)
     planned = cfg.epochs * steps_per_epoch
     warmup = int(round(cfg.warmup * planned))
@@ -514,7 +593,7 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
     epoch_loss, epoch_steps = torch.zeros((), dtype=torch.float64, device=device), 0
     bar = tqdm(total=planned, desc=f"finetune seed {seed}", unit="step", disable=not progress, mininterval=1.0)
     _set_train_mode(model, cfg.mode)
-    for epoch in range(cfg.epochs):
+    for _epoch in range(cfg.epochs):
         epoch_loss, epoch_steps = torch.zeros((), dtype=torch.float64, device=device), 0
         for batch in loader:
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
@@ -538,20 +617,36 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
             if step % eval_every == 0 or step == planned:
                 ev = evaluate(model, valid, cfg.eval_batch_size, device, label_names=data.label_names)
                 _set_train_mode(model, cfg.mode)
-                point = {"step": step, "epoch": round(step / steps_per_epoch, 4),
-                         "validation_accuracy": ev["accuracy"], "validation_loss": ev["loss"],
-                         "train_loss": epoch_loss.item() / epoch_steps} if task_type == "classification" else {
-                    "step": step, "epoch": round(step / steps_per_epoch, 4),
-                    **{f"validation_{k}": v for k, v in ev.items() if k != "n"},
-                    "train_loss": epoch_loss.item() / epoch_steps}
+                point = (
+                    {
+                        "step": step,
+                        "epoch": round(step / steps_per_epoch, 4),
+                        "validation_accuracy": ev["accuracy"],
+                        "validation_loss": ev["loss"],
+                        "train_loss": epoch_loss.item() / epoch_steps,
+                    }
+                    if task_type == "classification"
+                    else {
+                        "step": step,
+                        "epoch": round(step / steps_per_epoch, 4),
+                        **{f"validation_{k}": v for k, v in ev.items() if k != "n"},
+                        "train_loss": epoch_loss.item() / epoch_steps,
+                    }
+                )
                 history.append(point)
                 score = ev["accuracy"] if task_type == "classification" else selection_value(task_type, ev)
                 bar.set_postfix(val=f"{score:.4f}")
                 if log:
                     log({k: v for k, v in point.items() if k not in ("step",)}, step)
                 if score > best["score"] or len(history) == 1:  # the first check, even with a NaN score
-                    best = {"accuracy": ev.get("accuracy", math.nan), "loss": ev["loss"], "step": step,
-                            "epoch": point["epoch"], "score": score, "metrics": ev}
+                    best = {
+                        "accuracy": ev.get("accuracy", math.nan),
+                        "loss": ev["loss"],
+                        "step": step,
+                        "epoch": point["epoch"],
+                        "score": score,
+                        "metrics": ev,
+                    }
                     best_state = snapshot()
                     bad_checks = 0
                 else:
@@ -563,16 +658,34 @@ def train_seed(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, seed: 
             break
     bar.close()
     result = SeedResult(
-        seed=seed, validation_accuracy=best["accuracy"], validation_loss=best["loss"], best_step=best["step"],
-        best_epoch=best["epoch"], steps=step, planned_steps=planned, epochs_run=round(step / steps_per_epoch, 4),
-        stopped_early=stopped, train_loss=epoch_loss.item() / max(1, epoch_steps), history=history,
-        cpu_seconds=time.process_time() - t_cpu, wall_seconds=time.perf_counter() - t_wall, state_dict=best_state,
-        task_type=task_type, validation=dict(best["metrics"]),
+        seed=seed,
+        validation_accuracy=best["accuracy"],
+        validation_loss=best["loss"],
+        best_step=best["step"],
+        best_epoch=best["epoch"],
+        steps=step,
+        planned_steps=planned,
+        epochs_run=round(step / steps_per_epoch, 4),
+        stopped_early=stopped,
+        train_loss=epoch_loss.item() / max(1, epoch_steps),
+        history=history,
+        cpu_seconds=time.process_time() - t_cpu,
+        wall_seconds=time.perf_counter() - t_wall,
+        state_dict=best_state,
+        task_type=task_type,
+        validation=dict(best["metrics"]),
     )
     if log:
         main = "accuracy" if task_type == "classification" else SELECTION[task_type]
-        log({f"best_validation_{main}": result.score, "best_step": result.best_step,
-             "cpu_seconds": result.cpu_seconds, "wall_seconds": result.wall_seconds}, step)
+        log(
+            {
+                f"best_validation_{main}": result.score,
+                "best_step": result.best_step,
+                "cpu_seconds": result.cpu_seconds,
+                "wall_seconds": result.wall_seconds,
+            },
+            step,
+        )
     return result
 
 
@@ -595,8 +708,11 @@ def _summarize_task(results: list[SeedResult]) -> dict[str, Any]:
     task_type = results[0].task_type
     main = SELECTION[task_type]
     best = best_seed(results)
-    out: dict[str, Any] = {"task_type": task_type, "seeds": [r.seed for r in results],
-                           "per_seed": {str(r.seed): r.metrics() for r in results}}
+    out: dict[str, Any] = {
+        "task_type": task_type,
+        "seeds": [r.seed for r in results],
+        "per_seed": {str(r.seed): r.metrics() for r in results},
+    }
     keys = [main] + [k for k in results[0].validation if k not in (main, "n", "loss")]
     for k in keys:
         values = [float(r.validation.get(k, math.nan)) for r in results]
@@ -627,14 +743,21 @@ def checkpoint_metrics(summary: dict[str, Any], best: SeedResult, seeds: list[in
     """The ``metrics`` entry of the fine-tuned checkpoint: the best seed's validation numbers and
     the mean ± std of the selection metric over seeds."""
     if best.task_type == "classification":
-        return {"validation_accuracy": best.validation_accuracy, "validation_loss": best.validation_loss,
-                "validation_accuracy_mean": summary["validation_accuracy"]["mean"],
-                "validation_accuracy_std": summary["validation_accuracy"]["std"], "seeds": list(seeds)}
+        return {
+            "validation_accuracy": best.validation_accuracy,
+            "validation_loss": best.validation_loss,
+            "validation_accuracy_mean": summary["validation_accuracy"]["mean"],
+            "validation_accuracy_std": summary["validation_accuracy"]["std"],
+            "seeds": list(seeds),
+        }
     main = SELECTION[best.task_type]
-    return {"task_type": best.task_type,
-            **{f"validation_{k}": v for k, v in best.validation.items() if k != "n"},
-            f"validation_{main}_mean": summary[f"validation_{main}"]["mean"],
-            f"validation_{main}_std": summary[f"validation_{main}"]["std"], "seeds": list(seeds)}
+    return {
+        "task_type": best.task_type,
+        **{f"validation_{k}": v for k, v in best.validation.items() if k != "n"},
+        f"validation_{main}_mean": summary[f"validation_{main}"]["mean"],
+        f"validation_{main}_std": summary[f"validation_{main}"]["std"],
+        "seeds": list(seeds),
+    }
 
 
 def summarize(results: list[SeedResult]) -> dict[str, Any]:
@@ -648,9 +771,12 @@ def summarize(results: list[SeedResult]) -> dict[str, Any]:
     return {
         "seeds": [r.seed for r in results],
         "per_seed": {str(r.seed): r.metrics() for r in results},
-        "validation_accuracy": {"mean": acc_mean, "std": acc_std,
-                                "min": min(r.validation_accuracy for r in results),
-                                "max": max(r.validation_accuracy for r in results)},
+        "validation_accuracy": {
+            "mean": acc_mean,
+            "std": acc_std,
+            "min": min(r.validation_accuracy for r in results),
+            "max": max(r.validation_accuracy for r in results),
+        },
         "validation_loss": {"mean": loss_mean, "std": loss_std},
         "best_seed": best.seed,
         "best_validation_accuracy": best.validation_accuracy,
@@ -659,9 +785,15 @@ def summarize(results: list[SeedResult]) -> dict[str, Any]:
     }
 
 
-def finetune(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, *, progress: bool = True,
-             seed_context: Callable[[int], ContextManager[Callable[[dict[str, float], int], None] | None]] | None = None,
-             source: str = "checkpoint") -> tuple[dict[str, Any], SeedResult]:
+def finetune(
+    ckpt: dict[str, Any],
+    data: TaskData,
+    cfg: FinetuneConfig,
+    *,
+    progress: bool = True,
+    seed_context: Callable[[int], ContextManager[Callable[[dict[str, float], int], None] | None]] | None = None,
+    source: str = "checkpoint",
+) -> tuple[dict[str, Any], SeedResult]:
     """Run every seed of ``cfg.seeds``; returns ``(summary, best seed's result)``.
 
     ``seed_context(seed)``, when given, wraps each seed's training (the stage opens a nested
@@ -669,7 +801,7 @@ def finetune(ckpt: dict[str, Any], data: TaskData, cfg: FinetuneConfig, *, progr
     results = []
     best: SeedResult | None = None
     for seed in cfg.seeds:
-        with (seed_context(seed) if seed_context else contextlib.nullcontext(None)) as log:
+        with seed_context(seed) if seed_context else contextlib.nullcontext(None) as log:
             r = train_seed(ckpt, data, cfg, seed, progress=progress, source=source, log=log)
         results.append(r)
         if best is None or r.score > best.score:
@@ -687,9 +819,21 @@ def _plain(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
-def save_finetuned(path: str | Path, *, state_dict: dict[str, torch.Tensor], model_config: dict, label_names: list[str],
-                   task: dict, tokenizer_sha256: str, mode: str, seed: int, metrics: dict,
-                   provenance: dict, num_labels: int | None = None, architecture: str = "bert") -> Path:
+def save_finetuned(
+    path: str | Path,
+    *,
+    state_dict: dict[str, torch.Tensor],
+    model_config: dict,
+    label_names: list[str],
+    task: dict,
+    tokenizer_sha256: str,
+    mode: str,
+    seed: int,
+    metrics: dict,
+    provenance: dict,
+    num_labels: int | None = None,
+    architecture: str = "bert",
+) -> Path:
     """Write ``model.pt`` atomically: tensors, numbers, strings, lists, dicts only. ``num_labels``
     (the head's outputs) defaults to ``len(label_names)``; a regression head has 1 and no names;
     ``task["type"]`` names the task type; ``architecture`` (:func:`architecture`): ``bert`` (an
@@ -715,6 +859,25 @@ def save_finetuned(path: str | Path, *, state_dict: dict[str, torch.Tensor], mod
     return path
 
 
-__all__ = ["FinetuneConfig", "MODES", "load_pretrained", "resolve_checkpoint", "check_tokenizer", "build_model",
-           "linear_warmup_decay", "evaluate", "train_seed", "finetune", "summarize", "mean_std", "best_seed",
-           "SeedResult", "save_finetuned", "task_loss", "architecture", "backbone", "headline_metrics", "checkpoint_metrics"]
+__all__ = [
+    "FinetuneConfig",
+    "MODES",
+    "load_pretrained",
+    "resolve_checkpoint",
+    "check_tokenizer",
+    "build_model",
+    "linear_warmup_decay",
+    "evaluate",
+    "train_seed",
+    "finetune",
+    "summarize",
+    "mean_std",
+    "best_seed",
+    "SeedResult",
+    "save_finetuned",
+    "task_loss",
+    "architecture",
+    "backbone",
+    "headline_metrics",
+    "checkpoint_metrics",
+]

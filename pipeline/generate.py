@@ -27,7 +27,6 @@ import torch
 from pipeline.errors import BertraceError
 from pipeline.formats import SEP_ID
 
-
 # --------------------------------------------------------------------------------------------
 # Loading
 
@@ -49,8 +48,10 @@ def find_tokenizer(checkpoint: Path, tokenizer_path: str | Path | None) -> Path:
     for c in candidates:
         if c.is_file():
             return c
-    raise BertraceError(f"{checkpoint}: no tokenizer.json found at {', '.join(map(str, candidates))}; pass the "
-                        "tokenizer the checkpoint was trained with (--tokenizer data/tokenizer/tokenizer.json)")
+    raise BertraceError(
+        f"{checkpoint}: no tokenizer.json found at {', '.join(map(str, candidates))}; pass the "
+        "tokenizer the checkpoint was trained with (--tokenizer data/tokenizer/tokenizer.json)"
+    )
 
 
 def load_causal_lm(checkpoint: str | Path, tokenizer_path: str | Path | None = None):
@@ -72,22 +73,28 @@ def causal_lm_from_checkpoint(ckpt: dict[str, Any], path: Path, tokenizer_path: 
     from pipeline.model import BertConfig
 
     if is_finetuned(ckpt):
-        raise BertraceError(f"{path}: a fine-tuned classifier, not a language model; generate from a pre-training "
-                            "checkpoint of pretrain.objective: clm (data/pretrain/best.pt)")
+        raise BertraceError(
+            f"{path}: a fine-tuned classifier, not a language model; generate from a pre-training "
+            "checkpoint of pretrain.objective: clm (data/pretrain/best.pt)"
+        )
     if not is_causal_state_dict(ckpt["model"]):
         objective = (ckpt.get("train_config") or {}).get("objective")
         trained = f" (pretrain.objective: {objective})" if objective else ""
-        raise BertraceError(f"{path}: an encoder (masked-LM) checkpoint{trained}, which cannot generate text; set "
-                            "pretrain.objective: clm in params.yaml (or use the gpt profile) and rerun the pretrain "
-                            "stage")
+        raise BertraceError(
+            f"{path}: an encoder (masked-LM) checkpoint{trained}, which cannot generate text; set "
+            "pretrain.objective: clm in params.yaml (or use the gpt profile) and rerun the pretrain "
+            "stage"
+        )
     tok_path = find_tokenizer(path, tokenizer_path)
     expected = ckpt.get("tokenizer_sha256") or (ckpt.get("provenance") or {}).get("tokenizer_sha256")
     check_tokenizer(tok_path, expected, path)
     tokenizer = Tokenizer.from_file(str(tok_path))
     config = BertConfig.from_dict(ckpt["model_config"])
     if tokenizer.get_vocab_size() > config.vocab_size:
-        raise BertraceError(f"{tok_path}: vocabulary of {tokenizer.get_vocab_size()} tokens is larger than the "
-                            f"model's {config.vocab_size}; use the checkpoint's own tokenizer")
+        raise BertraceError(
+            f"{tok_path}: vocabulary of {tokenizer.get_vocab_size()} tokens is larger than the "
+            f"model's {config.vocab_size}; use the checkpoint's own tokenizer"
+        )
     model = GPT(config)
     load_weights(model, ckpt["model"], path)
     return model.eval(), tokenizer, {k: v for k, v in ckpt.items() if k != "model"}
@@ -102,8 +109,13 @@ def encode_prompt(tokenizer, prompt: str, bos_id: int = SEP_ID) -> list[int]:
 # Sampling
 
 
-def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                generator: torch.Generator | None = None) -> int:
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> int:
     """One next-token id from 1-D ``logits``: greedy at temperature 0, else a draw from the
     tempered, top-k / top-p filtered distribution."""
     if temperature == 0:
@@ -134,9 +146,18 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
 
 
 @torch.no_grad()
-def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-             stop_ids: Sequence[int] = (SEP_ID,), on_token: Callable[[int], None] | None = None) -> list[int]:
+def generate(
+    model,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop_ids: Sequence[int] = (SEP_ID,),
+    on_token: Callable[[int], None] | None = None,
+) -> list[int]:
     """The new token ids after ``prompt_ids`` (a stop id, if drawn, is the last one), each passed
     to ``on_token`` as soon as it is chosen. One forward of the prompt, then one position a step."""
     check_sampling(max_new_tokens, temperature, top_k, top_p)
@@ -144,8 +165,10 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, *, temperatu
     if not prompt_ids:
         raise BertraceError("generate: the prompt has no tokens; start it with the separator (encode_prompt)")
     if len(prompt_ids) >= limit:
-        raise BertraceError(f"generate: the prompt has {len(prompt_ids)} tokens, the model's max_position is {limit}; "
-                            "shorten the prompt")
+        raise BertraceError(
+            f"generate: the prompt has {len(prompt_ids)} tokens, the model's max_position is {limit}; "
+            "shorten the prompt"
+        )
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device)
@@ -190,16 +213,16 @@ class TextStream:
         self.ids.append(token)
         text = self.tokenizer.decode(self.ids)
         # what two consecutive decodings agree on is final; the newest token's text may still change
-        stable = text[:_common_prefix(self.previous, text)]
+        stable = text[: _common_prefix(self.previous, text)]
         self.previous = text
         if len(stable) > len(self.shown) and stable.startswith(self.shown):
-            piece, self.shown = stable[len(self.shown):], stable
+            piece, self.shown = stable[len(self.shown) :], stable
             return piece
         return ""
 
     def finish(self) -> str:
         text = self.tokenizer.decode(self.ids)
-        piece = text[len(self.shown):] if text.startswith(self.shown) else ""
+        piece = text[len(self.shown) :] if text.startswith(self.shown) else ""
         self.shown = text
         return piece
 
@@ -212,9 +235,18 @@ class Sample:
     continuation: str  # the decoding of the new tokens alone
 
 
-def generate_text(model, tokenizer, prompt: str, max_new_tokens: int = 50, *, temperature: float = 1.0,
-                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                  on_text: Callable[[str], None] | None = None) -> Sample:
+def generate_text(
+    model,
+    tokenizer,
+    prompt: str,
+    max_new_tokens: int = 50,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    on_text: Callable[[str], None] | None = None,
+) -> Sample:
     """Encode ``prompt``, sample a continuation, and stream the decoded text (prompt first) to
     ``on_text`` piece by piece."""
     prompt_ids = encode_prompt(tokenizer, prompt)
@@ -230,8 +262,16 @@ def generate_text(model, tokenizer, prompt: str, max_new_tokens: int = 50, *, te
         if piece:
             emit(piece)
 
-    new = generate(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                   on_token=on_token)
+    new = generate(
+        model,
+        prompt_ids,
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        on_token=on_token,
+    )
     rest = stream.finish()
     if rest:
         emit(rest)

@@ -36,8 +36,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pipeline.errors import BertraceError
-from pipeline.model import (BertConfig, Dropout, FeedForward, init_weights, linear_cross_entropy, load_strict,
-                            strip_wrappers)
+from pipeline.model import (
+    BertConfig,
+    Dropout,
+    FeedForward,
+    init_weights,
+    linear_cross_entropy,
+    load_strict,
+    strip_wrappers,
+)
 
 KVCache = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (keys, values), each [B, heads, P, head_dim]
 
@@ -54,8 +61,9 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.attention_dropout = config.attention_dropout
 
-    def forward(self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None,
-                rows: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def forward(
+        self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None, rows: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         B, T, H = x.shape
         q, k, v = self.qkv(x).split(H, dim=2)
         q, k, v = (t.view(B, T, self.num_heads, H // self.num_heads).transpose(1, 2) for t in (q, k, v))
@@ -88,8 +96,9 @@ class Block(nn.Module):
         self.mlp = FeedForward(config)
         self.drop = Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None,
-                rows: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def forward(
+        self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None, rows: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         attn, kv = self.attn(self.ln_1(x), past, rows)
         if rows is not None:
             x = x.reshape(-1, x.size(-1)).index_select(0, rows)
@@ -156,10 +165,11 @@ class GPT(nn.Module):
                 f"shorten the examples (examples.max_seq_len) or raise model.max_position"
             )
         if rows is not None and rows.dim() != 1:
-            raise BertraceError(f"model: rows must be 1-D flat indices into B*T, got shape {tuple(rows.shape)}; "
-                                "use b * T + t")
+            raise BertraceError(
+                f"model: rows must be 1-D flat indices into B*T, got shape {tuple(rows.shape)}; use b * T + t"
+            )
         if positions is None:
-            pos = self.wpe.weight[past_len:past_len + T]  # [T, H]
+            pos = self.wpe.weight[past_len : past_len + T]  # [T, H]
         else:
             pos = self.wpe(positions)
         x = self.drop(self.wte(input_ids) + pos)
@@ -179,8 +189,11 @@ class GPT(nn.Module):
             loss = linear_cross_entropy(hidden.reshape(-1, hidden.size(-1)), head, targets.reshape(-1), chunk=256)
             return GPTOutput(None, hidden, cache, loss)
         logits = F.linear(hidden, head)
-        loss = None if targets is None else F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
-                                                            targets.reshape(-1))
+        loss = (
+            None
+            if targets is None
+            else F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+        )
         return GPTOutput(logits, hidden, cache, loss)
 
 
@@ -219,8 +232,12 @@ class GPTForSequenceClassification(nn.Module):
         self.score = nn.Linear(config.hidden_size, num_labels, bias=False)
         init_weights(self.score, config.initializer_range)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``token_type_ids`` are accepted for symmetry with the encoder and ignored (GPT-2 has
         no segment embedding)."""
         hidden = self.gpt(input_ids, attention_mask, rows=last_token_rows(input_ids, attention_mask)).hidden
@@ -234,7 +251,8 @@ class GPTForSequenceClassification(nn.Module):
             bert = any(k.startswith("bert.") for k in sd)
             raise BertraceError(
                 f"{source}: no 'wte.weight' in the weights; not a causal LM (GPT) state dict"
-                + ("; it is a BERT (masked LM) checkpoint: pre-train with pretrain.objective: clm" if bert else ""))
+                + ("; it is a BERT (masked LM) checkpoint: pre-train with pretrain.objective: clm" if bert else "")
+            )
         load_strict(self.gpt, sd, source)
 
 

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from pipeline.check_report import CheckResult, failed_check, jsonable, preview
 
+
 class GX:
     def __init__(self) -> None:
         import logging
@@ -62,8 +63,15 @@ class SuiteRun:
     # passing reruns on other shards / chunks add nothing to look at.
     kept: list = field(default_factory=list)
 
-    def run(self, frame, *, params: dict | None = None, samples: int = 5, complete: bool = False,
-            run_name: str | None = None) -> list:
+    def run(
+        self,
+        frame,
+        *,
+        params: dict | None = None,
+        samples: int = 5,
+        complete: bool = False,
+        run_name: str | None = None,
+    ) -> list:
         """Validate ``frame`` (``run_name``: the file or split it came from, the Data Docs page's
         title); the GX results in suite order."""
         import warnings
@@ -73,8 +81,12 @@ class SuiteRun:
         fmt = {"result_format": "COMPLETE" if complete else "SUMMARY", "partial_unexpected_count": samples}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            res = self.vd.run(batch_parameters={"dataframe": frame}, expectation_parameters=params or {},
-                              result_format=fmt, run_id=RunIdentifier(run_name=_page_name(run_name)) if run_name else None)
+            res = self.vd.run(
+                batch_parameters={"dataframe": frame},
+                expectation_parameters=params or {},
+                result_format=fmt,
+                run_id=RunIdentifier(run_name=_page_name(run_name)) if run_name else None,
+            )
         if not res.success or not self.kept:
             self.kept.append(res)
         pos = {eid: i for i, eid in enumerate(self.order)}
@@ -106,22 +118,31 @@ def build_data_docs(gx_results: list, directory: str | Path) -> Path:
         warnings.simplefilter("ignore")
         import great_expectations as gx
         from great_expectations.core.run_identifier import RunIdentifier
-        from great_expectations.data_context.types.base import (DataContextConfig, InMemoryStoreBackendDefaults,
-                                                                ProgressBarsConfig)
-        from great_expectations.data_context.types.resource_identifiers import (ExpectationSuiteIdentifier,
-                                                                                ValidationResultIdentifier)
+        from great_expectations.data_context.types.base import (
+            DataContextConfig,
+            InMemoryStoreBackendDefaults,
+            ProgressBarsConfig,
+        )
+        from great_expectations.data_context.types.resource_identifiers import (
+            ExpectationSuiteIdentifier,
+            ValidationResultIdentifier,
+        )
 
     directory = Path(directory)
     tmp = directory.with_name(f".{directory.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     config = DataContextConfig(
         store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
-        progress_bars=ProgressBarsConfig(globally=False), analytics_enabled=False,
-        data_docs_sites={"bertrace": {
-            "class_name": "SiteBuilder", "show_how_to_buttons": False,
-            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(tmp.resolve())},
-            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-        }},
+        progress_bars=ProgressBarsConfig(globally=False),
+        analytics_enabled=False,
+        data_docs_sites={
+            "bertrace": {
+                "class_name": "SiteBuilder",
+                "show_how_to_buttons": False,
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(tmp.resolve())},
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            }
+        },
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -135,16 +156,19 @@ def build_data_docs(gx_results: list, directory: str | Path) -> Path:
             res.meta.update(run_id=run_id, validation_time=_EPOCH, validation_id=None, checkpoint_id=None)
             if isinstance(res.meta.get("batch_markers"), dict) and "ge_load_time" in res.meta["batch_markers"]:
                 res.meta["batch_markers"] = {**res.meta["batch_markers"], "ge_load_time": "19700101T000000.000000Z"}
-            for i, r in enumerate(res.results):
+            for r in res.results:
                 r.expectation_config.id = None
-            key = ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(name=res.suite_name),
-                                             run_id=run_id, batch_identifier="frame")
+            key = ValidationResultIdentifier(
+                expectation_suite_identifier=ExpectationSuiteIdentifier(name=res.suite_name),
+                run_id=run_id,
+                batch_identifier="frame",
+            )
             store.set(key, res)
         context.build_data_docs(site_names=["bertrace"])
     for page in tmp.rglob("*.html"):  # what the renderer itself makes up: a cache-busting time, random ids
         text = re.sub(r"\?d=\d{8}T\d{6}\.\d+Z", "", page.read_text(encoding="utf-8"))
         ids: dict[str, str] = {}
-        text = _UUID.sub(lambda m: ids.setdefault(m.group(0), f"{len(ids):08d}-0000-4000-8000-000000000000"), text)
+        text = _UUID.sub(lambda m: ids.setdefault(m.group(0), f"{len(ids):08d}-0000-4000-8000-000000000000"), text)  # noqa: B023 (called within the iteration)
         page.write_text(text, encoding="utf-8")
     shutil.rmtree(directory, ignore_errors=True)
     tmp.rename(directory)
@@ -180,7 +204,9 @@ def to_check(r, target: str, sample: Callable[[int, Any], dict] | None = None) -
     values = res.get("partial_unexpected_list") or []
     sample_rows = []
     for i, v in zip(rows, values):
-        sample_rows.append(sample(int(i), v) if sample else {"row": int(i), "value": preview(v) if isinstance(v, str) else v})
+        sample_rows.append(
+            sample(int(i), v) if sample else {"row": int(i), "value": preview(v) if isinstance(v, str) else v}
+        )
     observed = {
         "rows": res.get("element_count"),
         "unexpected_values": [
@@ -188,5 +214,12 @@ def to_check(r, target: str, sample: Callable[[int, Any], dict] | None = None) -
             for c in res.get("partial_unexpected_counts") or []
         ],
     }
-    return CheckResult(target, name, bool(r.success), jsonable(observed), int(res.get("unexpected_count") or 0),
-                       jsonable(sample_rows), why)
+    return CheckResult(
+        target,
+        name,
+        bool(r.success),
+        jsonable(observed),
+        int(res.get("unexpected_count") or 0),
+        jsonable(sample_rows),
+        why,
+    )

@@ -12,8 +12,14 @@ import torch.nn as nn
 
 from pipeline.electra import DiscriminatorHead, ElectraForPreTraining
 from pipeline.errors import BertraceError
-from pipeline.model import (BertConfig, BertForPreTraining, BertForSequenceClassification, BertForTokenClassification,
-                            BertModel)
+from pipeline.model import (
+    BertConfig,
+    BertForPreTraining,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
+
 
 def hf_config(config: BertConfig, num_labels: int | None = None) -> dict:
     """Fields of ``transformers.BertConfig`` for this config (``BertConfig(**hf_config(c))``)."""
@@ -49,12 +55,19 @@ def config_from_hf(hf: dict) -> BertConfig:
     if act not in _HF_GELU:
         raise BertraceError(f"HF config: hidden_act {act!r} is not supported; expected one of {sorted(_HF_GELU)}")
     return BertConfig(
-        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
-        num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
-        max_position=hf.get("max_position_embeddings", 512), type_vocab_size=hf.get("type_vocab_size", 2),
-        dropout=hf.get("hidden_dropout_prob", 0.1), attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
-        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), initializer_range=hf.get("initializer_range", 0.02),
-        gelu=_HF_GELU[act], pad_id=hf.get("pad_token_id", 0) or 0,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        intermediate_size=hf["intermediate_size"],
+        max_position=hf.get("max_position_embeddings", 512),
+        type_vocab_size=hf.get("type_vocab_size", 2),
+        dropout=hf.get("hidden_dropout_prob", 0.1),
+        attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+        initializer_range=hf.get("initializer_range", 0.02),
+        gelu=_HF_GELU[act],
+        pad_id=hf.get("pad_token_id", 0) or 0,
     )
 
 
@@ -110,7 +123,9 @@ def _name_maps(model: nn.Module):
         }
         return pairs, _qkv_names(model.config, "bert.", "bert."), tied
     if isinstance(model, BertForTokenClassification):  # transformers' has no pooler (add_pooling_layer=False)
-        pairs = [(o, h) for o, h in _encoder_name_map(model.config, "bert.", "bert.") if not o.startswith("bert.pooler.")]
+        pairs = [
+            (o, h) for o, h in _encoder_name_map(model.config, "bert.", "bert.") if not o.startswith("bert.pooler.")
+        ]
         pairs += [("classifier.weight", "classifier.weight"), ("classifier.bias", "classifier.bias")]
         return pairs, _qkv_names(model.config, "bert.", "bert."), {}
     if isinstance(model, BertForSequenceClassification):
@@ -128,8 +143,12 @@ def hf_state_dict_names(model: nn.Module) -> tuple[list[str], set[str]]:
     Used by ``pipeline.hf_import`` to name the missing and unexpected keys of a foreign checkpoint."""
     pairs, qkv, tied = _name_maps(model)
     needed = [hf for _, hf in pairs] + [hf for _, names in qkv for hf in names]
-    ignorable = set(tied) | {"bert.embeddings.position_ids", "embeddings.position_ids",
-                             "bert.embeddings.token_type_ids", "embeddings.token_type_ids"}
+    ignorable = set(tied) | {
+        "bert.embeddings.position_ids",
+        "embeddings.position_ids",
+        "bert.embeddings.token_type_ids",
+        "embeddings.token_type_ids",
+    }
     return needed, ignorable
 
 
@@ -156,8 +175,12 @@ def load_hf_state_dict(model: nn.Module, hf_sd: dict, strict: bool = True, sourc
     checkpoint when loading a BertForSequenceClassification); missing keys always are.
     """
     pairs, qkv, tied = _name_maps(model)
-    ignorable = set(tied) | {"bert.embeddings.position_ids", "embeddings.position_ids",
-                             "bert.embeddings.token_type_ids", "embeddings.token_type_ids"}
+    ignorable = set(tied) | {
+        "bert.embeddings.position_ids",
+        "embeddings.position_ids",
+        "bert.embeddings.token_type_ids",
+        "embeddings.token_type_ids",
+    }
     needed = [hf for _, hf in pairs] + [hf for _, names in qkv for hf in names]
     missing = [k for k in needed if k not in hf_sd]
     unexpected = sorted(set(hf_sd) - set(needed) - ignorable)
@@ -184,8 +207,13 @@ def load_hf_state_dict(model: nn.Module, hf_sd: dict, strict: bool = True, sourc
 # named as BERT's under ``electra.``; there is no pooler, and ``embeddings_project`` maps narrower
 # embeddings to the hidden size. Our ELECTRA model is pipeline/electra.py.
 
-_ELECTRA_IGNORABLE = {"electra.embeddings.position_ids", "electra.embeddings.token_type_ids",
-                      "embeddings.position_ids", "embeddings.token_type_ids", "generator_lm_head.weight"}
+_ELECTRA_IGNORABLE = {
+    "electra.embeddings.position_ids",
+    "electra.embeddings.token_type_ids",
+    "embeddings.position_ids",
+    "embeddings.token_type_ids",
+    "generator_lm_head.weight",
+}
 
 
 def electra_hf_config(config: BertConfig, num_labels: int | None = None) -> dict:
@@ -197,8 +225,11 @@ def electra_hf_config(config: BertConfig, num_labels: int | None = None) -> dict
 
 
 def _electra_encoder_pairs(config: BertConfig, ours: str, hf: str, embeddings: bool = True) -> list[tuple[str, str]]:
-    pairs = [(o, h) for o, h in _encoder_name_map(config, ours, hf)
-             if not o.startswith(ours + "pooler.") and (embeddings or not o.startswith(ours + "embeddings."))]
+    pairs = [
+        (o, h)
+        for o, h in _encoder_name_map(config, ours, hf)
+        if not o.startswith(ours + "pooler.") and (embeddings or not o.startswith(ours + "embeddings."))
+    ]
     if config.embedding_dim != config.hidden_size:
         pairs += [(f"{ours}embeddings_project.{wb}", f"{hf}embeddings_project.{wb}") for wb in ("weight", "bias")]
     return pairs
@@ -209,28 +240,40 @@ def _electra_maps(model: nn.Module, part: str):
     our ElectraForPreTraining, or "classifier" (BertForSequenceClassification with ELECTRA's head)."""
 
     if part in ("discriminator", "generator") and not isinstance(model, ElectraForPreTraining):
-        raise BertraceError(f"HF ELECTRA mapping: the {part} needs our ElectraForPreTraining, got {type(model).__name__}")
+        raise BertraceError(
+            f"HF ELECTRA mapping: the {part} needs our ElectraForPreTraining, got {type(model).__name__}"
+        )
     if part == "discriminator":
         pairs = _electra_encoder_pairs(model.config, "bert.", "electra.")
         pairs += [(f"disc_head.dense.{wb}", f"discriminator_predictions.dense.{wb}") for wb in ("weight", "bias")]
-        pairs += [(f"disc_head.prediction.{wb}", f"discriminator_predictions.dense_prediction.{wb}")
-                  for wb in ("weight", "bias")]
+        pairs += [
+            (f"disc_head.prediction.{wb}", f"discriminator_predictions.dense_prediction.{wb}")
+            for wb in ("weight", "bias")
+        ]
         return pairs, _qkv_names(model.config, "bert.", "electra."), {}
     if part == "generator":
-        pairs = [(o, h) for o, h in _encoder_name_map(model.config, "bert.", "electra.")
-                 if o.startswith("bert.embeddings.")]  # shared with the discriminator
+        pairs = [
+            (o, h) for o, h in _encoder_name_map(model.config, "bert.", "electra.") if o.startswith("bert.embeddings.")
+        ]  # shared with the discriminator
         pairs += _electra_encoder_pairs(model.gen_config, "generator.", "electra.", embeddings=False)
-        pairs += [("gen_head.dense.weight", "generator_predictions.dense.weight"),
-                  ("gen_head.dense.bias", "generator_predictions.dense.bias"),
-                  ("gen_head.ln.weight", "generator_predictions.LayerNorm.weight"),
-                  ("gen_head.ln.bias", "generator_predictions.LayerNorm.bias"),
-                  ("gen_head.decoder.bias", "generator_lm_head.bias")]
-        return (pairs, _qkv_names(model.gen_config, "generator.", "electra."),
-                {"generator_lm_head.weight": "electra.embeddings.word_embeddings.weight"})
+        pairs += [
+            ("gen_head.dense.weight", "generator_predictions.dense.weight"),
+            ("gen_head.dense.bias", "generator_predictions.dense.bias"),
+            ("gen_head.ln.weight", "generator_predictions.LayerNorm.weight"),
+            ("gen_head.ln.bias", "generator_predictions.LayerNorm.bias"),
+            ("gen_head.decoder.bias", "generator_lm_head.bias"),
+        ]
+        return (
+            pairs,
+            _qkv_names(model.gen_config, "generator.", "electra."),
+            {"generator_lm_head.weight": "electra.embeddings.word_embeddings.weight"},
+        )
     if part == "classifier":
         if not isinstance(model, BertForSequenceClassification) or model.config.pooler_activation != "gelu":
-            raise BertraceError("HF ELECTRA mapping: a classifier needs ELECTRA's head (model config "
-                                "pooler_activation: gelu, as fine-tuning an electra checkpoint gives)")
+            raise BertraceError(
+                "HF ELECTRA mapping: a classifier needs ELECTRA's head (model config "
+                "pooler_activation: gelu, as fine-tuning an electra checkpoint gives)"
+            )
         pairs = _electra_encoder_pairs(model.config, "bert.", "electra.")
         pairs += [(f"bert.pooler.{wb}", f"classifier.dense.{wb}") for wb in ("weight", "bias")]
         pairs += [(f"classifier.{wb}", f"classifier.out_proj.{wb}") for wb in ("weight", "bias")]
@@ -253,8 +296,9 @@ def to_hf_electra_state_dict(model: nn.Module, part: str = "discriminator") -> d
     return out
 
 
-def load_hf_electra_state_dict(model: nn.Module, hf_sd: dict, part: str = "discriminator", strict: bool = True,
-                               source: str = "HF checkpoint") -> None:
+def load_hf_electra_state_dict(
+    model: nn.Module, hf_sd: dict, part: str = "discriminator", strict: bool = True, source: str = "HF checkpoint"
+) -> None:
     """Copy a transformers ELECTRA state dict into ``model`` (inverse of ``to_hf_electra_state_dict``).
     For our ElectraForPreTraining call it with the discriminator's and then the generator's
     (the embeddings are shared: the one loaded last wins)."""
@@ -263,8 +307,10 @@ def load_hf_electra_state_dict(model: nn.Module, hf_sd: dict, part: str = "discr
     missing = [k for k in needed if k not in hf_sd]
     unexpected = sorted(set(hf_sd) - set(needed) - set(tied) - _ELECTRA_IGNORABLE)
     if missing or (strict and unexpected):
-        raise BertraceError(f"{source}: state dict does not fit the ELECTRA {part} (missing {missing[:8]}, "
-                            f"unexpected {unexpected[:8]}); check the model class and config")
+        raise BertraceError(
+            f"{source}: state dict does not fit the ELECTRA {part} (missing {missing[:8]}, "
+            f"unexpected {unexpected[:8]}); check the model class and config"
+        )
     new = {o: hf_sd[hf] for o, hf in pairs}
     for o, names in qkv:
         new[o] = torch.cat([hf_sd[n] for n in names], dim=0)
@@ -282,8 +328,9 @@ def electra_hf_names(config: BertConfig) -> list[str]:
     ``electra.`` and the discriminator head): ``pipeline.hf_import`` names a checkpoint's other keys."""
     names = [h for _, h in _electra_encoder_pairs(config, "", "electra.")]
     names += [h for _, hs in _qkv_names(config, "", "electra.") for h in hs]
-    return names + [f"discriminator_predictions.{n}.{wb}" for n in ("dense", "dense_prediction")
-                    for wb in ("weight", "bias")]
+    return names + [
+        f"discriminator_predictions.{n}.{wb}" for n in ("dense", "dense_prediction") for wb in ("weight", "bias")
+    ]
 
 
 def electra_config_from_hf(hf: dict) -> BertConfig:
@@ -314,16 +361,20 @@ def electra_state_dict_from_hf(hf_state_dict: dict, hf_config) -> tuple[BertConf
     config = electra_config_from_hf(hf_config)
     sd = dict(hf_state_dict)
     if not any(k.startswith("electra.") for k in sd):  # a bare ElectraModel
-        sd = {("electra." + k if k.startswith(("embeddings.", "embeddings_project.", "encoder.")) else k): v
-              for k, v in sd.items()}
+        sd = {
+            ("electra." + k if k.startswith(("embeddings.", "embeddings_project.", "encoder.")) else k): v
+            for k, v in sd.items()
+        }
     encoder = BertModel(config)
     names = _electra_encoder_pairs(config, "", "electra.")
     qkv = _qkv_names(config, "", "electra.")
     needed = [h for _, h in names] + [h for _, hs in qkv for h in hs]
     missing = [k for k in needed if k not in sd]
     if missing:
-        raise BertraceError(f"HF ELECTRA checkpoint: missing {missing[:8]}; is it an ELECTRA model with this config "
-                            f"({config.num_layers} layers, hidden {config.hidden_size})?")
+        raise BertraceError(
+            f"HF ELECTRA checkpoint: missing {missing[:8]}; is it an ELECTRA model with this config "
+            f"({config.num_layers} layers, hidden {config.hidden_size})?"
+        )
     out: dict[str, torch.Tensor] = {}
     own = encoder.state_dict()
     for o, h in names:
@@ -344,7 +395,9 @@ def electra_state_dict_from_hf(hf_state_dict: dict, hf_config) -> tuple[BertConf
             for wb in ("weight", "bias"):
                 t = sd[f"{h}.{wb}"]
                 if t.shape != ref[f"{o}.{wb}"].shape:
-                    raise BertraceError(f"HF ELECTRA checkpoint: {h}.{wb} has shape {tuple(t.shape)}, expected "
-                                        f"{tuple(ref[f'{o}.{wb}'].shape)}")
+                    raise BertraceError(
+                        f"HF ELECTRA checkpoint: {h}.{wb} has shape {tuple(t.shape)}, expected "
+                        f"{tuple(ref[f'{o}.{wb}'].shape)}"
+                    )
                 out[f"disc_head.{o}.{wb}"] = t.detach().clone()
     return config, out

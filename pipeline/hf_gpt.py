@@ -57,32 +57,52 @@ def config_from_hf_gpt2(hf: dict) -> BertConfig:
     """Inverse of ``hf_gpt2_config`` (e.g. for a GPT-2 config.json)."""
     act = hf.get("activation_function", "gelu_new")
     if act not in _HF_GELU:
-        raise BertraceError(f"HF config: activation_function {act!r} is not supported; expected one of "
-                            f"{sorted(_HF_GELU)}")
-    for flag, ok in (("scale_attn_by_inverse_layer_idx", False), ("reorder_and_upcast_attn", False),
-                     ("scale_attn_weights", True), ("add_cross_attention", False)):
+        raise BertraceError(
+            f"HF config: activation_function {act!r} is not supported; expected one of {sorted(_HF_GELU)}"
+        )
+    for flag, ok in (
+        ("scale_attn_by_inverse_layer_idx", False),
+        ("reorder_and_upcast_attn", False),
+        ("scale_attn_weights", True),
+        ("add_cross_attention", False),
+    ):
         if hf.get(flag, ok) != ok:
             raise BertraceError(f"HF config: {flag}={hf[flag]!r} is not supported (GPT-2 uses {ok})")
     H = hf["n_embd"]
     return BertConfig(
-        vocab_size=hf["vocab_size"], hidden_size=H, num_layers=hf["n_layer"], num_heads=hf["n_head"],
-        intermediate_size=hf.get("n_inner") or 4 * H, max_position=hf.get("n_positions", 1024),
-        dropout=hf.get("resid_pdrop", 0.1), attention_dropout=hf.get("attn_pdrop", 0.1),
-        layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5), initializer_range=hf.get("initializer_range", 0.02),
-        gelu=_HF_GELU[act], pad_id=hf.get("pad_token_id") or 0,
+        vocab_size=hf["vocab_size"],
+        hidden_size=H,
+        num_layers=hf["n_layer"],
+        num_heads=hf["n_head"],
+        intermediate_size=hf.get("n_inner") or 4 * H,
+        max_position=hf.get("n_positions", 1024),
+        dropout=hf.get("resid_pdrop", 0.1),
+        attention_dropout=hf.get("attn_pdrop", 0.1),
+        layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        initializer_range=hf.get("initializer_range", 0.02),
+        gelu=_HF_GELU[act],
+        pad_id=hf.get("pad_token_id") or 0,
     )
 
 
 def _name_map(config: BertConfig, ours: str, hf: str) -> list[tuple[str, str, bool]]:
     """(our name, HF name, transposed) for a GPT's parameters (``lm_head`` is the tied ``wte``)."""
-    pairs = [("wte.weight", "wte.weight", False), ("wpe.weight", "wpe.weight", False),
-             ("ln_f.weight", "ln_f.weight", False), ("ln_f.bias", "ln_f.bias", False)]
+    pairs = [
+        ("wte.weight", "wte.weight", False),
+        ("wpe.weight", "wpe.weight", False),
+        ("ln_f.weight", "ln_f.weight", False),
+        ("ln_f.bias", "ln_f.bias", False),
+    ]
     for i in range(config.num_layers):
         o, h = f"blocks.{i}.", f"h.{i}."
         for ln in ("ln_1", "ln_2"):
             pairs += [(f"{o}{ln}.{wb}", f"{h}{ln}.{wb}", False) for wb in ("weight", "bias")]
-        for a, b in (("attn.qkv", "attn.c_attn"), ("attn.proj", "attn.c_proj"), ("mlp.fc", "mlp.c_fc"),
-                     ("mlp.proj", "mlp.c_proj")):
+        for a, b in (
+            ("attn.qkv", "attn.c_attn"),
+            ("attn.proj", "attn.c_proj"),
+            ("mlp.fc", "mlp.c_fc"),
+            ("mlp.proj", "mlp.c_proj"),
+        ):
             pairs += [(f"{o}{a}.weight", f"{h}{b}.weight", True), (f"{o}{a}.bias", f"{h}{b}.bias", False)]
     return [(ours + a, hf + b, t) for a, b, t in pairs]
 
@@ -110,21 +130,23 @@ def to_hf_gpt2_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_hf_gpt2_state_dict(model: nn.Module, hf_sd: dict, strict: bool = True,
-                            source: str = "HF checkpoint") -> None:
+def load_hf_gpt2_state_dict(model: nn.Module, hf_sd: dict, strict: bool = True, source: str = "HF checkpoint") -> None:
     """Copy a ``transformers`` GPT-2 state dict into ``model`` (inverse of ``to_hf_gpt2_state_dict``).
 
     ``lm_head.weight`` may be absent (tied). With ``strict`` unexpected keys are an error (e.g. an
     LM head when loading a classifier: pass ``strict=False``); missing keys always are."""
     pairs, tied = _name_maps(model)
-    ignorable = set(tied) | {f"transformer.h.{i}.attn.{b}" for i in range(model.config.num_layers)
-                             for b in ("bias", "masked_bias")}  # old transformers' causal-mask buffers
+    ignorable = set(tied) | {
+        f"transformer.h.{i}.attn.{b}" for i in range(model.config.num_layers) for b in ("bias", "masked_bias")
+    }  # old transformers' causal-mask buffers
     needed = [hf for _, hf, _ in pairs]
     missing = [k for k in needed if k not in hf_sd]
     unexpected = sorted(set(hf_sd) - set(needed) - ignorable)
     if missing or (strict and unexpected):
-        raise BertraceError(f"{source}: state dict does not fit {type(model).__name__} (missing {missing[:8]}, "
-                            f"unexpected {unexpected[:8]}); check the model class and config")
+        raise BertraceError(
+            f"{source}: state dict does not fit {type(model).__name__} (missing {missing[:8]}, "
+            f"unexpected {unexpected[:8]}); check the model class and config"
+        )
     own = model.state_dict()
     new = {o: (hf_sd[hf].t() if transposed else hf_sd[hf]) for o, hf, transposed in pairs}
     bad = [f"{k}: {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in new.items() if v.shape != own[k].shape]

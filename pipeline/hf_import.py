@@ -59,14 +59,22 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json")
 # the files snapshot_download fetches: nothing else (no TF / Flax / ONNX weights)
-HUB_PATTERNS = ["config.json", "*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin",
-                "pytorch_model.bin.index.json", *TOKENIZER_FILES]
+HUB_PATTERNS = [
+    "config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model*.bin",
+    "pytorch_model.bin.index.json",
+    *TOKENIZER_FILES,
+]
 # weights a checkpoint may lack: fresh init (seed 0) as transformers does; heads we drop
 OPTIONAL_PREFIXES = ("bert.pooler.", "cls.")
 DROPPED_PREFIXES = ("classifier.", "qa_outputs.")
 _SHA = re.compile(r"^[0-9a-f]{40}$")
-_FORM = ("a Hugging Face model directory (config.json, model.safetensors or pytorch_model.bin, vocab.txt) or a "
-         "hub pointer file (name.yaml holding `hub: <org/name>` and `revision: <branch|tag|sha>`)")
+_FORM = (
+    "a Hugging Face model directory (config.json, model.safetensors or pytorch_model.bin, vocab.txt) or a "
+    "hub pointer file (name.yaml holding `hub: <org/name>` and `revision: <branch|tag|sha>`)"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,26 +95,31 @@ def parse_source(spec: str | Path, *, param: str = "finetune.checkpoint") -> dic
     """``{"kind": "directory", "path"}`` or ``{"kind": "hub", "repo_id", "revision", "pointer"}``."""
     text = str(spec)
     if text.startswith(HUB_PREFIX):
-        repo_id, _, revision = text[len(HUB_PREFIX):].partition("@")
+        repo_id, _, revision = text[len(HUB_PREFIX) :].partition("@")
         return _hub(repo_id, revision or "main", None, text, param)
     path = Path(text)
     if path.suffix in POINTER_SUFFIXES:
         import yaml
 
         if not path.is_file():
-            raise BertraceError(f"{param}: {path}: hub pointer file not found; write it (`hub: <org/name>`, "
-                                "`revision: main`) or give " + _FORM)
+            raise BertraceError(
+                f"{param}: {path}: hub pointer file not found; write it (`hub: <org/name>`, "
+                "`revision: main`) or give " + _FORM
+            )
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:
-            raise BertraceError(f"{path}: not valid YAML ({e}); a hub pointer file holds `hub:` and `revision:`") \
-                from None
+            raise BertraceError(
+                f"{path}: not valid YAML ({e}); a hub pointer file holds `hub:` and `revision:`"
+            ) from None
         if not isinstance(data, dict) or set(data) - {"hub", "revision"} or not data.get("hub"):
-            raise BertraceError(f"{path}: a hub pointer file holds exactly `hub: <org/name>` and optionally "
-                                f"`revision: <branch|tag|sha>` (default main); found {data!r}")
+            raise BertraceError(
+                f"{path}: a hub pointer file holds exactly `hub: <org/name>` and optionally "
+                f"`revision: <branch|tag|sha>` (default main); found {data!r}"
+            )
         revision = data.get("revision") or "main"
         if not isinstance(revision, str):  # an unquoted sha YAML reads as a number (1e5...): the wrong revision
-            raise BertraceError(f"{path}: revision {revision!r} is not a string; quote it (revision: \"{revision}\")")
+            raise BertraceError(f'{path}: revision {revision!r} is not a string; quote it (revision: "{revision}")')
         return _hub(str(data["hub"]), revision, path, text, param)
     if not path.is_dir():
         raise BertraceError(f"{param}: {path}: not found; give our .pt checkpoint or " + _FORM)
@@ -136,7 +149,8 @@ def fetch(source: dict[str, Any]) -> tuple[Path, str | None]:
             f"hub checkpoint {repo_id}@{revision}: download failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
             f"check the id and revision, or without internet download it elsewhere "
             f"(`hf download {repo_id} --revision {revision} --local-dir DIR`), copy DIR here and set "
-            "finetune.checkpoint (or pretrain.init) to that directory") from None
+            "finetune.checkpoint (or pretrain.init) to that directory"
+        ) from None
     return local, (local.name if _SHA.match(local.name) else None)
 
 
@@ -171,8 +185,10 @@ def _load_weights(reader: _Reader) -> dict[str, torch.Tensor]:
     if files is None:
         index = next((f for f in INDEX_FILES if reader.has(f)), None)
         if index is None:
-            raise BertraceError(f"{reader.root}: no weights ({', '.join(WEIGHT_FILES + INDEX_FILES)}); TensorFlow "
-                                "and Flax checkpoints are not read: convert them with transformers first")
+            raise BertraceError(
+                f"{reader.root}: no weights ({', '.join(WEIGHT_FILES + INDEX_FILES)}); TensorFlow "
+                "and Flax checkpoints are not read: convert them with transformers first"
+            )
         files = sorted(set((reader.json(index).get("weight_map") or {}).values()))
     sd: dict[str, torch.Tensor] = {}
     for name in files:
@@ -185,13 +201,19 @@ def _load_weights(reader: _Reader) -> dict[str, torch.Tensor]:
             try:
                 part = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
             except Exception as e:  # noqa: BLE001 - pickle errors come in many types
-                raise BertraceError(f"{reader.root / name}: not a loadable weights file ({type(e).__name__}: "
-                                    f"{str(e)[:200]}); re-save it with save_pretrained (safetensors)") from None
+                raise BertraceError(
+                    f"{reader.root / name}: not a loadable weights file ({type(e).__name__}: "
+                    f"{str(e)[:200]}); re-save it with save_pretrained (safetensors)"
+                ) from None
         sd.update(part)
     # TF-converted checkpoints name LayerNorm's parameters gamma / beta (transformers renames them on load too)
     rename = {".gamma": ".weight", ".beta": ".bias"}
-    return {next((k[: -len(a)] + b for a, b in rename.items() if k.endswith(a)), k):
-            (v.float() if v.is_floating_point() else v) for k, v in sd.items()}
+    return {
+        next((k[: -len(a)] + b for a, b in rename.items() if k.endswith(a)), k): (
+            v.float() if v.is_floating_point() else v
+        )
+        for k, v in sd.items()
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,12 +236,22 @@ def convert_tokenizer(reader: _Reader) -> tuple[Any, list[int], dict[str, Any]]:
 
     root = reader.root
     cfg = reader.json("tokenizer_config.json") if reader.has("tokenizer_config.json") else {}
-    wrong = {k: _token(cfg.get(k)) for k, t in (("pad_token", "[PAD]"), ("unk_token", "[UNK]"), ("cls_token", "[CLS]"),
-                                                ("sep_token", "[SEP]"), ("mask_token", "[MASK]"))
-             if cfg.get(k) is not None and _token(cfg.get(k)) != t}
+    wrong = {
+        k: _token(cfg.get(k))
+        for k, t in (
+            ("pad_token", "[PAD]"),
+            ("unk_token", "[UNK]"),
+            ("cls_token", "[CLS]"),
+            ("sep_token", "[SEP]"),
+            ("mask_token", "[MASK]"),
+        )
+        if cfg.get(k) is not None and _token(cfg.get(k)) != t
+    }
     if wrong:
-        raise BertraceError(f"{root / 'tokenizer_config.json'}: special tokens {wrong} are not BERT's "
-                            f"{list(SPECIAL_TOKENS)}; only BERT-style WordPiece vocabularies can be imported")
+        raise BertraceError(
+            f"{root / 'tokenizer_config.json'}: special tokens {wrong} are not BERT's "
+            f"{list(SPECIAL_TOKENS)}; only BERT-style WordPiece vocabularies can be imported"
+        )
     if reader.has("vocab.txt"):
         vocab = reader.bytes("vocab.txt").decode("utf-8").split("\n")
         if vocab and vocab[-1] == "":
@@ -232,22 +264,27 @@ def convert_tokenizer(reader: _Reader) -> tuple[Any, list[int], dict[str, Any]]:
         spec = reader.json("tokenizer.json")
         model = spec.get("model") or {}
         if model.get("type") != "WordPiece" or model.get("continuing_subword_prefix", "##") != "##":
-            raise BertraceError(f"{root / 'tokenizer.json'}: a {model.get('type')} tokenizer; only BERT's WordPiece "
-                                "(## continuation) can be imported")
+            raise BertraceError(
+                f"{root / 'tokenizer.json'}: a {model.get('type')} tokenizer; only BERT's WordPiece "
+                "(## continuation) can be imported"
+            )
         by_id = sorted(model.get("vocab", {}).items(), key=lambda kv: kv[1])
         if [i for _, i in by_id] != list(range(len(by_id))):
             raise BertraceError(f"{root / 'tokenizer.json'}: the vocabulary ids have gaps; cannot import it")
         vocab = [t for t, _ in by_id]
         settings = normalizer_settings(Tokenizer.from_str(json.dumps(spec)))
         if settings["strip_accents"] is None:
-            raise BertraceError(f"{root / 'tokenizer.json'}: its normaliser is not BERT's (BertNormalizer); "
-                                "cannot import it")
+            raise BertraceError(
+                f"{root / 'tokenizer.json'}: its normaliser is not BERT's (BertNormalizer); cannot import it"
+            )
         lowercase = bool(cfg.get("do_lower_case", settings["lowercase"]))
         strip = cfg.get("strip_accents", settings["strip_accents"])
         origin = "tokenizer.json"
     else:
-        raise BertraceError(f"{root}: no tokenizer (vocab.txt or tokenizer.json); a checkpoint is imported with "
-                            "the tokenizer it was trained with")
+        raise BertraceError(
+            f"{root}: no tokenizer (vocab.txt or tokenizer.json); a checkpoint is imported with "
+            "the tokenizer it was trained with"
+        )
     seen: dict[str, int] = {}
     for i, t in enumerate(vocab):
         if t in seen:
@@ -255,17 +292,26 @@ def convert_tokenizer(reader: _Reader) -> tuple[Any, list[int], dict[str, Any]]:
         seen[t] = i
     absent = [t for t in SPECIAL_TOKENS if t not in seen]
     if absent:
-        raise BertraceError(f"{root / origin}: lacks the special tokens {absent}; BERT's vocabularies have "
-                            f"{list(SPECIAL_TOKENS)}")
+        raise BertraceError(
+            f"{root / origin}: lacks the special tokens {absent}; BERT's vocabularies have {list(SPECIAL_TOKENS)}"
+        )
     front = [seen[t] for t in SPECIAL_TOKENS]
     perm = front + [i for i in range(len(vocab)) if i not in set(front)]
     tok = build_tokenizer(lowercase=lowercase, strip_accents=strip)
-    tok.model = models.WordPiece(vocab={vocab[old]: new for new, old in enumerate(perm)}, unk_token="[UNK]",
-                                 continuing_subword_prefix="##", max_input_chars_per_word=100)
+    tok.model = models.WordPiece(
+        vocab={vocab[old]: new for new, old in enumerate(perm)},
+        unk_token="[UNK]",
+        continuing_subword_prefix="##",
+        max_input_chars_per_word=100,
+    )
     tok.add_special_tokens(list(SPECIAL_TOKENS))
-    info = {"from": origin, "vocab_size": len(vocab), "lowercase": lowercase,
-            "strip_accents": strip if strip is None else bool(strip),
-            "special_ids_moved": {t: [seen[t], i] for i, t in enumerate(SPECIAL_TOKENS) if seen[t] != i}}
+    info = {
+        "from": origin,
+        "vocab_size": len(vocab),
+        "lowercase": lowercase,
+        "strip_accents": strip if strip is None else bool(strip),
+        "special_ids_moved": {t: [seen[t], i] for i, t in enumerate(SPECIAL_TOKENS) if seen[t] != i},
+    }
     return tok, perm, info
 
 
@@ -282,23 +328,35 @@ def _model_type(config: dict[str, Any], where: Path) -> str:
     model_type = config.get("model_type")
     if model_type is None:
         archs = config.get("architectures") or []
-        model_type = config["model_type"] = ("electra" if any(str(a).startswith("Electra") for a in archs) else
-                                             "bert" if not archs or any(str(a).startswith("Bert") for a in archs)
-                                             else None)
+        model_type = config["model_type"] = (
+            "electra"
+            if any(str(a).startswith("Electra") for a in archs)
+            else "bert"
+            if not archs or any(str(a).startswith("Bert") for a in archs)
+            else None
+        )
     supported = ["bert"] + (["electra"] if hasattr(hf, "electra_state_dict_from_hf") else [])
     if model_type not in supported:
-        raise BertraceError(f"{where}: model_type {model_type!r} (architectures {config.get('architectures')}) "
-                            f"cannot be mapped onto bertrace's BERT; supported: {supported}")
-    unsupported = {k: config[k] for k, ok in (("position_embedding_type", "absolute"), ("is_decoder", False),
-                                               ("add_cross_attention", False)) if config.get(k, ok) != ok}
+        raise BertraceError(
+            f"{where}: model_type {model_type!r} (architectures {config.get('architectures')}) "
+            f"cannot be mapped onto bertrace's BERT; supported: {supported}"
+        )
+    unsupported = {
+        k: config[k]
+        for k, ok in (("position_embedding_type", "absolute"), ("is_decoder", False), ("add_cross_attention", False))
+        if config.get(k, ok) != ok
+    }
     if unsupported:
-        raise BertraceError(f"{where}: {model_type} with {unsupported} cannot be mapped onto bertrace's BERT "
-                            "(absolute positions, encoder only)")
+        raise BertraceError(
+            f"{where}: {model_type} with {unsupported} cannot be mapped onto bertrace's BERT "
+            "(absolute positions, encoder only)"
+        )
     return model_type
 
 
-def convert_weights(config: dict[str, Any], hf_sd: dict[str, torch.Tensor], perm: list[int], *,
-                    source: str) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+def convert_weights(
+    config: dict[str, Any], hf_sd: dict[str, torch.Tensor], perm: list[int], *, source: str
+) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
     """``(state dict in BertForPreTraining names, model_config, weights info)`` for a BERT
     checkpoint's Hugging Face state dict (``BertForPreTraining``, ``BertForMaskedLM``, ``BertModel``,
     ``BertForSequenceClassification`` ... saves); ``perm`` reorders the vocabulary."""
@@ -312,7 +370,7 @@ def convert_weights(config: dict[str, Any], hf_sd: dict[str, torch.Tensor], perm
     dropped = sorted(k for k in hf_sd if k.startswith(DROPPED_PREFIXES))
     sd = {k: v for k, v in hf_sd.items() if not k.startswith(DROPPED_PREFIXES)}
     with torch.random.fork_rng(devices=[]):  # weights the checkpoint lacks: the usual init, seed 0, and the
-        torch.manual_seed(0)                  # caller's RNG state left as it was
+        torch.manual_seed(0)  # caller's RNG state left as it was
         model = BertForPreTraining(bert_config)
     needed, ignorable = hf_state_dict_names(model)
     missing = [k for k in needed if k not in sd]
@@ -323,18 +381,23 @@ def convert_weights(config: dict[str, Any], hf_sd: dict[str, torch.Tensor], perm
             f"{source}: {model_type} checkpoint (architectures {config.get('architectures')}) does not map onto "
             f"bertrace's BertForPreTraining: missing {len(required)} keys {required[:8]}, unexpected "
             f"{len(unexpected)} keys {unexpected[:8]}; only BERT encoders (with or without the MLM/NSP heads) "
-            "are supported")
+            "are supported"
+        )
     decoder = sd.get("cls.predictions.decoder.weight")
     if decoder is not None and not torch.equal(decoder, sd["bert.embeddings.word_embeddings.weight"]):
-        raise BertraceError(f"{source}: the MLM decoder is not tied to the word embeddings "
-                            "(tie_word_embeddings false); bertrace's BERT ties them")
+        raise BertraceError(
+            f"{source}: the MLM decoder is not tied to the word embeddings "
+            "(tie_word_embeddings false); bertrace's BERT ties them"
+        )
     fresh = to_hf_state_dict(model)
     load_hf_state_dict(model, {**sd, **{k: fresh[k] for k in missing}}, strict=False, source=source)
     out = {k: v.detach().clone() for k, v in model.state_dict().items()}
     n_tok = len(perm)
     if n_tok > bert_config.vocab_size:
-        raise BertraceError(f"{source}: the tokenizer has {n_tok} tokens but the model's vocab_size is "
-                            f"{bert_config.vocab_size}; not the checkpoint's own tokenizer")
+        raise BertraceError(
+            f"{source}: the tokenizer has {n_tok} tokens but the model's vocab_size is "
+            f"{bert_config.vocab_size}; not the checkpoint's own tokenizer"
+        )
     if perm != list(range(n_tok)):
         full = torch.tensor(perm + list(range(n_tok, bert_config.vocab_size)))
         for key in ("bert.embeddings.word.weight", "mlm.decoder.weight", "mlm.decoder.bias"):
@@ -381,9 +444,11 @@ def import_checkpoint(spec: str | Path, *, param: str = "finetune.checkpoint") -
     else:
         model, model_config, weights = convert_weights(config, hf_sd, perm, source=label)
     if weights["initialized"] or weights["dropped"]:
-        print(f"import {source['display']}: {len(weights['initialized'])} weights not in the checkpoint start from "
-              f"a random init ({', '.join(weights['initialized'][:4])}{' ...' if len(weights['initialized']) > 4 else ''})"
-              + (f"; dropped its task head {weights['dropped']}" if weights["dropped"] else ""))
+        print(
+            f"import {source['display']}: {len(weights['initialized'])} weights not in the checkpoint start from "
+            f"a random init ({', '.join(weights['initialized'][:4])}{' ...' if len(weights['initialized']) > 4 else ''})"
+            + (f"; dropped its task head {weights['dropped']}" if weights["dropped"] else "")
+        )
     tokenizer_json = tok.to_str(pretty=True)
     provenance = {
         "record_version": 1,
@@ -406,8 +471,13 @@ def import_checkpoint(spec: str | Path, *, param: str = "finetune.checkpoint") -
     }
     if source.get("pointer"):
         provenance["inputs"][source["pointer"].as_posix()] = hashlib.sha256(source["pointer"].read_bytes()).hexdigest()
-    return {"format": FORMAT, "model": model, "model_config": model_config, "provenance": provenance,
-            "tokenizer_json": tokenizer_json}
+    return {
+        "format": FORMAT,
+        "model": model,
+        "model_config": model_config,
+        "provenance": provenance,
+        "tokenizer_json": tokenizer_json,
+    }
 
 
 ELECTRA_DROPPED = ("generator_predictions.", "generator_lm_head.", "classifier.")
@@ -419,20 +489,31 @@ def _electra(hf, config, hf_sd, perm, label):
     ``bert.*`` (no pooler in ELECTRA: ``bert.pooler`` is its classification head's dense layer,
     freshly initialised) and the replaced-token head under ``disc_head.*``."""
     if not any(k.startswith("electra.") for k in hf_sd):  # a bare ElectraModel save
-        hf_sd = {("electra." + k if k.startswith(("embeddings.", "embeddings_project.", "encoder.")) else k): v
-                 for k, v in hf_sd.items()}
+        hf_sd = {
+            ("electra." + k if k.startswith(("embeddings.", "embeddings_project.", "encoder.")) else k): v
+            for k, v in hf_sd.items()
+        }
     dropped = sorted(k for k in hf_sd if k.startswith(ELECTRA_DROPPED))
     known = set(hf.electra_hf_names(hf.electra_config_from_hf(config))) if hasattr(hf, "electra_hf_names") else None
-    unexpected = sorted(k for k in hf_sd if k not in dropped and not k.endswith(("position_ids", "token_type_ids"))
-                        and (k not in known if known is not None else not k.startswith(("electra.", "discriminator_"))))
+    unexpected = sorted(
+        k
+        for k in hf_sd
+        if k not in dropped
+        and not k.endswith(("position_ids", "token_type_ids"))
+        and (k not in known if known is not None else not k.startswith(("electra.", "discriminator_")))
+    )
     if unexpected:
-        raise BertraceError(f"{label}: electra checkpoint (architectures {config.get('architectures')}) does not map "
-                            f"onto bertrace's ELECTRA discriminator: unexpected {len(unexpected)} keys {unexpected[:8]}")
+        raise BertraceError(
+            f"{label}: electra checkpoint (architectures {config.get('architectures')}) does not map "
+            f"onto bertrace's ELECTRA discriminator: unexpected {len(unexpected)} keys {unexpected[:8]}"
+        )
     bert_config, state = hf.electra_state_dict_from_hf({k: v for k, v in hf_sd.items() if k not in dropped}, config)
     n_tok = len(perm)
     if n_tok > bert_config.vocab_size:
-        raise BertraceError(f"{label}: the tokenizer has {n_tok} tokens but the model's vocab_size is "
-                            f"{bert_config.vocab_size}; not the checkpoint's own tokenizer")
+        raise BertraceError(
+            f"{label}: the tokenizer has {n_tok} tokens but the model's vocab_size is "
+            f"{bert_config.vocab_size}; not the checkpoint's own tokenizer"
+        )
     if perm != list(range(n_tok)):
         key = "bert.embeddings.word.weight"
         state[key] = state[key][torch.tensor(perm + list(range(n_tok, bert_config.vocab_size)))].clone()
@@ -456,10 +537,21 @@ def write_tokenizer(ckpt: dict[str, Any], path: str | Path) -> str:
         f.write(ckpt["tokenizer_json"])
     digest = sha256_file(path)
     if digest != ckpt["provenance"]["tokenizer_sha256"]:
-        raise BertraceError(f"{path}: written tokenizer hashes to {digest}, not the recorded "
-                            f"{ckpt['provenance']['tokenizer_sha256']}; check the disk")
+        raise BertraceError(
+            f"{path}: written tokenizer hashes to {digest}, not the recorded "
+            f"{ckpt['provenance']['tokenizer_sha256']}; check the disk"
+        )
     return digest
 
 
-__all__ = ["is_hf_source", "parse_source", "fetch", "convert_tokenizer", "convert_weights", "import_checkpoint",
-           "describe", "write_tokenizer", "FORMAT"]
+__all__ = [
+    "is_hf_source",
+    "parse_source",
+    "fetch",
+    "convert_tokenizer",
+    "convert_weights",
+    "import_checkpoint",
+    "describe",
+    "write_tokenizer",
+    "FORMAT",
+]

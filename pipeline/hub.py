@@ -29,17 +29,28 @@ from pipeline.errors import BertraceError
 log = logging.getLogger("bertrace.hub")
 
 MIRROR_SUFFIXES = ("raw", "txt", "tokens", "parquet", "jsonl", "json", "tsv", "csv")
-SPLIT_ALIASES = {"validation": ("validation", "valid", "val", "dev"), "valid": ("valid", "validation", "val", "dev"),
-                 "dev": ("dev", "validation", "valid", "val")}
+SPLIT_ALIASES = {
+    "validation": ("validation", "valid", "val", "dev"),
+    "valid": ("valid", "validation", "val", "dev"),
+    "dev": ("dev", "validation", "valid", "val"),
+}
 # Exception class names (anywhere in the MRO) that mean "the hub could not be reached".
-NETWORK_ERRORS = {"ConnectionError", "TimeoutError", "OfflineModeIsEnabled", "LocalEntryNotFoundError",
-                  "TransportError", "TimeoutException", "NetworkError", "ConnectError"}
+NETWORK_ERRORS = {
+    "ConnectionError",
+    "TimeoutError",
+    "OfflineModeIsEnabled",
+    "LocalEntryNotFoundError",
+    "TransportError",
+    "TimeoutException",
+    "NetworkError",
+    "ConnectError",
+}
 
 
 def hub_offline() -> bool:
     """Whether huggingface_hub or datasets is in offline mode (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)."""
-    import huggingface_hub.constants as hc
     import datasets.config as dc
+    import huggingface_hub.constants as hc
 
     return bool(hc.HF_HUB_OFFLINE or dc.HF_HUB_OFFLINE or getattr(dc, "HF_DATASETS_OFFLINE", False))
 
@@ -54,11 +65,15 @@ def is_network_error(e: BaseException) -> bool:
 def unreachable_help(dataset: str, config: str | None, reason: str, section: str) -> str:
     """What to do when the hub cannot be reached; ``section`` is ``download`` or ``finetune``."""
     if section == "download":
-        local = ("in params.yaml set `download.source: local` and `download.local.path` to a file,\n"
-                 "    directory or glob (e.g. `download.local.path: data/sources/wiki.test.raw`)")
+        local = (
+            "in params.yaml set `download.source: local` and `download.local.path` to a file,\n"
+            "    directory or glob (e.g. `download.local.path: data/sources/wiki.test.raw`)"
+        )
     else:
-        local = ("in params.yaml set `finetune.task.source: local` and\n"
-                 "    `finetune.task.local: {train: file, validation: file}`")
+        local = (
+            "in params.yaml set `finetune.task.source: local` and\n"
+            "    `finetune.task.local: {train: file, validation: file}`"
+        )
     return (
         f"cannot reach the Hugging Face hub for dataset {dataset!r} ({reason}). Either\n"
         f"  * use local files: {local}, or\n"
@@ -69,10 +84,12 @@ def unreachable_help(dataset: str, config: str | None, reason: str, section: str
         f"          {config or 'default'}:\n"
         f"            test: ../data/wiki.test.raw\n"
         f"    (a directory <mirror>/{dataset}/{config or 'default'}/<split>.<ext> works too), or\n"
-        + ("  * offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and the dataset is not in the Hugging\n"
-           "    Face cache (HF_HOME): unset offline mode where the hub is reachable."
-           if hub_offline() else
-           "  * if the dataset is already in your Hugging Face cache, set HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1.")
+        + (
+            "  * offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and the dataset is not in the Hugging\n"
+            "    Face cache (HF_HOME): unset offline mode where the hub is reachable."
+            if hub_offline()
+            else "  * if the dataset is already in your Hugging Face cache, set HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1."
+        )
     )
 
 
@@ -90,16 +107,21 @@ def resolve_revision(dataset: str, config: str | None, revision: str, *, key: st
     except Exception as e:  # noqa: BLE001 - turned into a user-facing message below
         names = {c.__name__ for c in type(e).__mro__}
         if "RevisionNotFoundError" in names:
-            raise BertraceError(f"hub dataset {dataset!r} has no revision {revision!r}; "
-                                f"fix {key}.revision (a branch, tag or commit sha)") from None
+            raise BertraceError(
+                f"hub dataset {dataset!r} has no revision {revision!r}; "
+                f"fix {key}.revision (a branch, tag or commit sha)"
+            ) from None
         if "GatedRepoError" in names:
-            raise BertraceError(f"hub dataset {dataset!r} is gated; accept its terms on huggingface.co and "
-                                "log in (`hf auth login`), or use a mirror / local files") from None
+            raise BertraceError(
+                f"hub dataset {dataset!r} is gated; accept its terms on huggingface.co and "
+                "log in (`hf auth login`), or use a mirror / local files"
+            ) from None
         if "RepositoryNotFoundError" in names:
             raise BertraceError(f"hub dataset {dataset!r} not found (or private); fix {key}.dataset") from None
         if is_network_error(e):
-            raise BertraceError(unreachable_help(dataset, config, f"{type(e).__name__}: {e}",
-                                                 key.split(".")[0])) from None
+            raise BertraceError(
+                unreachable_help(dataset, config, f"{type(e).__name__}: {e}", key.split(".")[0])
+            ) from None
         raise
 
 
@@ -116,15 +138,18 @@ def load_split(dataset: str, config: str | None, revision: str, split: str, *, k
             splits_key = "download.hub.splits" if key.startswith("download") else "finetune.task.splits"
             raise BertraceError(f"hub dataset {name}: {e}; fix {splits_key}") from None
         if is_network_error(e):
-            raise BertraceError(unreachable_help(dataset, config, f"{type(e).__name__}: {e}",
-                                                 key.split(".")[0])) from None
+            raise BertraceError(
+                unreachable_help(dataset, config, f"{type(e).__name__}: {e}", key.split(".")[0])
+            ) from None
         raise
 
 
 # ---------------------------------------------------------------------------------------------
 # Mirrors
 # ---------------------------------------------------------------------------------------------
-def resolve_mirror(mirror: str | os.PathLike, dataset: str, config: str | None, splits: Iterable[str]) -> dict[str, Path]:
+def resolve_mirror(
+    mirror: str | os.PathLike, dataset: str, config: str | None, splits: Iterable[str]
+) -> dict[str, Path]:
     """Local copies of ``dataset``/``config`` splits in a hub mirror: ``{split: path}``.
 
     A mirror is either
@@ -141,20 +166,30 @@ def resolve_mirror(mirror: str | os.PathLike, dataset: str, config: str | None, 
     mirror_path = repo_path(mirror)
     splits = list(splits)
     if not mirror_path.exists():
-        raise BertraceError(f"hub mirror {mirror_path}: not found; point download.mirror / finetune.mirror / BERTRACE_HUB_MIRROR at a "
-                            "YAML index or a directory of local dataset copies, or unset it to use the hub")
+        raise BertraceError(
+            f"hub mirror {mirror_path}: not found; point download.mirror / finetune.mirror / BERTRACE_HUB_MIRROR at a "
+            "YAML index or a directory of local dataset copies, or unset it to use the hub"
+        )
     if mirror_path.is_dir():
         found, where, available = _mirror_dir(mirror_path, dataset, config, splits)
     else:
         found, where, available = _mirror_index(mirror_path, dataset, config, splits)
     missing = [s for s in splits if s not in found]
     if not found:
-        raise BertraceError(f"hub mirror {where}: none of the requested splits {splits} of {dataset}"
-                            f"{'/' + config if config else ''} is present (it has: {available or 'nothing'}); "
-                            "add them to the mirror or change download.hub.splits")
+        raise BertraceError(
+            f"hub mirror {where}: none of the requested splits {splits} of {dataset}"
+            f"{'/' + config if config else ''} is present (it has: {available or 'nothing'}); "
+            "add them to the mirror or change download.hub.splits"
+        )
     if missing:
-        log.warning("hub mirror %s: splits %s of %s%s are missing; continuing with %s", where, missing, dataset,
-                    "/" + config if config else "", list(found))
+        log.warning(
+            "hub mirror %s: splits %s of %s%s are missing; continuing with %s",
+            where,
+            missing,
+            dataset,
+            "/" + config if config else "",
+            list(found),
+        )
     return found
 
 
@@ -191,13 +226,16 @@ def _mirror_index(index: Path, dataset: str, config: str | None, splits: list[st
     try:
         entries = yaml.safe_load(index.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise BertraceError(f"hub mirror {index}: not a valid YAML index ({e}); it should map "
-                            "'dataset id: {config: {split: path}}'") from None
+        raise BertraceError(
+            f"hub mirror {index}: not a valid YAML index ({e}); it should map 'dataset id: {{config: {{split: path}}}}'"
+        ) from None
     if not isinstance(entries, dict):
         raise BertraceError(f"hub mirror {index}: expected a mapping 'dataset id: {{config: {{split: path}}}}'")
     if dataset not in entries:
-        raise BertraceError(f"hub mirror {index}: has no entry for dataset {dataset!r} (it has: {sorted(entries)}); "
-                            f"add '{dataset}: {{{config or 'default'}: {{split: path}}}}' or unset the mirror")
+        raise BertraceError(
+            f"hub mirror {index}: has no entry for dataset {dataset!r} (it has: {sorted(entries)}); "
+            f"add '{dataset}: {{{config or 'default'}: {{split: path}}}}' or unset the mirror"
+        )
     configs = entries[dataset] or {}
     if not isinstance(configs, dict):
         raise BertraceError(f"hub mirror {index}: entry {dataset!r} must map configs to splits")
@@ -208,8 +246,10 @@ def _mirror_index(index: Path, dataset: str, config: str | None, splits: list[st
     elif config is None and all(isinstance(v, str) for v in configs.values()):
         split_map = configs
     else:
-        raise BertraceError(f"hub mirror {index}: dataset {dataset!r} has no config {config!r} "
-                            f"(it has: {sorted(map(str, configs))}); add it or change download.hub.config")
+        raise BertraceError(
+            f"hub mirror {index}: dataset {dataset!r} has no config {config!r} "
+            f"(it has: {sorted(map(str, configs))}); add it or change download.hub.config"
+        )
     if not isinstance(split_map, dict):
         raise BertraceError(f"hub mirror {index}: {dataset}/{config} must map splits to file paths")
     found: dict[str, Path] = {}
@@ -217,8 +257,10 @@ def _mirror_index(index: Path, dataset: str, config: str | None, splits: list[st
         if split in split_map and split_map[split]:
             path = _mirror_file(index.parent, str(split_map[split]))
             if not path.is_file():
-                raise BertraceError(f"hub mirror {index}: {dataset}/{config}/{split} points at {path}, which does "
-                                    "not exist; fix the path (relative to the YAML file) or remove the entry")
+                raise BertraceError(
+                    f"hub mirror {index}: {dataset}/{config}/{split} points at {path}, which does "
+                    "not exist; fix the path (relative to the YAML file) or remove the entry"
+                )
             found[split] = path
     return found, index, sorted(map(str, split_map))
 
@@ -228,8 +270,10 @@ def _mirror_dir(root: Path, dataset: str, config: str | None, splits: list[str])
     candidates = [base / config] if config else [base / "default", base]
     folder = next((c for c in candidates if c.is_dir()), None)
     if folder is None:
-        raise BertraceError(f"hub mirror {root}: no folder {candidates[0]} for {dataset}"
-                            f"{'/' + config if config else ''}; lay it out as <mirror>/<dataset id>/<config>/<split>.<ext>")
+        raise BertraceError(
+            f"hub mirror {root}: no folder {candidates[0]} for {dataset}"
+            f"{'/' + config if config else ''}; lay it out as <mirror>/<dataset id>/<config>/<split>.<ext>"
+        )
     files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
     found: dict[str, Path] = {}
     for split in splits:
@@ -243,15 +287,17 @@ def _mirror_dir(root: Path, dataset: str, config: str | None, splits: list[str])
             if matches:
                 break
         if len(matches) > 1:
-            raise BertraceError(f"hub mirror {folder}: several files match split {split!r}: "
-                                f"{[m.name for m in matches]}; keep one")
+            raise BertraceError(
+                f"hub mirror {folder}: several files match split {split!r}: {[m.name for m in matches]}; keep one"
+            )
         if matches:
             found[split] = matches[0]
     return found, folder, [p.name for p in files]
 
 
-def resolve_mirror_entries(mirror: str | os.PathLike, dataset: str, config: str | None,
-                        splits: list[str]) -> dict[str, tuple[Path, dict[str, str]]]:
+def resolve_mirror_entries(
+    mirror: str | os.PathLike, dataset: str, config: str | None, splits: list[str]
+) -> dict[str, tuple[Path, dict[str, str]]]:
     """``{split: (file, column renames)}`` for the hub splits in a mirror.
 
     Entries written ``{path: ..., columns: {old: new}}`` are resolved here (relative to the
@@ -268,8 +314,10 @@ def resolve_mirror_entries(mirror: str | os.PathLike, dataset: str, config: str 
             rel, columns = entry(value, f"hub mirror {mirror_path}: {dataset}/{config}/{split}")
             path = _mirror_file(mirror_path.parent, rel)
             if not path.is_file():
-                raise BertraceError(f"hub mirror {mirror_path}: {dataset}/{config}/{split} points at {path}, which "
-                                    "does not exist; fix the path (relative to the YAML file) or remove the entry")
+                raise BertraceError(
+                    f"hub mirror {mirror_path}: {dataset}/{config}/{split} points at {path}, which "
+                    "does not exist; fix the path (relative to the YAML file) or remove the entry"
+                )
             found[split] = (path, columns)
         else:
             plain.append(split)
@@ -278,8 +326,10 @@ def resolve_mirror_entries(mirror: str | os.PathLike, dataset: str, config: str 
             found[split] = (path, {})
     missing = [s for s in splits if s not in found]
     if missing:
-        raise BertraceError(f"hub mirror {mirror_path}: {dataset}/{config} has no split(s) {missing}; add them to the "
-                            "mirror or change finetune.task.splits")
+        raise BertraceError(
+            f"hub mirror {mirror_path}: {dataset}/{config} has no split(s) {missing}; add them to the "
+            "mirror or change finetune.task.splits"
+        )
     return found
 
 

@@ -28,14 +28,18 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     or corrupt file."""
     path = Path(path)
     if not path.is_file():
-        raise BertraceError(f"{path}: checkpoint not found; check the path (the finetune stage writes "
-                            "data/finetune/model.pt, the pretrain stage data/pretrain/best.pt)")
+        raise BertraceError(
+            f"{path}: checkpoint not found; check the path (the finetune stage writes "
+            "data/finetune/model.pt, the pretrain stage data/pretrain/best.pt)"
+        )
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, pickle.UnpicklingError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise BertraceError(f"{path}: not a readable checkpoint ({first}); rerun the stage that wrote it "
-                            "or restore it with `dvc checkout`") from None
+        raise BertraceError(
+            f"{path}: not a readable checkpoint ({first}); rerun the stage that wrote it "
+            "or restore it with `dvc checkout`"
+        ) from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
         raise BertraceError(f"{path}: not a bertrace checkpoint (expected a dict with 'model' and 'model_config')")
     return ckpt
@@ -50,8 +54,10 @@ def check_finetuned(ckpt: dict[str, Any], path: str | Path) -> dict[str, Any]:
     missing = [k for k in FINETUNE_KEYS if k not in ckpt]
     if missing:
         kind = "a pre-training checkpoint" if not is_finetuned(ckpt) else "an incomplete fine-tuned checkpoint"
-        raise BertraceError(f"{path}: {kind} (missing {missing}); classify with a fine-tuned model.pt "
-                            "(data/finetune/model.pt, written by the finetune stage)")
+        raise BertraceError(
+            f"{path}: {kind} (missing {missing}); classify with a fine-tuned model.pt "
+            "(data/finetune/model.pt, written by the finetune stage)"
+        )
     return ckpt
 
 
@@ -74,8 +80,10 @@ def load_weights(model: torch.nn.Module, state_dict: dict[str, Any], path: str |
     try:
         model.load_state_dict(strip_wrappers(state_dict))
     except RuntimeError as e:
-        raise BertraceError(f"{path}: weights do not fit its model_config ({str(e).splitlines()[0]}); "
-                            "the checkpoint is inconsistent, rerun the stage that wrote it") from None
+        raise BertraceError(
+            f"{path}: weights do not fit its model_config ({str(e).splitlines()[0]}); "
+            "the checkpoint is inconsistent, rerun the stage that wrote it"
+        ) from None
 
 
 def check_tokenizer(tokenizer_path: str | Path, expected_sha256: str | None, checkpoint_path: str | Path) -> str:
@@ -83,14 +91,17 @@ def check_tokenizer(tokenizer_path: str | Path, expected_sha256: str | None, che
     tokenizer the checkpoint was trained with."""
     tokenizer_path = Path(tokenizer_path)
     if not tokenizer_path.is_file():
-        raise BertraceError(f"{tokenizer_path}: tokenizer not found; the fine-tuned checkpoint {checkpoint_path} "
-                            "needs the tokenizer.json it was trained with next to it (the finetune stage writes both)")
+        raise BertraceError(
+            f"{tokenizer_path}: tokenizer not found; the fine-tuned checkpoint {checkpoint_path} "
+            "needs the tokenizer.json it was trained with next to it (the finetune stage writes both)"
+        )
     actual = sha256_file(tokenizer_path)
     if expected_sha256 and actual != expected_sha256:
         raise BertraceError(
             f"{tokenizer_path}: sha256 {actual} is not the tokenizer {checkpoint_path} was trained with "
             f"(sha256 {expected_sha256}); put the matching tokenizer.json next to the checkpoint "
-            "(rerun the finetune stage or `dvc checkout`)")
+            "(rerun the finetune stage or `dvc checkout`)"
+        )
     return actual
 
 
@@ -110,16 +121,22 @@ class Classifier:
     task_type: str = "classification"  # | token_classification | regression (the checkpoint's task.type)
 
     @classmethod
-    def load(cls, path: str | Path, tokenizer_path: str | Path | None = None,
-             device: str | torch.device = "cpu") -> "Classifier":
+    def load(
+        cls, path: str | Path, tokenizer_path: str | Path | None = None, device: str | torch.device = "cpu"
+    ) -> "Classifier":
         """Load ``model.pt`` and the ``tokenizer.json`` next to it (or ``tokenizer_path``),
         checking the tokenizer's sha256 against the checkpoint."""
         path = Path(path)
         return cls.from_checkpoint(load_finetuned(path), path, tokenizer_path, device)
 
     @classmethod
-    def from_checkpoint(cls, ckpt: dict[str, Any], path: str | Path, tokenizer_path: str | Path | None = None,
-                        device: str | torch.device = "cpu") -> "Classifier":
+    def from_checkpoint(
+        cls,
+        ckpt: dict[str, Any],
+        path: str | Path,
+        tokenizer_path: str | Path | None = None,
+        device: str | torch.device = "cpu",
+    ) -> "Classifier":
         """As :meth:`load`, for a checkpoint dict already read from ``path``."""
         from tokenizers import Tokenizer
 
@@ -134,8 +151,10 @@ class Classifier:
 
         config = BertConfig.from_dict(ckpt["model_config"])
         if tokenizer.get_vocab_size() > config.vocab_size:
-            raise BertraceError(f"{tokenizer_path}: vocabulary of {tokenizer.get_vocab_size()} tokens is larger than "
-                                f"the model's {config.vocab_size}; use the checkpoint's own tokenizer")
+            raise BertraceError(
+                f"{tokenizer_path}: vocabulary of {tokenizer.get_vocab_size()} tokens is larger than "
+                f"the model's {config.vocab_size}; use the checkpoint's own tokenizer"
+            )
         head = BertForTokenClassification if task_type == "token_classification" else BertForSequenceClassification
         if ckpt.get("architecture", "bert") == "gpt":  # fine-tuned from a clm checkpoint: last-token pooling
             from pipeline.gpt import GPTForSequenceClassification as head
@@ -145,12 +164,23 @@ class Classifier:
         model.to(device).eval()
         task = ckpt["task"] or {}
         label_names = [str(n) for n in ckpt["label_names"]]
-        if len(label_names) != int(ckpt["num_labels"]) and not (task_type == "regression" and int(ckpt["num_labels"]) == 1):
+        if len(label_names) != int(ckpt["num_labels"]) and not (
+            task_type == "regression" and int(ckpt["num_labels"]) == 1
+        ):
             raise BertraceError(f"{path}: {len(label_names)} label names for {ckpt['num_labels']} labels")
         meta = {k: v for k, v in ckpt.items() if k != "model"}
-        return cls(model, tokenizer, label_names, list(task.get("text_columns") or ["text"]),
-                   int(task.get("max_len") or config.max_position), str(task.get("truncation") or "head"),
-                   meta, path, device, task_type)
+        return cls(
+            model,
+            tokenizer,
+            label_names,
+            list(task.get("text_columns") or ["text"]),
+            int(task.get("max_len") or config.max_position),
+            str(task.get("truncation") or "head"),
+            meta,
+            path,
+            device,
+            task_type,
+        )
 
     @property
     def is_pair(self) -> bool:
@@ -168,20 +198,28 @@ class Classifier:
         pairs = [isinstance(t, (tuple, list)) for t in texts]
         if self.is_pair:
             if not all(pairs) or any(len(t) != 2 for t in texts):
-                raise BertraceError(f"this model classifies sentence pairs ({' + '.join(self.text_columns)}); "
-                                    "give (text_a, text_b) pairs")
+                raise BertraceError(
+                    f"this model classifies sentence pairs ({' + '.join(self.text_columns)}); "
+                    "give (text_a, text_b) pairs"
+                )
             a, b = [str(t[0]) for t in texts], [str(t[1]) for t in texts]
         else:
             if any(pairs):
-                raise BertraceError(f"this model classifies single texts ({self.text_columns[0]}); give strings, "
-                                    "not pairs")
+                raise BertraceError(
+                    f"this model classifies single texts ({self.text_columns[0]}); give strings, not pairs"
+                )
             a, b = [str(t) for t in texts], None
         ids, types, _ = encode_examples(self.tokenizer, a, b, self.max_len, self.truncation)
         return ids, types
 
     # -- model ------------------------------------------------------------------------------
-    def _sorted_batches(self, input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]],
-                        batch_size: int, progress: bool):
+    def _sorted_batches(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int]],
+        batch_size: int,
+        progress: bool,
+    ):
         """``(indices, logits)`` per batch of length-sorted sequences (little padding; padding is
         masked, so the logits do not depend on the batching), under the device's autocast."""
         from pipeline.device import amp_dtype
@@ -196,26 +234,36 @@ class Classifier:
         starts = range(0, n, batch_size)
         if progress:
             from tqdm.auto import tqdm
+
             starts = tqdm(starts, desc="predict", unit="batch")
         for s in starts:
-            idx = order[s:s + batch_size]
+            idx = order[s : s + batch_size]
             batch = collate([(input_ids[i], token_type_ids[i], 0) for i in idx])
             with torch.autocast(self.device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                logits = self.model(batch["input_ids"].to(self.device), batch["token_type_ids"].to(self.device),
-                                    batch["attention_mask"].to(self.device))
+                logits = self.model(
+                    batch["input_ids"].to(self.device),
+                    batch["token_type_ids"].to(self.device),
+                    batch["attention_mask"].to(self.device),
+                )
             yield idx, logits.float().cpu().numpy()
 
     @torch.no_grad()
-    def logits_from_ids(self, input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]],
-                        batch_size: int = 64, progress: bool = False) -> np.ndarray:
+    def logits_from_ids(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int]],
+        batch_size: int = 64,
+        progress: bool = False,
+    ) -> np.ndarray:
         """Logits ``[N, num_labels]`` (float32) for encoded sequences, in input order.
 
         Batches are formed from length-sorted sequences (little padding); padding is masked,
         so the result does not depend on the batching.
         """
         if self.task_type == "token_classification":
-            raise BertraceError("logits_from_ids: a token classification model gives logits per position; use "
-                                "token_logits_from_ids")
+            raise BertraceError(
+                "logits_from_ids: a token classification model gives logits per position; use token_logits_from_ids"
+            )
         n = len(input_ids)
         out = np.zeros((n, int(self.model.num_labels)), dtype=np.float32)
         if n == 0:
@@ -225,8 +273,13 @@ class Classifier:
         return out
 
     @torch.no_grad()
-    def token_logits_from_ids(self, input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]],
-                              batch_size: int = 64, progress: bool = False) -> list[np.ndarray]:
+    def token_logits_from_ids(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int]],
+        batch_size: int = 64,
+        progress: bool = False,
+    ) -> list[np.ndarray]:
         """Token classification: per sequence its logits ``[T_i, num_labels]`` (float32), in input
         order, batched as :meth:`logits_from_ids`."""
         if batch_size < 1:
@@ -234,7 +287,7 @@ class Classifier:
         out: list[np.ndarray] = [np.zeros((0, len(self.label_names)), dtype=np.float32)] * len(input_ids)
         for idx, logits in self._sorted_batches(input_ids, token_type_ids, batch_size, progress):
             for j, i in enumerate(idx):
-                out[i] = logits[j, :len(input_ids[i])]
+                out[i] = logits[j, : len(input_ids[i])]
         return out
 
     def logits(self, texts: Sequence[str] | Sequence[tuple[str, str]], batch_size: int = 64) -> np.ndarray:
@@ -257,13 +310,19 @@ class Classifier:
 
         texts = [texts] if isinstance(texts, str) else [str(t) for t in texts]
         encs = [encode_text(self.tokenizer, t, self.max_len) for t in texts]
-        logits = self.token_logits_from_ids([e["input_ids"] for e in encs], [e["token_type_ids"] for e in encs],
-                                            batch_size=batch_size)
+        logits = self.token_logits_from_ids(
+            [e["input_ids"] for e in encs], [e["token_type_ids"] for e in encs], batch_size=batch_size
+        )
         out = []
         for text, enc, lg in zip(texts, encs, logits):
             tags = word_predictions(lg, enc["first"], self.label_names)
-            out.append({"entities": spans(text, tags, enc["offsets"]),
-                        "words": [text[s:e] for s, e in enc["offsets"]], "tags": tags})
+            out.append(
+                {
+                    "entities": spans(text, tags, enc["offsets"]),
+                    "words": [text[s:e] for s, e in enc["offsets"]],
+                    "tags": tags,
+                }
+            )
         return out
 
     def format(self, logits: np.ndarray) -> list[dict[str, Any]]:
@@ -273,8 +332,13 @@ class Classifier:
         out = []
         for row in probs:
             k = int(row.argmax())
-            out.append({"label": self.label_names[k], "label_id": k,
-                        "probabilities": {name: float(p) for name, p in zip(self.label_names, row)}})
+            out.append(
+                {
+                    "label": self.label_names[k],
+                    "label_id": k,
+                    "probabilities": {name: float(p) for name, p in zip(self.label_names, row)},
+                }
+            )
         return out
 
 

@@ -32,9 +32,11 @@ class DiskFull(BertraceError):
         free = free_bytes(self.path)
         where = "unknown" if free is None else f"{free / 2**20:,.1f} MiB"
         kept = f"the previous {self.path.name} is unchanged" if existed else "nothing was written"
-        super().__init__(f"{self.path}: no space left on the device while writing it ({where} free in "
-                         f"{self.path.parent}; {error.strerror or error}); {kept}. Free some space (or point the "
-                         "output at a larger disk) and rerun the stage")
+        super().__init__(
+            f"{self.path}: no space left on the device while writing it ({where} free in "
+            f"{self.path.parent}; {error.strerror or error}); {kept}. Free some space (or point the "
+            "output at a larger disk) and rerun the stage"
+        )
 
 
 def free_bytes(path: str | os.PathLike) -> int | None:

@@ -26,8 +26,16 @@ from pipeline.io import atomic_open, atomic_path
 
 # pretrain_sha256: the final pre-trained checkpoint the curve belongs to (reports/plots.html draws the
 # curve only while that is the current data/pretrain checkpoint: pipeline/plots_report.py)
-COLUMNS = ("pretrain_steps", "pretrain_minutes", "dev_accuracy", "dev_std", "seeds", "steps", "checkpoint",
-           "pretrain_sha256")
+COLUMNS = (
+    "pretrain_steps",
+    "pretrain_minutes",
+    "dev_accuracy",
+    "dev_std",
+    "seeds",
+    "steps",
+    "checkpoint",
+    "pretrain_sha256",
+)
 UNITS = {"steps": ("pretrain_steps", "pre-training steps"), "minutes": ("pretrain_minutes", "pre-training minutes")}
 
 
@@ -67,12 +75,16 @@ def curve_points(pretrain_dir: str | Path) -> tuple[str, list[Point]]:
     elif by_minute:
         unit, paths = "minutes", by_minute
     else:
-        budget = (ckpt_lib.load_checkpoint(final).get("train_config") or {})
+        budget = ckpt_lib.load_checkpoint(final).get("train_config") or {}
         unit, paths = ("minutes" if budget.get("time_minutes") else "steps"), []
     points = [Point(0, 0.0, None), *(point(p) for p in paths)]
     if unit == "minutes":  # a snapshot at the last minute is the final checkpoint
-        points = [Point(p.steps, float(re.fullmatch(r"minute-([0-9.]+)\.pt", p.checkpoint.name).group(1)),
-                        p.checkpoint) if p.checkpoint else p for p in points]
+        points = [
+            Point(p.steps, float(re.fullmatch(r"minute-([0-9.]+)\.pt", p.checkpoint.name).group(1)), p.checkpoint)
+            if p.checkpoint
+            else p
+            for p in points
+        ]
         if all(abs(last.minutes - p.minutes) > 0.05 for p in points):
             points.append(last)
     elif all(last.steps != p.steps for p in points):
@@ -90,8 +102,14 @@ def write_curve_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
     return Path(path)
 
 
-def plot_curve(path: str | Path, series: dict[str, Sequence[dict[str, Any]]], *, title: str, unit: str = "minutes",
-               reference: Sequence[tuple[str, float]] = ()) -> Path:
+def plot_curve(
+    path: str | Path,
+    series: dict[str, Sequence[dict[str, Any]]],
+    *,
+    title: str,
+    unit: str = "minutes",
+    reference: Sequence[tuple[str, float]] = (),
+) -> Path:
     """PNG: accuracy (%) against pre-training steps or minutes, one line per series (label -> rows),
     error bars = std over seeds."""
     import matplotlib
@@ -107,8 +125,9 @@ def plot_curve(path: str | Path, series: dict[str, Sequence[dict[str, Any]]], *,
         ax.errorbar(xs, ys, yerr=[100 * r["dev_std"] for r in rows], marker="o", capsize=3, label=name)
     for (name, value), style in zip(reference, ("--", ":", "-.")):
         ax.axhline(value, linestyle=style, color="gray", linewidth=1)
-        ax.annotate(f"{name} ({value:g})", (0, value), textcoords="offset points", xytext=(2, 2), fontsize=7,
-                    color="gray")
+        ax.annotate(
+            f"{name} ({value:g})", (0, value), textcoords="offset points", xytext=(2, 2), fontsize=7, color="gray"
+        )
     ax.set_xlabel(label)
     ax.set_ylabel("validation accuracy (%)")
     ax.set_title(title, fontsize=9)
@@ -144,24 +163,33 @@ def read_series(directory: str | Path, tokenizer_sha256: str) -> dict[str, list[
         try:
             rec = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BertraceError(f"{path}: not valid JSON ({e}); delete it and run `make learning-curve` again") from None
+            raise BertraceError(
+                f"{path}: not valid JSON ({e}); delete it and run `make learning-curve` again"
+            ) from None
         if rec.get("tokenizer_sha256") == tokenizer_sha256 and rec.get("points"):
             out[str(rec.get("label") or path.stem)] = rec["points"]
     return out
 
 
-def run_curve(points: Sequence[Point], fine_tune: Callable[[Path | None], dict[str, Any]],
-              on_point: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+def run_curve(
+    points: Sequence[Point],
+    fine_tune: Callable[[Path | None], dict[str, Any]],
+    on_point: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
     """Fine-tune every point with ``fine_tune(checkpoint or None)`` -> finetune summary."""
     rows = []
     for p in points:
         summary = fine_tune(p.checkpoint)
         acc = summary["validation_accuracy"]
-        row = {"pretrain_steps": p.steps, "pretrain_minutes": p.minutes,
-               "dev_accuracy": round(acc["mean"], 6), "dev_std": round(acc["std"], 6),
-               "seeds": len(summary.get("per_seed") or {}) or 1,
-               "steps": sum(int(s.get("steps", 0)) for s in (summary.get("per_seed") or {}).values()),
-               "checkpoint": p.checkpoint.as_posix() if p.checkpoint else "scratch"}
+        row = {
+            "pretrain_steps": p.steps,
+            "pretrain_minutes": p.minutes,
+            "dev_accuracy": round(acc["mean"], 6),
+            "dev_std": round(acc["std"], 6),
+            "seeds": len(summary.get("per_seed") or {}) or 1,
+            "steps": sum(int(s.get("steps", 0)) for s in (summary.get("per_seed") or {}).values()),
+            "checkpoint": p.checkpoint.as_posix() if p.checkpoint else "scratch",
+        }
         rows.append(row)
         if on_point:
             on_point(row)

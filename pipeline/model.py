@@ -80,8 +80,15 @@ class BertConfig:
     pre_ln: bool = False
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                     "max_position", "type_vocab_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "intermediate_size",
+            "max_position",
+            "type_vocab_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise BertraceError(f"model config: {name} must be a positive integer, got {value!r}")
@@ -102,12 +109,15 @@ class BertConfig:
         if not isinstance(self.pre_ln, bool):
             raise BertraceError(f"model config: pre_ln must be true or false, got {self.pre_ln!r}")
         if self.pooler_activation not in ("tanh", "gelu"):
-            raise BertraceError(f"model config: pooler_activation must be 'tanh' (BERT) or 'gelu' (ELECTRA), "
-                                f"got {self.pooler_activation!r}")
+            raise BertraceError(
+                f"model config: pooler_activation must be 'tanh' (BERT) or 'gelu' (ELECTRA), "
+                f"got {self.pooler_activation!r}"
+            )
         t = self.tokenizer_vocab_size
         if t is not None and (not isinstance(t, int) or isinstance(t, bool) or not 1 <= t <= self.vocab_size):
-            raise BertraceError(f"model config: tokenizer_vocab_size must be an integer in [1, vocab_size "
-                                f"{self.vocab_size}], got {t!r}")
+            raise BertraceError(
+                f"model config: tokenizer_vocab_size must be an integer in [1, vocab_size {self.vocab_size}], got {t!r}"
+            )
 
     @property
     def predicted_vocab_size(self) -> int:
@@ -122,8 +132,12 @@ class BertConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         # fields at their defaults are left out, so older configs read as before (checkpoints, resume)
-        for key, default in (("tokenizer_vocab_size", None), ("embedding_size", None), ("pooler_activation", "tanh"),
-                             ("pre_ln", False)):
+        for key, default in (
+            ("tokenizer_vocab_size", None),
+            ("embedding_size", None),
+            ("pooler_activation", "tanh"),
+            ("pre_ln", False),
+        ):
             if d[key] == default:
                 del d[key]
         return d
@@ -168,8 +182,10 @@ def config_from_params(d: dict, vocab_size: int, source: str = "params.yaml") ->
     preset = d.pop("preset", None)
     multiple = d.pop("pad_vocab_to_multiple_of", 1)
     if not isinstance(multiple, int) or isinstance(multiple, bool) or multiple < 1:
-        raise BertraceError(f"{source}: model pad_vocab_to_multiple_of = {multiple!r}: must be an integer >= 1 "
-                            "(1: no padding; 8 or 64 for tensor cores)")
+        raise BertraceError(
+            f"{source}: model pad_vocab_to_multiple_of = {multiple!r}: must be an integer >= 1 "
+            "(1: no padding; 8 or 64 for tensor cores)"
+        )
     if preset not in PRESETS:
         raise BertraceError(f"{source}: model preset {preset!r} is not one of {sorted(PRESETS)}; set preset")
     valid = [f.name for f in fields(BertConfig)]
@@ -177,8 +193,10 @@ def config_from_params(d: dict, vocab_size: int, source: str = "params.yaml") ->
     if unknown:
         raise BertraceError(f"{source}: unknown model keys {unknown}; valid keys are ['preset'] + {valid}")
     if "tokenizer_vocab_size" in d:
-        raise BertraceError(f"{source}: tokenizer_vocab_size comes from the tokenizer; remove it (pad the "
-                            "vocabulary with pad_vocab_to_multiple_of or vocab_size)")
+        raise BertraceError(
+            f"{source}: tokenizer_vocab_size comes from the tokenizer; remove it (pad the "
+            "vocabulary with pad_vocab_to_multiple_of or vocab_size)"
+        )
     override = d.get("vocab_size", vocab_size)
     if isinstance(override, int) and override < vocab_size:
         raise BertraceError(
@@ -212,7 +230,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if x.device.type != "cpu" or p >= 1.0:
         return F.dropout(x, p, True)
     cut = round(p * 65536)
-    words = torch.empty((x.numel() + 1) // 2, dtype=torch.int32).random_(-(2 ** 31), 2 ** 31)
+    words = torch.empty((x.numel() + 1) // 2, dtype=torch.int32).random_(-(2**31), 2**31)
     keep = words.view(torch.int16)[: x.numel()].view(x.shape) >= cut - 32768
     return torch.where(keep, x * (65536 / (65536 - cut)), 0.0)
 
@@ -253,8 +271,9 @@ class Embeddings(nn.Module):
         return self.drop(self.ln(x))
 
 
-def attention_written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                          dropout_p: float) -> torch.Tensor:
+def attention_written_out(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float
+) -> torch.Tensor:
     """softmax(Q K^T / sqrt(d)) V in three ops, the softmax in fp32 (as SDPA's math path).
 
     What SelfAttention trains with on the CPU: there SDPA's fused kernel has a slow backward at
@@ -385,8 +404,9 @@ class BertModel(nn.Module):
         self.config = config
         self.embeddings = Embeddings(config)
         # ELECTRA's embeddings_project (modeling.py): embeddings narrower than the encoder
-        self.embeddings_project = (nn.Linear(config.embedding_dim, config.hidden_size)
-                                   if config.embedding_dim != config.hidden_size else None)
+        self.embeddings_project = (
+            nn.Linear(config.embedding_dim, config.hidden_size) if config.embedding_dim != config.hidden_size else None
+        )
         self.layers = nn.ModuleList([EncoderLayer(config) for _ in range(config.num_layers)])
         # pre-LN: the residual stream is normalised once more after the last layer
         self.ln_final = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_ln else None
@@ -429,7 +449,7 @@ class BertModel(nn.Module):
             x = self.layers[-1](x, mask, torch.cat([rows, cls_rows]))
         if self.ln_final is not None:
             x = self.ln_final(x)
-        seq, cls = (x, x[:, 0]) if rows is None else (x[: len(rows)], x[len(rows):])
+        seq, cls = (x, x[:, 0]) if rows is None else (x[: len(rows)], x[len(rows) :])
         if self.pooler is None:
             return seq, None
         if self.pooler_drop is not None:  # ELECTRA: dropout, dense, GELU (erf, as HF's "gelu")
@@ -493,8 +513,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         with torch.autocast(device, enabled=False):
             w = weight.to(dtype)
             for start in range(0, hidden.size(0), chunk):
-                h = hidden[start:start + chunk].to(dtype)
-                t, keep = targets[start:start + chunk].clamp(min=0), valid[start:start + chunk]
+                h = hidden[start : start + chunk].to(dtype)
+                t, keep = targets[start : start + chunk].clamp(min=0), valid[start : start + chunk]
                 z = (h @ w.t()).float() if bias is None else torch.addmm(bias.to(dtype), h, w.t()).float()  # [chunk, V]
                 target_logit = z.gather(1, t[:, None]).squeeze(1)
                 top = z.amax(1)
@@ -505,7 +525,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 z.mul_((scale / sums)[:, None])
                 z[torch.arange(t.numel(), device=t.device), t] -= scale
                 grad = z.to(dtype)
-                grad_hidden[start:start + chunk] = grad @ w
+                grad_hidden[start : start + chunk] = grad @ w
                 grad_weight += (grad.t() @ h).float()
                 if grad_bias is not None:
                     grad_bias += z.sum(0)
@@ -517,12 +537,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         dh, dw, db = ctx.dtypes
-        return ((grad_hidden * grad_loss).to(dh), (grad_weight * grad_loss).to(dw),
-                None if grad_bias is None else (grad_bias * grad_loss).to(db), None, None)
+        return (
+            (grad_hidden * grad_loss).to(dh),
+            (grad_weight * grad_loss).to(dw),
+            None if grad_bias is None else (grad_bias * grad_loss).to(db),
+            None,
+            None,
+        )
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         bias: torch.Tensor | None = None, chunk: int = 64) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, bias: torch.Tensor | None = None, chunk: int = 64
+) -> torch.Tensor:
     """Mean cross entropy of ``hidden`` [N, H] @ ``weight`` [V, H].T (+ ``bias`` [V]) against
     ``targets`` [N] (-100: ignored), without the [N, V] logits (:class:`_LinearCrossEntropy`);
     under autocast the matmuls run in its dtype and the softmax in float32, as
@@ -581,8 +607,9 @@ def pretraining_loss(
         mlm = output.mlm_loss
     else:
         logits = output.mlm_logits
-        mlm = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), mlm_labels.reshape(-1).long(),
-                              ignore_index=-100)
+        mlm = F.cross_entropy(
+            logits.reshape(-1, logits.size(-1)).float(), mlm_labels.reshape(-1).long(), ignore_index=-100
+        )
     nsp = F.cross_entropy(output.nsp_logits.float(), nsp_labels.reshape(-1).long())
     return mlm + nsp_weight * nsp, mlm, nsp
 
@@ -619,7 +646,7 @@ class _EncoderWithHead(nn.Module):
         heads are dropped and the classifier keeps its fresh init. Prefixes added by
         torch.compile (``_orig_mod.``) and DDP (``module.``) are stripped."""
         sd = {strip_wrappers(k): v for k, v in pretraining_state_dict.items()}
-        encoder = {k[len("bert."):]: v for k, v in sd.items() if k.startswith("bert.")}
+        encoder = {k[len("bert.") :]: v for k, v in sd.items() if k.startswith("bert.")}
         if not encoder:
             raise BertraceError(f"{source}: no 'bert.*' weights found; is it a BertForPreTraining state dict?")
         load_strict(self.bert, encoder, source)
@@ -656,12 +683,11 @@ class BertForTokenClassification(_EncoderWithHead):
         return self.classifier(self.drop(seq))
 
 
-
 def strip_wrappers(key: str) -> str:
     """A state-dict key without torch.compile's ``_orig_mod.`` and DDP's ``module.`` prefixes."""
     for prefix in ("_orig_mod.", "module."):
         while key.startswith(prefix):
-            key = key[len(prefix):]
+            key = key[len(prefix) :]
     return key
 
 

@@ -57,8 +57,15 @@ from pipeline.encode import SentenceEncoder
 from pipeline.errors import BertraceError
 from pipeline.formats import PACKED_COLUMNS, SCHEMA_VERSION, SEP_ID, SPECIAL_IDS, SPLIT_IDS, UNIGRAM_COUNTS
 from pipeline.io import atomic_path, sha256_bytes, sha256_file, write_json
-from pipeline.shards import (document_order, id_dtype, index_documents, list_column, partition_sizes, read_partitions,
-                             remove_stale)
+from pipeline.shards import (
+    document_order,
+    id_dtype,
+    index_documents,
+    list_column,
+    partition_sizes,
+    read_partitions,
+    remove_stale,
+)
 from pipeline.tokenizer import load_tokenizer
 
 SEPARATOR_ID = SEP_ID  # ends every document in the packed stream (module docstring)
@@ -83,8 +90,12 @@ def pack_documents(docs: list[str], encoder: SentenceEncoder, block: int) -> tup
     stream[~is_sep] = ids
     n_blocks = total // block
     text_bytes = sum(len(d.encode("utf-8")) + 1 for d, k in zip(docs, keep.tolist()) if k)
-    stats = {"documents": n_docs, "stream_tokens": total, "dropped_tokens": total - n_blocks * block,
-             "text_bytes": text_bytes}
+    stats = {
+        "documents": n_docs,
+        "stream_tokens": total,
+        "dropped_tokens": total - n_blocks * block,
+        "text_bytes": text_bytes,
+    }
     return stream[: n_blocks * block].reshape(n_blocks, block), stats
 
 
@@ -105,7 +116,6 @@ class _Packer:
     def __init__(self, tokenizer_text: str, cfg):
         from tokenizers import Tokenizer
 
-
         self.tok = Tokenizer.from_str(tokenizer_text)
         self.cfg = cfg
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
@@ -117,13 +127,25 @@ class _Packer:
         """``(stats, parquet bytes or None when no full block, token counts per id)``."""
         blocks, stats = pack_documents(docs, self.encoder, self.cfg.max_seq_len)
         counts = np.bincount(blocks.ravel(), minlength=self.vocab_size).astype(np.int64)
-        stats.update(split=split, index=partition, path=f"{split}/shard-{partition:05d}.parquet",
-                     rows=len(blocks), tokens=int(blocks.size), separators=int((blocks == SEPARATOR_ID).sum()))
+        stats.update(
+            split=split,
+            index=partition,
+            path=f"{split}/shard-{partition:05d}.parquet",
+            rows=len(blocks),
+            tokens=int(blocks.size),
+            separators=int((blocks == SEPARATOR_ID).sum()),
+        )
         if not len(blocks):
             return stats, None, counts
         sink = pa.BufferOutputStream()
-        pq.write_table(_blocks_table(blocks, self.schema), sink, compression="zstd",
-                       row_group_size=self.cfg.row_group_size, use_dictionary=False, write_statistics=False)
+        pq.write_table(
+            _blocks_table(blocks, self.schema),
+            sink,
+            compression="zstd",
+            row_group_size=self.cfg.row_group_size,
+            use_dictionary=False,
+            write_statistics=False,
+        )
         data = sink.getvalue().to_pybytes()
         stats["sha256"] = sha256_bytes(data)
         return stats, data, counts
@@ -138,9 +160,11 @@ def _pack_task(shared: tuple, split: str, partition: int, docs: list[str]):
     if limit_threads:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if fingerprint != code_fingerprint():
-        raise BertraceError("examples: this worker runs other bertrace code or library versions than the client "
-                            f"(fingerprint {code_fingerprint()[:12]} != {fingerprint[:12]}); install the same "
-                            "bertrace, numpy, pyarrow and tokenizers on every Dask worker")
+        raise BertraceError(
+            "examples: this worker runs other bertrace code or library versions than the client "
+            f"(fingerprint {code_fingerprint()[:12]} != {fingerprint[:12]}); install the same "
+            "bertrace, numpy, pyarrow and tokenizers on every Dask worker"
+        )
     key = (tokenizer_sha, repr(cfg.recipe()))
     if key not in _PACKERS:
         _PACKERS.clear()
@@ -176,8 +200,9 @@ def unigram_cross_entropy(train_counts: np.ndarray, eval_counts: np.ndarray) -> 
     return float(-(eval_counts * np.log(p)).sum() / n) if n else float("nan")
 
 
-def generate_packed(train_txt: Path, valid_txt: Path, tokenizer_json: Path, out_dir: Path, cfg, *,
-                    engine: Engine, progress: bool = True) -> dict:
+def generate_packed(
+    train_txt: Path, valid_txt: Path, tokenizer_json: Path, out_dir: Path, cfg, *, engine: Engine, progress: bool = True
+) -> dict:
     """Write packed train/valid shards, ``unigram_counts.npy`` and ``manifest.json``; return the manifest.
 
     Called by :func:`pipeline.examples.generate_examples` for ``examples.mode: causal`` (same
@@ -202,10 +227,18 @@ def generate_packed(train_txt: Path, valid_txt: Path, tokenizer_json: Path, out_
     out_dir.mkdir(parents=True, exist_ok=True)
     remove_stale(out_dir)
     (out_dir / UNIGRAM_COUNTS).unlink(missing_ok=True)
-    tasks = ((split, p, docs) for split, path in zip(SPLIT_IDS, inputs.values())
-             for p, docs in enumerate(read_partitions(
-                 path, starts[split], document_order(num_docs[split], cfg.seed, split, cfg.shuffle_documents),
-                 sizes[split])))
+    tasks = (
+        (split, p, docs)
+        for split, path in zip(SPLIT_IDS, inputs.values())
+        for p, docs in enumerate(
+            read_partitions(
+                path,
+                starts[split],
+                document_order(num_docs[split], cfg.seed, split, cfg.shuffle_documents),
+                sizes[split],
+            )
+        )
+    )
     parallel = engine.kind == "dask" or engine.local_workers > 1
     shared = (tokenizer_text, sha256_bytes(tokenizer_text.encode("utf-8")), cfg, code_fingerprint(), parallel)
 
@@ -232,12 +265,17 @@ def generate_packed(train_txt: Path, valid_txt: Path, tokenizer_json: Path, out_
                 f"{inputs[split + '.txt']}: produced no {split} blocks: no partition of examples.docs_per_shard "
                 f"{cfg.docs_per_shard} documents holds examples.max_seq_len {cfg.max_seq_len} tokens (the longest "
                 f"has {longest}); lower examples.max_seq_len, raise examples.docs_per_shard or give the clean "
-                "stage more text")
-        total = lambda key: sum(r[key] for r in parts)  # noqa: E731
+                "stage more text"
+            )
+        total = lambda key: sum(r[key] for r in parts)  # noqa: E731, B023 (called within the iteration)
         splits[split] = {
-            "rows": rows, "tokens": rows * cfg.max_seq_len, "documents": num_docs[split],
-            "packed_documents": total("documents"), "separators": total("separators"),
-            "stream_tokens": total("stream_tokens"), "dropped_tokens": total("dropped_tokens"),
+            "rows": rows,
+            "tokens": rows * cfg.max_seq_len,
+            "documents": num_docs[split],
+            "packed_documents": total("documents"),
+            "separators": total("separators"),
+            "stream_tokens": total("stream_tokens"),
+            "dropped_tokens": total("dropped_tokens"),
             "text_bytes": total("text_bytes"),
             "bytes_per_token": total("text_bytes") / max(total("stream_tokens"), 1),
             "shards": [{k: s[k] for k in ("path", "rows", "tokens", "sha256")} for s in shards],
@@ -260,11 +298,18 @@ def generate_packed(train_txt: Path, valid_txt: Path, tokenizer_json: Path, out_
         "shuffle_documents": cfg.shuffle_documents,
         "seed": cfg.seed,
         "params": cfg.recipe(),
-        "inputs": {"train.txt": sha256_file(train_txt), "valid.txt": sha256_file(valid_txt),
-                   "tokenizer.json": tokenizer_sha},
-        "unigram": {"path": UNIGRAM_COUNTS, "sha256": sha256_file(out_dir / UNIGRAM_COUNTS), "smoothing": "add-one",
-                    "valid_nats_per_token": baseline,
-                    "valid_bits_per_byte": baseline / math.log(2) / splits["valid"]["bytes_per_token"]},
+        "inputs": {
+            "train.txt": sha256_file(train_txt),
+            "valid.txt": sha256_file(valid_txt),
+            "tokenizer.json": tokenizer_sha,
+        },
+        "unigram": {
+            "path": UNIGRAM_COUNTS,
+            "sha256": sha256_file(out_dir / UNIGRAM_COUNTS),
+            "smoothing": "add-one",
+            "valid_nats_per_token": baseline,
+            "valid_bits_per_byte": baseline / math.log(2) / splits["valid"]["bytes_per_token"],
+        },
         "splits": splits,
     }
     write_json(out_dir / "manifest.json", manifest)

@@ -94,9 +94,16 @@ def declared_plots(dvc_yaml: str | Path = "dvc.yaml") -> list[PlotDef]:
             x = spec.get("x")
             if isinstance(x, dict):  # {file: column}: one x column for all (as DVC requires for a linear plot)
                 x = next(iter(x.values()), None)
-            plots.append(PlotDef(name=str(spec.get("title") or name), y=ys, x=x,
-                                 template=str(spec.get("template") or "linear"),
-                                 x_label=spec.get("x_label"), y_label=spec.get("y_label")))
+            plots.append(
+                PlotDef(
+                    name=str(spec.get("title") or name),
+                    y=ys,
+                    x=x,
+                    template=str(spec.get("template") or "linear"),
+                    x_label=spec.get("x_label"),
+                    y_label=spec.get("y_label"),
+                )
+            )
     shown = {f for p in plots for f in p.files}
     for stage, body in (doc.get("stages") or {}).items():
         for entry in (body or {}).get("plots") or []:
@@ -104,10 +111,17 @@ def declared_plots(dvc_yaml: str | Path = "dvc.yaml") -> list[PlotDef]:
             spec = spec if isinstance(spec, dict) else {}
             if file in shown or "${" in str(file):
                 continue
-            plots.append(PlotDef(name=f"{stage}: {Path(file).stem.replace('_', ' ')}",
-                                 y={file: _as_list(spec.get("y"))},
-                                 x=spec.get("x"), template=str(spec.get("template") or "linear"),
-                                 title=spec.get("title"), x_label=spec.get("x_label"), y_label=spec.get("y_label")))
+            plots.append(
+                PlotDef(
+                    name=f"{stage}: {Path(file).stem.replace('_', ' ')}",
+                    y={file: _as_list(spec.get("y"))},
+                    x=spec.get("x"),
+                    template=str(spec.get("template") or "linear"),
+                    title=spec.get("title"),
+                    x_label=spec.get("x_label"),
+                    y_label=spec.get("y_label"),
+                )
+            )
             shown.add(file)
     return plots
 
@@ -118,6 +132,7 @@ def declared_plots(dvc_yaml: str | Path = "dvc.yaml") -> list[PlotDef]:
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """CSV rows, numbers as floats (ints where whole), other cells as text."""
+
     def cell(v: str) -> Any:
         try:
             f = float(v)
@@ -150,12 +165,19 @@ def linear_spec(plot: PlotDef, data: dict[str, list[dict[str, Any]]]) -> dict[st
                 if isinstance(row.get(col), (int, float)) and isinstance(xv, (int, float)):
                     values.append({"x": xv, "y": row[col], "series": series})
     return {
-        "$schema": SCHEMA, "width": 560, "height": 300, "data": {"values": values},
+        "$schema": SCHEMA,
+        "width": 560,
+        "height": 300,
+        "data": {"values": values},
         "mark": {"type": "line", "point": len(values) <= 60, "tooltip": True},
         "encoding": {
             "x": {"field": "x", "type": "quantitative", "title": plot.x_label or x},
-            "y": {"field": "y", "type": "quantitative", "title": plot.y_label or ", ".join(
-                sorted({c for cols in plot.y.values() for c in cols})), "scale": {"zero": False}},
+            "y": {
+                "field": "y",
+                "type": "quantitative",
+                "title": plot.y_label or ", ".join(sorted({c for cols in plot.y.values() for c in cols})),
+                "scale": {"zero": False},
+            },
             "color": {"field": "series", "type": "nominal", "title": None, "legend": {"orient": "bottom"}},
         },
     }
@@ -173,16 +195,29 @@ def confusion_spec(plot: PlotDef, data: dict[str, list[dict[str, Any]]]) -> dict
     size = max(160, 60 * len(labels))
     axis = {"sort": labels}
     return {
-        "$schema": SCHEMA, "width": size, "height": size, "data": {"values": values},
-        "encoding": {"x": {"field": "predicted", "type": "nominal", "title": plot.x_label or x, **axis},
-                     "y": {"field": "actual", "type": "nominal", "title": plot.y_label or y, **axis}},
+        "$schema": SCHEMA,
+        "width": size,
+        "height": size,
+        "data": {"values": values},
+        "encoding": {
+            "x": {"field": "predicted", "type": "nominal", "title": plot.x_label or x, **axis},
+            "y": {"field": "actual", "type": "nominal", "title": plot.y_label or y, **axis},
+        },
         "layer": [
-            {"mark": "rect", "encoding": {"color": {"field": "count", "type": "quantitative",
-                                                    "scale": {"scheme": "blues"}}}},
-            {"mark": {"type": "text", "fontSize": 13},
-             "encoding": {"text": {"field": "count", "type": "quantitative"},
-                          "color": {"condition": {"test": f"datum.count > {max(counts.values(), default=0) / 2}",
-                                                  "value": "white"}, "value": "black"}}},
+            {
+                "mark": "rect",
+                "encoding": {"color": {"field": "count", "type": "quantitative", "scale": {"scheme": "blues"}}},
+            },
+            {
+                "mark": {"type": "text", "fontSize": 13},
+                "encoding": {
+                    "text": {"field": "count", "type": "quantitative"},
+                    "color": {
+                        "condition": {"test": f"datum.count > {max(counts.values(), default=0) / 2}", "value": "white"},
+                        "value": "black",
+                    },
+                },
+            },
         ],
     }
 
@@ -191,18 +226,28 @@ def scatter_spec(plot: PlotDef, data: dict[str, list[dict[str, Any]]]) -> dict[s
     """One point per row, y against x (DVC's ``scatter`` template), with the line y = x."""
     file, rows = next(iter(data.items()))
     x, y = plot.x or "x", (plot.y.get(file) or ["y"])[0]
-    values = [{"x": r[x], "y": r[y]} for r in _thin(rows)
-              if isinstance(r.get(x), (int, float)) and isinstance(r.get(y), (int, float))]
+    values = [
+        {"x": r[x], "y": r[y]}
+        for r in _thin(rows)
+        if isinstance(r.get(x), (int, float)) and isinstance(r.get(y), (int, float))
+    ]
     lo = min([min(v["x"], v["y"]) for v in values], default=0)
     hi = max([max(v["x"], v["y"]) for v in values], default=1)
-    enc = {"x": {"field": "x", "type": "quantitative", "title": plot.x_label or x, "scale": {"zero": False}},
-           "y": {"field": "y", "type": "quantitative", "title": plot.y_label or y, "scale": {"zero": False}}}
+    enc = {
+        "x": {"field": "x", "type": "quantitative", "title": plot.x_label or x, "scale": {"zero": False}},
+        "y": {"field": "y", "type": "quantitative", "title": plot.y_label or y, "scale": {"zero": False}},
+    }
     return {
-        "$schema": SCHEMA, "width": 360, "height": 360,
+        "$schema": SCHEMA,
+        "width": 360,
+        "height": 360,
         "layer": [
             {"data": {"values": values}, "mark": {"type": "point", "opacity": 0.5, "tooltip": True}, "encoding": enc},
-            {"data": {"values": [{"x": lo, "y": lo}, {"x": hi, "y": hi}]},
-             "mark": {"type": "line", "color": "gray", "strokeDash": [4, 4]}, "encoding": enc},
+            {
+                "data": {"values": [{"x": lo, "y": lo}, {"x": hi, "y": hi}]},
+                "mark": {"type": "line", "color": "gray", "strokeDash": [4, 4]},
+                "encoding": enc,
+            },
         ],
     }
 
@@ -212,8 +257,9 @@ def render_svg(spec: dict[str, Any]) -> str:
     try:
         import vl_convert
     except ImportError:
-        raise BertraceError("rendering plots offline needs vl-convert-python; pip install -e . "
-                            "(it is a dependency of bertrace)") from None
+        raise BertraceError(
+            "rendering plots offline needs vl-convert-python; pip install -e . (it is a dependency of bertrace)"
+        ) from None
     return vl_convert.vegalite_to_svg(json.dumps(spec))
 
 
@@ -250,21 +296,27 @@ def learning_curve_status(rows: list[dict[str, Any]], root: Path) -> dict[str, A
     status: dict[str, Any] = {"ok": False, "curve_sha256": None, "current": {}}
     fix = "rerun `make learning-curve` on this checkpoint"
     if shas == {""} or len(shas) != 1:
-        status["message"] = (f"not drawn: {LEARNING_CURVE} does not record which pre-trained checkpoint it belongs "
-                             f"to (no pretrain_sha256 column: written before that was recorded, or edited); {fix}")
+        status["message"] = (
+            f"not drawn: {LEARNING_CURVE} does not record which pre-trained checkpoint it belongs "
+            f"to (no pretrain_sha256 column: written before that was recorded, or edited); {fix}"
+        )
         return status
     curve = shas.pop()
     current, source = current_pretrain_sha256(root)
     status.update(curve_sha256=curve, current=current)
     match = next((p for p, h in current.items() if h == curve), None)
     if not current:
-        status["message"] = (f"not drawn: the curve belongs to the pre-trained checkpoint sha256 {curve[:12]}, and "
-                             f"there is neither {PRETRAIN_RECORD} nor a checkpoint in data/pretrain to compare it "
-                             "with; `dvc pull` or `dvc repro pretrain`")
+        status["message"] = (
+            f"not drawn: the curve belongs to the pre-trained checkpoint sha256 {curve[:12]}, and "
+            f"there is neither {PRETRAIN_RECORD} nor a checkpoint in data/pretrain to compare it "
+            "with; `dvc pull` or `dvc repro pretrain`"
+        )
     elif match is None:
         now = ", ".join(f"{Path(p).name} {h[:12]}" for p, h in current.items())
-        status["message"] = (f"STALE, not drawn: the curve was made from the pre-trained checkpoint sha256 "
-                             f"{curve[:12]}; the current one is {now} ({source}); {fix}")
+        status["message"] = (
+            f"STALE, not drawn: the curve was made from the pre-trained checkpoint sha256 "
+            f"{curve[:12]}; the current one is {now} ({source}); {fix}"
+        )
     else:
         status.update(ok=True, message=f"made from {match} sha256 {curve[:12]}: the current checkpoint ({source})")
     return status
@@ -306,8 +358,9 @@ def _panel(plot: PlotDef, root: Path) -> dict[str, Any]:
         if panel["status"] != "stale":
             panel["status"] = "missing"
         return panel
-    drawn = PlotDef(plot.name, {f: plot.y[f] for f in data}, plot.x, plot.template, plot.title, plot.x_label,
-                    plot.y_label)
+    drawn = PlotDef(
+        plot.name, {f: plot.y[f] for f in data}, plot.x, plot.template, plot.title, plot.x_label, plot.y_label
+    )
     spec = {"confusion": confusion_spec, "scatter": scatter_spec}.get(plot.template, linear_spec)(drawn, data)
     panel["svg"] = render_svg(spec)
     return panel
@@ -323,30 +376,39 @@ h1{font-size:1.4em}h2{font-size:1.1em;margin-top:2em;border-bottom:1px solid #dd
 def render_html(panels: list[dict[str, Any]], *, title: str = "bertrace plots") -> str:
     """One HTML document: every panel's SVG inline, its files with their sha256, its notes. No
     time stamp: the same data gives the same bytes (the files' hashes say which data it is)."""
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
-           f"<h1>{html.escape(title)}</h1>",
-           '<p class="meta">The plots dvc.yaml declares, rendered offline (vl-convert, Vega-Lite to SVG); '
-           "written by <code>bertrace plots</code> (the DVC stage <code>plots</code>). "
-           "<code>dvc plots show</code> draws the same data but needs the internet (Vega from a CDN).</p>"]
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        '<p class="meta">The plots dvc.yaml declares, rendered offline (vl-convert, Vega-Lite to SVG); '
+        "written by <code>bertrace plots</code> (the DVC stage <code>plots</code>). "
+        "<code>dvc plots show</code> draws the same data but needs the internet (Vega from a CDN).</p>",
+    ]
     for p in panels:
         out.append(f'<section data-plot="{html.escape(p["name"])}" data-status="{p["status"]}">')
         out.append(f"<h2>{html.escape(p['name'])}</h2>")
         if p["files"]:
-            out.append('<p class="files">' + " · ".join(
-                f"<code>{html.escape(f)}</code> sha256 <code>{s[:12]}</code>" for f, s in p["files"].items()) + "</p>")
+            out.append(
+                '<p class="files">'
+                + " · ".join(
+                    f"<code>{html.escape(f)}</code> sha256 <code>{s[:12]}</code>" for f, s in p["files"].items()
+                )
+                + "</p>"
+            )
         for note in p["notes"]:
             kind = "stale" if p["status"] == "stale" else ("ok" if p.get("learning_curve", {}).get("ok") else "")
             out.append(f'<p class="note {kind}">{html.escape(note)}</p>')
         if p["svg"]:
-            out.append(f'<figure>{p["svg"]}</figure>')
+            out.append(f"<figure>{p['svg']}</figure>")
         out.append("</section>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"
 
 
-def write_report(out: str | Path = REPORT, root: str | Path = ".",
-                 dvc_yaml: str | Path | None = None) -> dict[str, Any]:
+def write_report(
+    out: str | Path = REPORT, root: str | Path = ".", dvc_yaml: str | Path | None = None
+) -> dict[str, Any]:
     """Render every declared plot under ``root`` into ``out``; returns
     ``{"path", "plots": [{name, status (ok | stale | missing), files, notes}], "learning_curve": status
     or None}``."""
@@ -357,5 +419,8 @@ def write_report(out: str | Path = REPORT, root: str | Path = ".",
     with atomic_open(root / out if not Path(out).is_absolute() else out) as f:
         f.write(text)
     curve = next((p["learning_curve"] for p in panels if "learning_curve" in p), None)
-    return {"path": str(out), "plots": [{k: p[k] for k in ("name", "status", "files", "notes")} for p in panels],
-            "learning_curve": curve}
+    return {
+        "path": str(out),
+        "plots": [{k: p[k] for k in ("name", "status", "files", "notes")} for p in panels],
+        "learning_curve": curve,
+    }

@@ -61,11 +61,19 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.errors import BertraceError
-from pipeline.formats import (COLUMNS, EXAMPLE_MODES, MANIFEST, MASK_ID, PACKED_COLUMNS, SCHEMA_VERSION, SPECIAL_IDS,
-                              SPLIT_IDS, STATIC_COLUMNS)
+from pipeline.formats import (
+    COLUMNS,
+    EXAMPLE_MODES,
+    MANIFEST,
+    MASK_ID,
+    PACKED_COLUMNS,
+    SCHEMA_VERSION,
+    SPECIAL_IDS,
+    SPLIT_IDS,
+    STATIC_COLUMNS,
+)
 from pipeline.io import read_json
 from pipeline.masking import MaskingSpec, mask_sequence
-
 
 # ----------------------------------------------------------------------------- manifest
 
@@ -79,13 +87,16 @@ def load_manifest(examples_dir: str | Path) -> dict:
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise BertraceError(
             f"{path}: schema_version {manifest.get('schema_version')!r}, this code reads {SCHEMA_VERSION}; "
-            "rerun the examples stage (dvc repro examples)")
+            "rerun the examples stage (dvc repro examples)"
+        )
     for key in ("masking", "vocab_size", "splits", "tokenizer_sha256", "max_seq_len"):
         if key not in manifest:
             raise BertraceError(f"{path}: has no '{key}' field; rerun the examples stage (dvc repro examples)")
     if manifest_mode(manifest) not in EXAMPLE_MODES:
-        raise BertraceError(f"{path}: mode {manifest.get('mode')!r} is not one of {', '.join(EXAMPLE_MODES)}; "
-                            "rerun the examples stage (dvc repro examples)")
+        raise BertraceError(
+            f"{path}: mode {manifest.get('mode')!r} is not one of {', '.join(EXAMPLE_MODES)}; "
+            "rerun the examples stage (dvc repro examples)"
+        )
     if manifest_mode(manifest) == "causal":  # packed blocks (pipeline/packing.py): nothing is masked
         return manifest
     if manifest["masking"] not in ("static", "dynamic"):
@@ -107,8 +118,9 @@ def _sha256_counted(path: Path, update) -> str:
     return h.hexdigest()
 
 
-def verify_shards(examples_dir: str | Path, manifest: dict | None = None, *, progress: bool = False,
-                  threads: int | None = None) -> int:
+def verify_shards(
+    examples_dir: str | Path, manifest: dict | None = None, *, progress: bool = False, threads: int | None = None
+) -> int:
     """Rehash every shard listed in ``examples_dir/manifest.json`` against the sha256 recorded there.
 
     Catches a shard rewritten after the examples stage (same rows, different bytes), truncated or
@@ -126,21 +138,32 @@ def verify_shards(examples_dir: str | Path, manifest: dict | None = None, *, pro
     entries = [e for split in SPLIT_IDS for e in ((manifest["splits"].get(split) or {}).get("shards") or [])]
     for e in entries:
         if not isinstance(e, dict) or not isinstance(e.get("path"), str) or not isinstance(e.get("sha256"), str):
-            raise BertraceError(f"{manifest_path}: a shard entry without 'path' and 'sha256' ({e!r}); "
-                                "rerun the examples stage (dvc repro examples)")
+            raise BertraceError(
+                f"{manifest_path}: a shard entry without 'path' and 'sha256' ({e!r}); "
+                "rerun the examples stage (dvc repro examples)"
+            )
     paths = [examples_dir / e["path"] for e in entries]
     total = sum(p.stat().st_size for p in paths if p.is_file())
-    with tqdm(total=total, unit="B", unit_scale=True, desc="verify shards", delay=2, leave=False,
-              disable=not progress) as bar, \
-            ThreadPoolExecutor(max_workers=threads or min(8, os.cpu_count() or 1)) as pool:
+    with (
+        tqdm(
+            total=total, unit="B", unit_scale=True, desc="verify shards", delay=2, leave=False, disable=not progress
+        ) as bar,
+        ThreadPoolExecutor(max_workers=threads or min(8, os.cpu_count() or 1)) as pool,
+    ):
         actual = list(pool.map(lambda p: _sha256_counted(p, bar.update) if p.is_file() else None, paths))
-    bad = [f"{p}: sha256 {now}, {manifest_path} records {e['sha256']}" if now else f"{p}: listed in {manifest_path} "
-           "but missing" for p, e, now in zip(paths, entries, actual) if now != e["sha256"]]
+    bad = [
+        f"{p}: sha256 {now}, {manifest_path} records {e['sha256']}"
+        if now
+        else f"{p}: listed in {manifest_path} but missing"
+        for p, e, now in zip(paths, entries, actual)
+        if now != e["sha256"]
+    ]
     if bad:
         more = f" (and {len(bad) - 1} more shard{'s' if len(bad) > 2 else ''})" if len(bad) > 1 else ""
         raise BertraceError(
             f"{bad[0]}{more}: the shards are not the ones the examples stage wrote (rewritten, truncated or "
-            "removed since); rerun the examples stage (dvc repro examples, or dvc checkout data/examples)")
+            "removed since); rerun the examples stage (dvc repro examples, or dvc checkout data/examples)"
+        )
     return len(entries)
 
 
@@ -150,19 +173,26 @@ def masking_spec(manifest: dict, is_continuation: np.ndarray | None = None) -> M
     if wwm and is_continuation is None:
         raise BertraceError(
             "examples manifest asks for dynamic whole-word masking: pass the tokenizer "
-            "(data/tokenizer/tokenizer.json) so the loader knows which pieces start with '##'")
+            "(data/tokenizer/tokenizer.json) so the loader knows which pieces start with '##'"
+        )
     # Which ids are never masked (examples.mask_candidates); manifests from before it was a
     # param have no key and skipped every special id.
     candidates = manifest.get("mask_candidates", "skip_special")
     if candidates not in MaskingSpec.CANDIDATES:
-        raise BertraceError(f"examples manifest: mask_candidates {candidates!r} is not one of "
-                            f"{', '.join(MaskingSpec.CANDIDATES)}; rerun the examples stage (dvc repro examples)")
+        raise BertraceError(
+            f"examples manifest: mask_candidates {candidates!r} is not one of "
+            f"{', '.join(MaskingSpec.CANDIDATES)}; rerun the examples stage (dvc repro examples)"
+        )
     return MaskingSpec(
-        vocab_size=int(manifest["vocab_size"]), mask_id=MASK_ID, special_ids=tuple(SPECIAL_IDS.values()),
+        vocab_size=int(manifest["vocab_size"]),
+        mask_id=MASK_ID,
+        special_ids=tuple(SPECIAL_IDS.values()),
         masked_lm_prob=float(manifest.get("masked_lm_prob", 0.15)),
         max_predictions_per_seq=int(manifest.get("max_predictions_per_seq", 20)),
-        whole_word_masking=wwm, is_continuation=is_continuation if wwm else None,
-        never_masked=MaskingSpec.never_masked_ids(candidates, SPECIAL_IDS))
+        whole_word_masking=wwm,
+        is_continuation=is_continuation if wwm else None,
+        never_masked=MaskingSpec.never_masked_ids(candidates, SPECIAL_IDS),
+    )
 
 
 def continuation_table(tokenizer_json: str | Path) -> np.ndarray:
@@ -209,8 +239,14 @@ class Batch:
         return int(self.attention_mask.sum())
 
     def _tensors(self, fn) -> "Batch":
-        return replace(self, **{f.name: fn(getattr(self, f.name)) for f in fields(self)
-                                if isinstance(getattr(self, f.name), torch.Tensor)})
+        return replace(
+            self,
+            **{
+                f.name: fn(getattr(self, f.name))
+                for f in fields(self)
+                if isinstance(getattr(self, f.name), torch.Tensor)
+            },
+        )
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         return self._tensors(lambda t: t.to(device, non_blocking=non_blocking))
@@ -257,9 +293,16 @@ def collate_packed(rows: list[_Row], example_ids: list[int]) -> Batch:
     mask is all ones and the MLM/NSP fields are empty (the ``clm`` objective reads ``input_ids`` only)."""
     ids = torch.from_numpy(np.stack([np.asarray(r[0], dtype=np.int64) for r in rows]))
     empty = torch.zeros(0, dtype=torch.long)
-    return Batch(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=torch.ones_like(ids),
-                 masked_positions=empty, masked_lm_labels=empty, next_sentence_labels=empty,
-                 example_ids=torch.tensor(example_ids, dtype=torch.long), padded=False)
+    return Batch(
+        input_ids=ids,
+        token_type_ids=torch.zeros_like(ids),
+        attention_mask=torch.ones_like(ids),
+        masked_positions=empty,
+        masked_lm_labels=empty,
+        next_sentence_labels=empty,
+        example_ids=torch.tensor(example_ids, dtype=torch.long),
+        padded=False,
+    )
 
 
 # ----------------------------------------------------------------------------- the loader
@@ -325,8 +368,10 @@ class PretrainingData:
         for s, entry in enumerate(info["shards"]):
             path = self.dir / entry["path"]
             if not path.is_file():
-                raise BertraceError(f"{path}: listed in {manifest_path} but missing; rerun the examples stage "
-                                    "(dvc repro examples, or dvc checkout data/examples)")
+                raise BertraceError(
+                    f"{path}: listed in {manifest_path} but missing; rerun the examples stage "
+                    "(dvc repro examples, or dvc checkout data/examples)"
+                )
             try:
                 pf = pq.ParquetFile(path)
                 meta, schema = pf.metadata, pf.schema_arrow
@@ -334,8 +379,10 @@ class PretrainingData:
                 raise BertraceError(f"{path}: not a readable Parquet file ({e}); rerun the examples stage") from None
             self._check_schema(path, schema, manifest_path)
             if meta.num_rows != entry["rows"]:
-                raise BertraceError(f"{path}: has {meta.num_rows} rows, {manifest_path} says {entry['rows']}; "
-                                    "the shards and manifest are out of sync, rerun the examples stage")
+                raise BertraceError(
+                    f"{path}: has {meta.num_rows} rows, {manifest_path} says {entry['rows']}; "
+                    "the shards and manifest are out of sync, rerun the examples stage"
+                )
             for g in range(meta.num_row_groups):
                 n = meta.row_group(g).num_rows
                 if n:
@@ -350,15 +397,22 @@ class PretrainingData:
         for name in wanted:
             if name not in schema.names:
                 why = f" (masking: {self.manifest['masking']} in {manifest_path})" if name in STATIC_COLUMNS else ""
-                raise BertraceError(f"{path}: has no column '{name}'{why}; the shard is not one the examples stage "
-                                    "wrote, rerun it (dvc repro examples, or dvc checkout data/examples)")
+                raise BertraceError(
+                    f"{path}: has no column '{name}'{why}; the shard is not one the examples stage "
+                    "wrote, rerun it (dvc repro examples, or dvc checkout data/examples)"
+                )
             t = schema.field(name).type
-            ok = pa.types.is_integer(t) if name == "next_sentence_label" else (
-                pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type)
+            ok = (
+                pa.types.is_integer(t)
+                if name == "next_sentence_label"
+                else (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type)
+            )
             if not ok:
-                raise BertraceError(f"{path}: column '{name}' has type {t}, not the examples stage's "
-                                    f"{'integer' if name == 'next_sentence_label' else 'list of integers'}; "
-                                    "rerun the examples stage (dvc repro examples)")
+                raise BertraceError(
+                    f"{path}: column '{name}' has type {t}, not the examples stage's "
+                    f"{'integer' if name == 'next_sentence_label' else 'list of integers'}; "
+                    "rerun the examples stage (dvc repro examples)"
+                )
 
     def _epoch_units(self, epoch: int) -> list[tuple[_Unit, int, int]]:
         """This rank's ``(unit, first, end)`` for ``epoch`` in reading order: the rows ``first <=
@@ -381,7 +435,8 @@ class PretrainingData:
         if n == 0:
             raise BertraceError(
                 f"{self.dir}: a rank gets {self.rows // self.world_size} {self.split} examples per epoch, fewer "
-                f"than the per-rank batch size {self.batch_size}; lower pretrain.batch_size or make more examples")
+                f"than the per-rank batch size {self.batch_size}; lower pretrain.batch_size or make more examples"
+            )
         return n
 
     # -- reading ---------------------------------------------------------------------------
@@ -393,8 +448,10 @@ class PretrainingData:
                 self._pq_cache = (unit.shard, pq.ParquetFile(path))
             table = self._pq_cache[1].read_row_group(unit.row_group)
         except Exception as e:  # pyarrow: ArrowInvalid / OSError on damaged pages
-            raise BertraceError(f"{path}: row group {unit.row_group} is unreadable ({e}); the shard is damaged, "
-                                "rerun the examples stage (dvc repro examples, or dvc checkout data/examples)") from None
+            raise BertraceError(
+                f"{path}: row group {unit.row_group} is unreadable ({e}); the shard is damaged, "
+                "rerun the examples stage (dvc repro examples, or dvc checkout data/examples)"
+            ) from None
 
         def lists(name):
             col = table.column(name).combine_chunks()
@@ -427,10 +484,10 @@ class PretrainingData:
         rows = {}
         for r in range(unit.rows):
             a, b = offs[r], offs[r + 1]
-            row = [ids[a:b].copy(), types[toffs[r]:toffs[r + 1]].copy(), int(nsp[r]), None, None]
+            row = [ids[a:b].copy(), types[toffs[r] : toffs[r + 1]].copy(), int(nsp[r]), None, None]
             if static:
-                row[3] = pos[poffs[r]:poffs[r + 1]].copy()
-                row[4] = lbl[loffs[r]:loffs[r + 1]].copy()
+                row[3] = pos[poffs[r] : poffs[r + 1]].copy()
+                row[4] = lbl[loffs[r] : loffs[r + 1]].copy()
             rows[unit.start + r] = row
         return rows
 
@@ -444,7 +501,7 @@ class PretrainingData:
         if len(offs) > 1 and not (np.diff(offs) == width).all():
             self._bad_rows(unit, f"blocks that are not max_seq_len {width} tokens long")
         self._check_ids(unit, ids, "input_ids")
-        return {unit.start + r: (ids[offs[r]:offs[r + 1]].copy(), None, 0, None, None) for r in range(unit.rows)}
+        return {unit.start + r: (ids[offs[r] : offs[r + 1]].copy(), None, 0, None, None) for r in range(unit.rows)}
 
     def _check_ids(self, unit: _Unit, ids: np.ndarray, column: str) -> None:
         """Every token id is in ``[0, vocab_size)`` (else the embedding lookup fails much later)."""
@@ -455,11 +512,14 @@ class PretrainingData:
             raise BertraceError(
                 f"{path}: row group {unit.row_group} has {column} id {bad}, outside the vocabulary "
                 f"(vocab_size {vocab} in {self.dir / MANIFEST}); the shard was not made with this manifest's "
-                "tokenizer, rerun the examples stage (dvc repro examples, or dvc checkout data/examples)")
+                "tokenizer, rerun the examples stage (dvc repro examples, or dvc checkout data/examples)"
+            )
 
     def _bad_rows(self, unit: _Unit, what: str) -> None:
-        raise BertraceError(f"{self.shards[unit.shard]}: row group {unit.row_group} has {what}; the shard is not one "
-                            "the examples stage wrote, rerun it (dvc repro examples, or dvc checkout data/examples)")
+        raise BertraceError(
+            f"{self.shards[unit.shard]}: row group {unit.row_group} has {what}; the shard is not one "
+            "the examples stage wrote, rerun it (dvc repro examples, or dvc checkout data/examples)"
+        )
 
     def _mask(self, row: list, example: int, epoch: int) -> _Row:
         if not self.dynamic:

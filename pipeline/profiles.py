@@ -54,8 +54,10 @@ def flatten_overrides(profile: dict[str, Any], params: dict[str, Any], source: s
             dotted = f"{prefix}{key}"
             open_section = any(dotted.startswith(s + ".") or dotted == s for s in OPEN_SECTIONS)
             if not open_section and (not isinstance(base, dict) or key not in base):
-                raise BertraceError(f"{source}: {dotted} is not a key of params.yaml; fix the name "
-                                    "(profiles may only change existing params)")
+                raise BertraceError(
+                    f"{source}: {dotted} is not a key of params.yaml; fix the name "
+                    "(profiles may only change existing params)"
+                )
             sub = base.get(key) if isinstance(base, dict) else None
             if isinstance(value, dict) and value and (isinstance(sub, dict) or open_section):
                 walk(value, sub if isinstance(sub, dict) else {}, dotted + ".")

@@ -45,12 +45,31 @@ RECORD_TAG = "bertrace.record_sha256"  # MLflow tag: record_digest() of the reco
 RUN_FIELDS = ("git", "pipeline_run_id", "mlflow_run_id", "started", "finished", "seconds", "host")
 
 # Paths that change *because* the pipeline runs; they do not make the code tree dirty.
-_RUN_PRODUCTS = ("dvc.lock", "metrics/", "plots/", "reports/", "runs/", "mlflow.db", "mlruns/", "mlartifacts/",
-                 ".dvc/.gitignore", ".dvc/tmp/", ".dvc/cache/")
+_RUN_PRODUCTS = (
+    "dvc.lock",
+    "metrics/",
+    "plots/",
+    "reports/",
+    "runs/",
+    "mlflow.db",
+    "mlruns/",
+    "mlartifacts/",
+    ".dvc/.gitignore",
+    ".dvc/tmp/",
+    ".dvc/cache/",
+)
 
 LIBRARIES = (
-    "torch", "tokenizers", "datasets", "pyarrow", "pandas", "numpy",
-    "mlflow", "great-expectations", "dvc", "transformers",
+    "torch",
+    "tokenizers",
+    "datasets",
+    "pyarrow",
+    "pandas",
+    "numpy",
+    "mlflow",
+    "great-expectations",
+    "dvc",
+    "transformers",
 )
 
 
@@ -60,10 +79,9 @@ def git_state(repo_dir: str | os.PathLike = ".") -> dict[str, Any]:
     Changes to run products (``dvc.lock``, ``metrics/`` …) do not count as dirty: ``dvc repro``
     rewrites them while it runs.
     """
+
     def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=repo_dir, check=True, capture_output=True, text=True
-        ).stdout
+        return subprocess.run(["git", *args], cwd=repo_dir, check=True, capture_output=True, text=True).stdout
 
     try:
         commit = git("rev-parse", "HEAD").strip()
@@ -104,8 +122,12 @@ def dvc_experiment(repo_dir: str | os.PathLike = ".") -> dict[str, Any] | None:
     name, baseline = os.environ.get("DVC_EXP_NAME"), os.environ.get("DVC_EXP_BASELINE_REV")
     if not name or not baseline:
         return None
-    return {"name": name, "baseline_rev": baseline, "ref": f"refs/exps/{baseline[:2]}/{baseline[2:]}/{name}",
-            "params_diff": _params_diff(repo_dir, baseline)}
+    return {
+        "name": name,
+        "baseline_rev": baseline,
+        "ref": f"refs/exps/{baseline[:2]}/{baseline[2:]}/{name}",
+        "params_diff": _params_diff(repo_dir, baseline),
+    }
 
 
 def _params_diff(repo_dir: str | os.PathLike, baseline: str, params_file: str = "params.yaml") -> dict[str, list]:
@@ -120,7 +142,9 @@ def _params_diff(repo_dir: str | os.PathLike, baseline: str, params_file: str = 
         for where in (repo_dir, os.environ.get("DVC_ROOT")):  # a temp workspace may lack the baseline's objects
             if not where:
                 continue
-            proc = subprocess.run(["git", "show", f"{baseline}:{params_file}"], cwd=where, capture_output=True, text=True)
+            proc = subprocess.run(
+                ["git", "show", f"{baseline}:{params_file}"], cwd=where, capture_output=True, text=True
+            )
             if proc.returncode == 0:
                 before = yaml.safe_load(proc.stdout) or {}
                 break
@@ -187,10 +211,10 @@ def pipeline_run_id() -> str:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             break
-        if any(os.path.basename(part.decode(errors="replace")) == "dvc" or part.endswith(b"/dvc")
-               or part == b"dvc" for part in cmdline[:3]) or (
-            len(cmdline) > 2 and cmdline[1:3] == [b"-m", b"dvc"]
-        ):
+        if any(
+            os.path.basename(part.decode(errors="replace")) == "dvc" or part.endswith(b"/dvc") or part == b"dvc"
+            for part in cmdline[:3]
+        ) or (len(cmdline) > 2 and cmdline[1:3] == [b"-m", b"dvc"]):
             return sha256_bytes(f"dvc:{pid}:{_proc_start_time(pid)}".encode())[:16]
         pid = int(stat.rsplit(")", 1)[1].split()[1])
     return uuid.uuid4().hex[:16]
@@ -241,9 +265,17 @@ def now_utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def build_run_log(record: dict[str, Any], *, git: dict[str, Any], run_id: str | None, mlflow_run_id: str | None,
-                  tracking: str | None, started: str | None, seconds: float | None,
-                  timings: dict[str, Any] | None = None) -> dict[str, Any]:
+def build_run_log(
+    record: dict[str, Any],
+    *,
+    git: dict[str, Any],
+    run_id: str | None,
+    mlflow_run_id: str | None,
+    tracking: str | None,
+    started: str | None,
+    seconds: float | None,
+    timings: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The run log of the run that wrote ``record``: when, where, from which commit and under which
     run ids (the module docstring). ``tracking``: the MLflow tracking URI, credentials removed."""
     return {
@@ -262,8 +294,9 @@ def build_run_log(record: dict[str, Any], *, git: dict[str, Any], run_id: str | 
     }
 
 
-def read_run_log(stage: str, record: dict[str, Any] | None = None,
-                 root: str | os.PathLike = ".") -> dict[str, Any] | None:
+def read_run_log(
+    stage: str, record: dict[str, Any] | None = None, root: str | os.PathLike = "."
+) -> dict[str, Any] | None:
     """``runs/<stage>.json`` under ``root`` when it belongs to ``record`` (same :func:`record_digest`;
     any run log of the stage when ``record`` is None), else None."""
     import json
@@ -326,14 +359,27 @@ def iter_records(record: dict[str, Any], name: str | None = None) -> Iterator[tu
 # A downstream stage's input comes first: it names the bytes that were actually consumed.
 CHAIN_IDS: dict[str, list[tuple[str, str, str]]] = {
     "raw_sha256": [("clean", "inputs", "raw"), ("download", "outputs", "raw")],
-    "clean_train_sha256": [("tokenizer", "inputs", "train.txt"), ("examples", "inputs", "train.txt"),
-                           ("validate", "inputs", "train.txt"), ("clean", "outputs", "train.txt")],
-    "tokenizer_sha256": [("examples", "inputs", "tokenizer.json"), ("finetune", "inputs", "tokenizer.json"),
-                         ("tokenizer", "outputs", "tokenizer.json")],
-    "examples_sha256": [("pretrain", "inputs", "manifest.json"), ("validate", "inputs", "manifest.json"),
-                        ("examples", "outputs", "manifest.json")],
-    "pretrain_checkpoint_sha256": [("finetune", "inputs", ".pt"), ("pretrain", "outputs", "best.pt"),
-                                   ("pretrain", "outputs", "last.pt")],
+    "clean_train_sha256": [
+        ("tokenizer", "inputs", "train.txt"),
+        ("examples", "inputs", "train.txt"),
+        ("validate", "inputs", "train.txt"),
+        ("clean", "outputs", "train.txt"),
+    ],
+    "tokenizer_sha256": [
+        ("examples", "inputs", "tokenizer.json"),
+        ("finetune", "inputs", "tokenizer.json"),
+        ("tokenizer", "outputs", "tokenizer.json"),
+    ],
+    "examples_sha256": [
+        ("pretrain", "inputs", "manifest.json"),
+        ("validate", "inputs", "manifest.json"),
+        ("examples", "outputs", "manifest.json"),
+    ],
+    "pretrain_checkpoint_sha256": [
+        ("finetune", "inputs", ".pt"),
+        ("pretrain", "outputs", "best.pt"),
+        ("pretrain", "outputs", "last.pt"),
+    ],
     "finetune_checkpoint_sha256": [("evaluate", "inputs", "model.pt"), ("finetune", "outputs", "model.pt")],
 }
 CHAIN_TAG_PREFIX = "bertrace.chain."
@@ -349,10 +395,14 @@ def chain_ids(record: dict[str, Any]) -> dict[str, str]:
     ids: dict[str, str] = {}
     for key, sources in CHAIN_IDS.items():
         for stage, role, name in sources:
-            found = [digest for s, rec in records if s == stage
-                     for path, digest in sorted((rec.get(role) or {}).items())
-                     if isinstance(digest, str) and (Path(path).name == name or (name.startswith(".")
-                                                                                 and path.endswith(name)))]
+            found = [
+                digest
+                for s, rec in records
+                if s == stage
+                for path, digest in sorted((rec.get(role) or {}).items())
+                if isinstance(digest, str)
+                and (Path(path).name == name or (name.startswith(".") and path.endswith(name)))
+            ]
             if found:
                 ids[key] = found[0]
                 break
@@ -393,8 +443,13 @@ def _interpolate(text: str, params: dict[str, Any]) -> str | None:
 
 def uncached_paths(entries: list[Any] | None) -> set[str]:
     """Paths of dvc.yaml outs marked ``cache: false`` (kept in git, not in the DVC cache)."""
-    return {path.rstrip("/") for e in entries or [] if isinstance(e, dict)
-            for path, opts in e.items() if isinstance(opts, dict) and opts.get("cache") is False}
+    return {
+        path.rstrip("/")
+        for e in entries or []
+        if isinstance(e, dict)
+        for path, opts in e.items()
+        if isinstance(opts, dict) and opts.get("cache") is False
+    }
 
 
 def _overlaps(a: str, b: str) -> bool:
@@ -415,21 +470,32 @@ def expand_stages(stages: dict[str, Any], params: dict[str, Any]) -> dict[str, A
         if isinstance(items, str):
             m = re.fullmatch(r"\$\{([^}]*)\}", items.strip())
             items = params
-            for key in (m.group(1).strip().split(".") if m else ["\0"]):
+            for key in m.group(1).strip().split(".") if m else ["\0"]:
                 items = items.get(key) if isinstance(items, dict) else None
-        pairs = (list(items.items()) if isinstance(items, dict)
-                 else [(str(v), v) for v in items] if isinstance(items, list) else [])
+        pairs = (
+            list(items.items())
+            if isinstance(items, dict)
+            else [(str(v), v) for v in items]
+            if isinstance(items, list)
+            else []
+        )
         for key, item in pairs:
+
             def fill(node: Any, key=key, item=item) -> Any:
                 if isinstance(node, dict):
                     return {fill(k): fill(v) for k, v in node.items()}
                 if isinstance(node, list):
                     return [fill(v) for v in node]
                 if isinstance(node, str):
-                    return re.sub(r"\$\{\s*(key|item(?:\.[\w-]+)*)\s*\}",
-                                  lambda m: str(key if m.group(1) == "key"
-                                                else _lookup(item, m.group(1).split(".")[1:])), node)
+                    return re.sub(
+                        r"\$\{\s*(key|item(?:\.[\w-]+)*)\s*\}",
+                        lambda match: str(
+                            key if match.group(1) == "key" else _lookup(item, match.group(1).split(".")[1:])
+                        ),
+                        node,
+                    )
                 return node
+
             out[f"{name}@{key}"] = fill(spec["do"])
     return out
 
@@ -446,8 +512,11 @@ def dvc_stages(root: str | os.PathLike = ".") -> dict[str, Any]:
     root = Path(root)
     try:
         stages = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}).get("stages") or {}
-        params = (yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {}
-                  if (root / "params.yaml").is_file() else {})
+        params = (
+            yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {}
+            if (root / "params.yaml").is_file()
+            else {}
+        )
     except (OSError, yaml.YAMLError, AttributeError):
         return {}
     return expand_stages(stages, params if isinstance(params, dict) else {}) if isinstance(stages, dict) else {}
@@ -489,7 +558,12 @@ def dvc_lock_upstream(stage: str, root: str | os.PathLike = ".") -> dict[str, An
             found[name] = None
             continue
         uncached = uncached_paths(declared)
-        found[name] = {role: {e["path"]: e.get("md5") for e in entry.get(role) or []
-                              if isinstance(e, dict) and not (role == "outs" and e.get("path") in uncached)}
-                       for role in ("outs", "deps")}
+        found[name] = {
+            role: {
+                e["path"]: e.get("md5")
+                for e in entry.get(role) or []
+                if isinstance(e, dict) and not (role == "outs" and e.get("path") in uncached)
+            }
+            for role in ("outs", "deps")
+        }
     return found

@@ -59,19 +59,22 @@ def predict_frame(clf: Classifier, frame, batch_size: int = 64):
         frame = frame.rename(columns={frame.columns[0]: cols[0]})
         missing = []
     if missing:
-        raise BertraceError(f"model input: no column(s) {missing}; the model reads {cols}, the input has "
-                            f"{list(frame.columns)}")
+        raise BertraceError(
+            f"model input: no column(s) {missing}; the model reads {cols}, the input has {list(frame.columns)}"
+        )
     texts = [frame[c].fillna("").astype(str).tolist() for c in cols]
     inputs = texts[0] if len(cols) == 1 else list(zip(texts[0], texts[1]))
     if clf.task_type == "regression":  # one column: the predicted score
-        return pd.DataFrame({"score": clf.logits(inputs, batch_size=batch_size)[:, 0].astype(np.float64)},
-                            index=frame.index)
+        return pd.DataFrame(
+            {"score": clf.logits(inputs, batch_size=batch_size)[:, 0].astype(np.float64)}, index=frame.index
+        )
     if clf.task_type == "token_classification":  # one column: the entities as JSON ({type, text, start, end})
         import json
 
         tagged = clf.tag(inputs, batch_size=batch_size)
-        return pd.DataFrame({"entities": [json.dumps(t["entities"], ensure_ascii=False) for t in tagged]},
-                            index=frame.index)
+        return pd.DataFrame(
+            {"entities": [json.dumps(t["entities"], ensure_ascii=False) for t in tagged]}, index=frame.index
+        )
     logits = clf.logits(inputs, batch_size=batch_size)
     probs = softmax(logits)
     ids = probs.argmax(axis=1) if len(probs) else np.zeros(0, dtype=np.int64)
@@ -101,8 +104,14 @@ def _package_copy(dest: Path) -> Path:
     return target
 
 
-def log_pyfunc(model_pt: str | Path, artifact_path: str = "model", *, tokenizer_path: str | Path | None = None,
-               registered_model_name: str | None = None, input_example: list[str] | None = None):
+def log_pyfunc(
+    model_pt: str | Path,
+    artifact_path: str = "model",
+    *,
+    tokenizer_path: str | Path | None = None,
+    registered_model_name: str | None = None,
+    input_example: list[str] | None = None,
+):
     """Log a fine-tuned checkpoint as an MLflow pyfunc model in the active run (MLflow opens one
     if none is active); returns MLflow's ``ModelInfo``. Load it back with
     ``mlflow.pyfunc.load_model(f"runs:/{run_id}/{artifact_path}")``."""
@@ -129,9 +138,12 @@ def log_pyfunc(model_pt: str | Path, artifact_path: str = "model", *, tokenizer_
             signature=signature,
             input_example=example,
             registered_model_name=registered_model_name,
-            metadata={"bertrace_checkpoint_sha256": sha256_file(path),
-                      "bertrace_tokenizer_sha256": clf.checkpoint["tokenizer_sha256"],
-                      "label_names": clf.label_names, "text_columns": clf.text_columns},
+            metadata={
+                "bertrace_checkpoint_sha256": sha256_file(path),
+                "bertrace_tokenizer_sha256": clf.checkpoint["tokenizer_sha256"],
+                "label_names": clf.label_names,
+                "text_columns": clf.text_columns,
+            },
         )
         if "name" in inspect.signature(mlflow.pyfunc.log_model).parameters:  # MLflow 3
             kwargs["name"] = artifact_path

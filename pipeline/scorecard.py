@@ -29,18 +29,40 @@ SCORECARD_MD = Path("reports/scorecard.md")  # the same rows as markdown, beside
 REFERENCES = Path("reports/references.yaml")  # anchors, published numbers, goals: not params (see the file)
 PROFILES_DIR = Path("reports/profiles")  # recorded rows of other profiles
 PIPELINE_STAGES = tuple(reversed(STAGE_ORDER[1:]))  # download … finetune: the stages before evaluate
-ROW_KEYS = ("name", "corpus", "model", "pretrain_minutes", "device", "tokens_seen", "pretrain_budget", "task",
-            "dev_mean", "dev_std", "seeds", "test", "imdb_test", "dag_minutes", "params_hash", "git_commit", "git_dirty", "date", "note",
-            "warning",  # warning: evaluate's collapse check (pipeline.evaluate.collapse_warnings)
-            "objective",  # pretrain.objective (mlm_nsp | mlm | electra ...); None without pre-training
-            "val_metric", "val_loss",  # the objective's own best validation loss (val_mlm_loss, val_disc_loss ...)
-            "variants",  # the finetune_variant@<name> stages' results: {name: {mode, settings, dev_mean, dev_std, ...}}
-            "pretrain_sha")  # the pre-trained weights' model_sha256 (12 hex): joins a row to its checkpoint's IMDB row
+ROW_KEYS = (
+    "name",
+    "corpus",
+    "model",
+    "pretrain_minutes",
+    "device",
+    "tokens_seen",
+    "pretrain_budget",
+    "task",
+    "dev_mean",
+    "dev_std",
+    "seeds",
+    "test",
+    "imdb_test",
+    "dag_minutes",
+    "params_hash",
+    "git_commit",
+    "git_dirty",
+    "date",
+    "note",
+    "warning",  # warning: evaluate's collapse check (pipeline.evaluate.collapse_warnings)
+    "objective",  # pretrain.objective (mlm_nsp | mlm | electra ...); None without pre-training
+    "val_metric",
+    "val_loss",  # the objective's own best validation loss (val_mlm_loss, val_disc_loss ...)
+    "variants",  # the finetune_variant@<name> stages' results: {name: {mode, settings, dev_mean, dev_std, ...}}
+    "pretrain_sha",
+)  # the pre-trained weights' model_sha256 (12 hex): joins a row to its checkpoint's IMDB row
 VARIANTS_DIR = Path("reports/variants")  # finetune_variant@<name>: reports/variants/<name>.json
 _SELECTION_KEYS = tuple(f"validation_{m}" for m in SELECTION.values())  # reports/<stage>.json, per task type
 
 
-def read_variants(directory: str | Path = VARIANTS_DIR, names: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+def read_variants(
+    directory: str | Path = VARIANTS_DIR, names: Iterable[str] | None = None
+) -> dict[str, dict[str, Any]]:
     """``{name: {mode, settings, dev_mean, dev_std, seeds, minutes}}`` from the ``finetune_variant``
     stages' ``reports/variants/<name>.json`` (dev in %, as the scorecard's rows); {} without any.
     ``names``: the variants params.yaml declares now; a file of a variant removed since (DVC leaves a
@@ -56,15 +78,19 @@ def read_variants(directory: str | Path = VARIANTS_DIR, names: Iterable[str] | N
             raise BertraceError(f"{path}: unreadable ({e}); rerun `dvc repro finetune_variant@{path.stem}`") from None
         key = next((k for k in _SELECTION_KEYS if isinstance(d.get(k), dict)), None)
         if key is None:
-            raise BertraceError(f"{path}: no {' / '.join(_SELECTION_KEYS)} mean; rerun "
-                                f"`dvc repro finetune_variant@{path.stem}`")
+            raise BertraceError(
+                f"{path}: no {' / '.join(_SELECTION_KEYS)} mean; rerun `dvc repro finetune_variant@{path.stem}`"
+            )
         scale = 1 if key == f"validation_{SELECTION['regression']}" else 100  # a correlation, not a %
         overrides = d.get("overrides") or {}
         out[str(d.get("variant") or path.stem)] = {
-            "mode": d.get("mode"), "settings": ", ".join(f"{k}: {v}" for k, v in overrides.items()) or "as finetune",
+            "mode": d.get("mode"),
+            "settings": ", ".join(f"{k}: {v}" for k, v in overrides.items()) or "as finetune",
             "dev_mean": round(d[key]["mean"] * scale, 2 if scale == 100 else 4),
             "dev_std": round(d[key]["std"] * scale, 2 if scale == 100 else 4),
-            "seeds": d.get("n_seeds"), "minutes": d.get("wall_minutes")}
+            "seeds": d.get("n_seeds"),
+            "minutes": d.get("wall_minutes"),
+        }
     return out
 
 
@@ -98,10 +124,18 @@ def _budget(pretrain_metrics: dict[str, Any]) -> str | None:
     return f"{b['kind']}={b['value']}" if isinstance(b, dict) and b.get("kind") else None
 
 
-def run_row(name: str, *, records: dict[str, dict[str, Any]], finetune_metrics: dict[str, Any],
-            eval_metrics: dict[str, Any], pretrain_metrics: dict[str, Any] | None = None,
-            model_config: dict[str, Any] | None = None, task: str | None = None,
-            extra_minutes: float = 0.0, warnings: Sequence[str] = ()) -> dict[str, Any]:
+def run_row(
+    name: str,
+    *,
+    records: dict[str, dict[str, Any]],
+    finetune_metrics: dict[str, Any],
+    eval_metrics: dict[str, Any],
+    pretrain_metrics: dict[str, Any] | None = None,
+    model_config: dict[str, Any] | None = None,
+    task: str | None = None,
+    extra_minutes: float = 0.0,
+    warnings: Sequence[str] = (),
+) -> dict[str, Any]:
     """The scorecard row of one pipeline run.
 
     ``records``: provenance records by stage (data/provenance/<stage>.json);
@@ -113,8 +147,9 @@ def run_row(name: str, *, records: dict[str, dict[str, Any]], finetune_metrics: 
     imported = ((records.get("finetune") or {}).get("upstream") or {}).get("imported")
     missing = [s for s in ("finetune",) + (() if imported else ("download",)) if s not in records]
     if missing:
-        raise BertraceError(f"data/provenance: no record for {missing}; run the whole pipeline (dvc repro) "
-                            "before making the scorecard")
+        raise BertraceError(
+            f"data/provenance: no record for {missing}; run the whole pipeline (dvc repro) before making the scorecard"
+        )
     acc = finetune_metrics.get("validation_accuracy") or {}
     if not isinstance(acc, dict) or "mean" not in acc:
         raise BertraceError("reports/finetune.json: no validation_accuracy mean; rerun dvc repro finetune")
@@ -130,11 +165,17 @@ def run_row(name: str, *, records: dict[str, dict[str, Any]], finetune_metrics: 
     val_metric = _own_val_metric(pretrain_metrics) if objective else None
     return {
         "name": name,
-        "corpus": (f"published: {imported.get('source')}@{str(imported.get('resolved_revision') or 'local')[:10]}"
-                   if imported else _corpus(records["download"].get("params") or {})),
+        "corpus": (
+            f"published: {imported.get('source')}@{str(imported.get('resolved_revision') or 'local')[:10]}"
+            if imported
+            else _corpus(records["download"].get("params") or {})
+        ),
         "model": _model(model_config) + ("" if mode == "full" else f" ({mode})"),
-        "pretrain_minutes": (round(pretrain_metrics["train_seconds"] / 60.0, 2)
-                             if mode != "scratch" and "train_seconds" in pretrain_metrics else None),
+        "pretrain_minutes": (
+            round(pretrain_metrics["train_seconds"] / 60.0, 2)
+            if mode != "scratch" and "train_seconds" in pretrain_metrics
+            else None
+        ),
         "device": pretrain_metrics.get("device", "—"),
         "tokens_seen": pretrain_metrics.get("tokens_seen"),
         "pretrain_budget": _budget(pretrain_metrics) if mode != "scratch" else None,
@@ -153,17 +194,21 @@ def run_row(name: str, *, records: dict[str, dict[str, Any]], finetune_metrics: 
         "warning": "; ".join(warnings) or None,
         "objective": objective,
         "val_metric": val_metric,
-        "val_loss": (round(float(pretrain_metrics[f"best_{val_metric}"]), 4)
-                     if val_metric and pretrain_metrics.get(f"best_{val_metric}") is not None else None),
-        "pretrain_sha": (str(pretrain_metrics["model_sha256"])[:12]
-                         if objective and pretrain_metrics.get("model_sha256") else None),
+        "val_loss": (
+            round(float(pretrain_metrics[f"best_{val_metric}"]), 4)
+            if val_metric and pretrain_metrics.get(f"best_{val_metric}") is not None
+            else None
+        ),
+        "pretrain_sha": (
+            str(pretrain_metrics["model_sha256"])[:12] if objective and pretrain_metrics.get("model_sha256") else None
+        ),
     }
 
 
 def _own_val_metric(pretrain_metrics: dict[str, Any]) -> str | None:
     """The validation loss the run's objective selects best.pt by: the pre-training summary's one
     ``best_<metric>`` key (``Objective.best_metric``: val_mlm_loss, val_disc_loss, val_loss)."""
-    names = [k[len("best_"):] for k in pretrain_metrics if k.startswith("best_val_")]
+    names = [k[len("best_") :] for k in pretrain_metrics if k.startswith("best_val_")]
     return names[0] if len(names) == 1 else None
 
 
@@ -187,10 +232,13 @@ def read_profiles(directory: str | Path) -> list[dict[str, Any]]:
         try:
             row = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BertraceError(f"{path}: not valid JSON ({e}); fix it or record it again with "
-                                "`bertrace scorecard record NAME`") from None
+            raise BertraceError(
+                f"{path}: not valid JSON ({e}); fix it or record it again with `bertrace scorecard record NAME`"
+            ) from None
         if not isinstance(row, dict) or "dev_mean" not in row:
-            raise BertraceError(f"{path}: not a scorecard row (no dev_mean); record it with `bertrace scorecard record`")
+            raise BertraceError(
+                f"{path}: not a scorecard row (no dev_mean); record it with `bertrace scorecard record`"
+            )
         rows.append({**{k: None for k in ROW_KEYS}, **row, "name": row.get("name") or path.stem})
     return rows
 
@@ -212,29 +260,51 @@ def gain_over_scratch(row: dict[str, Any]) -> float | None:
     return None if scratch is None or scratch.get("dev_mean") is None else row["dev_mean"] - scratch["dev_mean"]
 
 
-def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[str, Any]] = (),
-                     baselines: dict[str, float] | None = None, goal: dict[str, float] | None = None,
-                     task: str | None = None) -> str:
+def render_scorecard(
+    rows: Sequence[dict[str, Any]],
+    *,
+    anchors: Iterable[dict[str, Any]] = (),
+    baselines: dict[str, float] | None = None,
+    goal: dict[str, float] | None = None,
+    task: str | None = None,
+) -> str:
     """The scorecard as markdown: this project's rows, then the anchors and published numbers."""
     task = task or "the task"
     rows = with_imdb_test(rows)
-    lines = ["# Scorecard", "",
-             f"Validation accuracy on {task} (mean ± std over fine-tuning seeds), drawn by the `scorecard` stage "
-             "from the `evaluate` stage's row, rows of other profiles (`reports/profiles/*.json`) and "
-             "`reports/references.yaml`.", ""]
+    lines = [
+        "# Scorecard",
+        "",
+        f"Validation accuracy on {task} (mean ± std over fine-tuning seeds), drawn by the `scorecard` stage "
+        "from the `evaluate` stage's row, rows of other profiles (`reports/profiles/*.json`) and "
+        "`reports/references.yaml`.",
+        "",
+    ]
     if goal:
         gain = goal.get("gain_over_scratch")
-        lines += [f"Goal: ≥ {goal['dev_mean']:.1f} % mean of 3 seeds with the whole DAG in ≤ "
-                  f"{goal['dag_minutes']:.0f} minutes on 2 CPU cores"
-                  + (f", and ≥ +{gain:.1f} points over the same model from random weights (its `scratch` variant)"
-                     if gain is not None else "") + ".", ""]
-    lines += ["## This project", "",
-              "| run | corpus | model | pre-training | dev acc. (%) | test acc. (%) | IMDB test (%) | DAG wall | "
-              "params hash | commit |",
-              "|---|---|---|---|---:|---:|---:|---:|---|---|"]
+        lines += [
+            f"Goal: ≥ {goal['dev_mean']:.1f} % mean of 3 seeds with the whole DAG in ≤ "
+            f"{goal['dag_minutes']:.0f} minutes on 2 CPU cores"
+            + (
+                f", and ≥ +{gain:.1f} points over the same model from random weights (its `scratch` variant)"
+                if gain is not None
+                else ""
+            )
+            + ".",
+            "",
+        ]
+    lines += [
+        "## This project",
+        "",
+        "| run | corpus | model | pre-training | dev acc. (%) | test acc. (%) | IMDB test (%) | DAG wall | "
+        "params hash | commit |",
+        "|---|---|---|---|---:|---:|---:|---:|---|---|",
+    ]
     for r in rows:
-        pre = ("none" if r.get("pretrain_minutes") is None
-               else f"{r['pretrain_minutes']:.1f} min {r.get('device') or ''}".strip())
+        pre = (
+            "none"
+            if r.get("pretrain_minutes") is None
+            else f"{r['pretrain_minutes']:.1f} min {r.get('device') or ''}".strip()
+        )
         if r.get("objective") and r.get("pretrain_minutes") is not None:
             pre = f"{r['objective']}, {pre}"
         if str(r.get("pretrain_budget") or "").startswith("time_minutes"):
@@ -246,17 +316,24 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
             dev += f" on {r.get('task') or 'another task'}"  # a recorded row of another task
         commit = _fmt(r.get("git_commit")) + (" (dirty)" if r.get("git_dirty") else "")
         dag = _fmt(r.get("dag_minutes"), ".1f") + (" min" if r.get("dag_minutes") is not None else "")
-        lines.append(f"| {r['name']} | {_fmt(r.get('corpus'))} | {_fmt(r.get('model'))} | {pre} | {dev} | "
-                     f"{_fmt(r.get('test'), '.2f')} | {_fmt(r.get('imdb_test'), '.2f')} | "
-                     f"{dag} | `{_fmt(r.get('params_hash'))}` | {commit} |")
+        lines.append(
+            f"| {r['name']} | {_fmt(r.get('corpus'))} | {_fmt(r.get('model'))} | {pre} | {dev} | "
+            f"{_fmt(r.get('test'), '.2f')} | {_fmt(r.get('imdb_test'), '.2f')} | "
+            f"{dag} | `{_fmt(r.get('params_hash'))}` | {commit} |"
+        )
     notes = [f"- **{r['name']}**: {r['note']}" for r in rows if r.get("note")]
     notes += [f"- ⚠ **{r['name']}**: {r['warning']}" for r in rows if r.get("warning")]
     if notes:
         lines += [""] + notes
     if goal:
         same_task = [r for r in rows if not goal.get("task") or r.get("task") == goal["task"]]
-        fast = [r for r in same_task if r["dev_mean"] >= goal["dev_mean"] and r.get("seeds", 0) >= 3
-                and (r.get("dag_minutes") or 1e9) <= goal["dag_minutes"]]
+        fast = [
+            r
+            for r in same_task
+            if r["dev_mean"] >= goal["dev_mean"]
+            and r.get("seeds", 0) >= 3
+            and (r.get("dag_minutes") or 1e9) <= goal["dag_minutes"]
+        ]
         gain = goal.get("gain_over_scratch")
         gains = {r["name"]: gain_over_scratch(r) for r in fast}
         met = [r for r in fast if gain is None or (gains[r["name"]] is not None and gains[r["name"]] >= gain - 1e-9)]
@@ -266,30 +343,50 @@ def render_scorecard(rows: Sequence[dict[str, Any]], *, anchors: Iterable[dict[s
             lines += ["", f"Accuracy and time met, but not +{gain:.1f} over random weights: {', '.join(short)}."]
     with_variants = [r for r in rows if r.get("variants")]
     if with_variants:
-        lines += ["", "## Fine-tuning variants", "",
-                  "The `finetune_variant@<name>` stages (params.yaml `finetune_variants`): the run's checkpoint, task "
-                  "and seeds fine-tuned again with other settings. `frozen`: a linear probe on the frozen encoder "
-                  "(what its features alone carry); `scratch`: the same model from random weights (what "
-                  "pre-training adds). Δ: against the run's own `finetune` (full) row above.", "",
-                  "| run | variant | settings | dev (mean ± std) | Δ vs full | wall min |", "|---|---|---|---:|---:|---:|"]
+        lines += [
+            "",
+            "## Fine-tuning variants",
+            "",
+            "The `finetune_variant@<name>` stages (params.yaml `finetune_variants`): the run's checkpoint, task "
+            "and seeds fine-tuned again with other settings. `frozen`: a linear probe on the frozen encoder "
+            "(what its features alone carry); `scratch`: the same model from random weights (what "
+            "pre-training adds). Δ: against the run's own `finetune` (full) row above.",
+            "",
+            "| run | variant | settings | dev (mean ± std) | Δ vs full | wall min |",
+            "|---|---|---|---:|---:|---:|",
+        ]
         for r in with_variants:
-            lines.append(f"| {r['name']} | full (`finetune`) | mode: full | {r['dev_mean']:.2f} ± {r['dev_std']:.2f} "
-                         f"| — | — |")
+            lines.append(
+                f"| {r['name']} | full (`finetune`) | mode: full | {r['dev_mean']:.2f} ± {r['dev_std']:.2f} | — | — |"
+            )
             for name, v in r["variants"].items():
                 delta = v["dev_mean"] - r["dev_mean"]
-                lines.append(f"| {r['name']} | {name} | {v.get('settings') or '—'} | {v['dev_mean']:.2f} ± "
-                             f"{v['dev_std']:.2f} | {delta:+.2f} | {_fmt(v.get('minutes'), '.1f')} |")
+                lines.append(
+                    f"| {r['name']} | {name} | {v.get('settings') or '—'} | {v['dev_mean']:.2f} ± "
+                    f"{v['dev_std']:.2f} | {delta:+.2f} | {_fmt(v.get('minutes'), '.1f')} |"
+                )
     lines += objective_corpus_table(rows, task)
     anchors = list(anchors)
     if anchors:
-        lines += ["", "## Anchors: the stock Hugging Face route, measured on the same machine kind (2 CPU cores)", "",
-                  "| route | model | pre-training | dev acc. (%) |", "|---|---|---|---:|"]
+        lines += [
+            "",
+            "## Anchors: the stock Hugging Face route, measured on the same machine kind (2 CPU cores)",
+            "",
+            "| route | model | pre-training | dev acc. (%) |",
+            "|---|---|---|---:|",
+        ]
         for a in anchors:
-            lines.append(f"| {a.get('name')} | {_fmt(a.get('model'))} | {_fmt(a.get('pretrain'))} | "
-                         f"{_fmt(a.get('dev'))} |")
+            lines.append(
+                f"| {a.get('name')} | {_fmt(a.get('model'))} | {_fmt(a.get('pretrain'))} | {_fmt(a.get('dev'))} |"
+            )
     if baselines:
-        lines += ["", "## Published (GLUE test server; other corpora, sizes and compute: a reference, not like-for-like)",
-                  "", "| model | acc. (%) |", "|---|---:|"]
+        lines += [
+            "",
+            "## Published (GLUE test server; other corpora, sizes and compute: a reference, not like-for-like)",
+            "",
+            "| model | acc. (%) |",
+            "|---|---:|",
+        ]
         lines += [f"| {name} | {float(v):.1f} |" for name, v in baselines.items()]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -301,40 +398,53 @@ def objective_corpus_table(rows: Sequence[dict[str, Any]], task: str | None) -> 
     """Markdown lines: every pre-trained row of ``task`` by corpus and objective, with the objective's own
     validation loss, dev, the frozen probe, the gain over the same model from random weights (the
     ``scratch`` variant), IMDB test and minutes; a grid objective a corpus has no row for says so."""
-    pre = [r for r in rows if r.get("objective") and r.get("pretrain_minutes") is not None
-           and (task is None or r.get("task") == task)]
+    pre = [
+        r
+        for r in rows
+        if r.get("objective") and r.get("pretrain_minutes") is not None and (task is None or r.get("task") == task)
+    ]
     if not pre:
         return []
-    lines = ["", "## Pre-training objective × corpus", "",
-             "Every pre-trained row above on this task, by corpus. Val. loss: the objective's own best validation "
-             "loss (MLM cross-entropy for mlm_nsp / mlm, the discriminator's replaced-token loss for electra, "
-             "next-token loss for clm: not comparable across objectives). Frozen: the `frozen` variant (linear "
-             "probe). Δ scratch: dev minus the `scratch` variant (the same model and recipe from random weights). "
-             "IMDB test: the same pre-trained weights fine-tuned on IMDB (`make repro PROFILE=imdb`, a recorded row "
-             "with the same `pretrain_sha`; 1 seed). "
-             "Minutes: pre-training's own (train_seconds), and the whole DAG's.", "",
-             "| corpus | objective | run | val. loss | dev (mean ± std) | frozen | Δ scratch | IMDB test | "
-             "pre-train min | DAG min |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "",
+        "## Pre-training objective × corpus",
+        "",
+        "Every pre-trained row above on this task, by corpus. Val. loss: the objective's own best validation "
+        "loss (MLM cross-entropy for mlm_nsp / mlm, the discriminator's replaced-token loss for electra, "
+        "next-token loss for clm: not comparable across objectives). Frozen: the `frozen` variant (linear "
+        "probe). Δ scratch: dev minus the `scratch` variant (the same model and recipe from random weights). "
+        "IMDB test: the same pre-trained weights fine-tuned on IMDB (`make repro PROFILE=imdb`, a recorded row "
+        "with the same `pretrain_sha`; 1 seed). "
+        "Minutes: pre-training's own (train_seconds), and the whole DAG's.",
+        "",
+        "| corpus | objective | run | val. loss | dev (mean ± std) | frozen | Δ scratch | IMDB test | "
+        "pre-train min | DAG min |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     corpora = list(dict.fromkeys(r.get("corpus") for r in pre))
     for corpus in corpora:
         here = [r for r in pre if r.get("corpus") == corpus]
-        objectives = list(GRID_OBJECTIVES) + [o for o in dict.fromkeys(r["objective"] for r in here)
-                                               if o not in GRID_OBJECTIVES]
+        objectives = list(GRID_OBJECTIVES) + [
+            o for o in dict.fromkeys(r["objective"] for r in here) if o not in GRID_OBJECTIVES
+        ]
         for objective in objectives:
             runs = [r for r in here if r["objective"] == objective]
             if not runs:
                 lines.append(f"| {_fmt(corpus)} | {objective} | not run yet | — | — | — | — | — | — | — |")
             for r in runs:
                 frozen = variant_of_mode(r, "frozen")
-                val = (f"{r['val_metric']} {r['val_loss']:.3f}" if r.get("val_loss") is not None else "—")
+                val = f"{r['val_metric']} {r['val_loss']:.3f}" if r.get("val_loss") is not None else "—"
                 seeds = int(r.get("seeds") or 1)
-                dev = f"{r['dev_mean']:.2f} ± {r['dev_std']:.2f}" + ("" if seeds >= 3 else f" ({seeds} seed{'s' if seeds > 1 else ''})")
+                dev = f"{r['dev_mean']:.2f} ± {r['dev_std']:.2f}" + (
+                    "" if seeds >= 3 else f" ({seeds} seed{'s' if seeds > 1 else ''})"
+                )
                 lines.append(
                     f"| {_fmt(corpus)} | {objective} | {r['name']} | {val} | {dev} "
                     f"| {_fmt(frozen and frozen['dev_mean'], '.2f')} "
                     f"| {_fmt(gain_over_scratch(r), '+.2f')} "
                     f"| {_fmt(r.get('imdb_test'), '.2f')} | {_fmt(r.get('pretrain_minutes'), '.1f')} "
-                    f"| {_fmt(r.get('dag_minutes'), '.1f')} |")
+                    f"| {_fmt(r.get('dag_minutes'), '.1f')} |"
+                )
     return lines
 
 
@@ -348,8 +458,11 @@ def with_imdb_test(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     any other row the test accuracy of an IMDB row with the same ``pretrain_sha`` (the same
     pre-trained weights fine-tuned with ``make repro PROFILE=imdb`` and recorded with ``bertrace
     scorecard record``). A value set with ``--set imdb_test=...`` is kept."""
-    by_checkpoint = {r["pretrain_sha"]: r["test"] for r in rows
-                     if is_imdb_task(r.get("task")) and r.get("pretrain_sha") and r.get("test") is not None}
+    by_checkpoint = {
+        r["pretrain_sha"]: r["test"]
+        for r in rows
+        if is_imdb_task(r.get("task")) and r.get("pretrain_sha") and r.get("test") is not None
+    }
     out = []
     for r in rows:
         if r.get("imdb_test") is None:
@@ -374,8 +487,10 @@ def read_references(path: str | Path = REFERENCES) -> dict[str, Any]:
         raise BertraceError(f"{path}: expected a mapping with goal / anchors / baselines / learning_curve")
     baselines = refs.get("baselines") or {}
     if not isinstance(baselines, dict) or not all(isinstance(v, (int, float)) for v in baselines.values()):
-        raise BertraceError(f"{path}: baselines must map a model name to its published accuracy in %, "
-                            'e.g. {"BERT-base (Devlin et al. 2019, GLUE test)": 93.5}')
+        raise BertraceError(
+            f"{path}: baselines must map a model name to its published accuracy in %, "
+            'e.g. {"BERT-base (Devlin et al. 2019, GLUE test)": 93.5}'
+        )
     return refs
 
 
@@ -391,9 +506,15 @@ def write_run_row(row: dict[str, Any] | None, json_path: str | Path = SCORECARD_
     write_json(json_path, {"this_run": row})
 
 
-def write_scorecard(row: dict[str, Any] | None, *, references: dict[str, Any], task: str | None = None,
-                    profiles_dir: str | Path = PROFILES_DIR, md_path: str | Path = SCORECARD_MD,
-                    variants: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def write_scorecard(
+    row: dict[str, Any] | None,
+    *,
+    references: dict[str, Any],
+    task: str | None = None,
+    profiles_dir: str | Path = PROFILES_DIR,
+    md_path: str | Path = SCORECARD_MD,
+    variants: dict[str, dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """Write ``md_path`` from ``row`` (the run in ``data/``, or None), the rows recorded in
     ``profiles_dir`` (a recorded row named like ``row`` is that run's older copy and is left out) and
     ``references`` (:func:`read_references`; the goal, the anchors and the published numbers are
@@ -412,8 +533,10 @@ def write_scorecard(row: dict[str, Any] | None, *, references: dict[str, Any], t
     note = None
     if ref_task and ref_task != task and (anchors or baselines):
         anchors, baselines = [], {}
-        note = (f"The anchors and published numbers of {REFERENCES} are for {ref_task}, not for this run's task "
-                f"({task or 'unknown'}): not shown.")
+        note = (
+            f"The anchors and published numbers of {REFERENCES} are for {ref_task}, not for this run's task "
+            f"({task or 'unknown'}): not shown."
+        )
     text = render_scorecard(rows, anchors=anchors, baselines=baselines, goal=goal, task=task)
     if note:
         text += "\n" + note + "\n"

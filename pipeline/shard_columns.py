@@ -39,8 +39,10 @@ def schema_problems(table, spec) -> tuple[list[str], bool]:
         if not pa.types.is_integer(typ):
             usable = False
         if str(typ) not in allowed:
-            problems.append(f"{name}: {table.schema.field(name).type}, expected "
-                            + (f"list<{'|'.join(sorted(allowed))}>" if kind == "list" else "|".join(sorted(allowed))))
+            problems.append(
+                f"{name}: {table.schema.field(name).type}, expected "
+                + (f"list<{'|'.join(sorted(allowed))}>" if kind == "list" else "|".join(sorted(allowed)))
+            )
     return problems, usable
 
 
@@ -51,18 +53,36 @@ def open_shard(path: Path, entry: dict) -> tuple[list[CheckResult], Any]:
 
     target = str(path)
     if not path.is_file():
-        return [failed_check(target, "shard_exists", f"{path}: listed in manifest.json but missing; rerun the examples stage")], None
+        return [
+            failed_check(
+                target, "shard_exists", f"{path}: listed in manifest.json but missing; rerun the examples stage"
+            )
+        ], None
     actual = sha256_file(path)
-    results = [CheckResult(target, "sha256_matches_manifest", actual == entry["sha256"],
-                           {"manifest": entry["sha256"], "actual": actual}, 0, [],
-                           "file sha256 matches manifest.json" if actual == entry["sha256"] else
-                           f"{path}: sha256 differs from manifest.json (modified after the examples stage?); "
-                           "rerun the examples stage")]
+    results = [
+        CheckResult(
+            target,
+            "sha256_matches_manifest",
+            actual == entry["sha256"],
+            {"manifest": entry["sha256"], "actual": actual},
+            0,
+            [],
+            "file sha256 matches manifest.json"
+            if actual == entry["sha256"]
+            else f"{path}: sha256 differs from manifest.json (modified after the examples stage?); "
+            "rerun the examples stage",
+        )
+    ]
     try:
         table = pq.read_table(path)
     except Exception as e:  # pyarrow raises several types for corrupt files
-        results.append(failed_check(target, "parquet_readable",
-                             f"{path}: cannot read as Parquet ({type(e).__name__}: {e}); delete it and rerun the examples stage"))
+        results.append(
+            failed_check(
+                target,
+                "parquet_readable",
+                f"{path}: cannot read as Parquet ({type(e).__name__}: {e}); delete it and rerun the examples stage",
+            )
+        )
         return results, None
     return results, table
 

@@ -28,8 +28,13 @@ def id_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= 65536 else np.uint32
 
 
-_NUMPY_OF = {pa.int8(): np.int8, pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.uint32(): np.uint32,
-             pa.int32(): np.int32}
+_NUMPY_OF = {
+    pa.int8(): np.int8,
+    pa.uint8(): np.uint8,
+    pa.uint16(): np.uint16,
+    pa.uint32(): np.uint32,
+    pa.int32(): np.int32,
+}
 
 
 def arrow_array(values: np.ndarray, type_: pa.DataType) -> pa.Array:
@@ -90,6 +95,7 @@ def partition_sizes(num_docs: int, docs_per_shard: int) -> list[int]:
 
 def read_partitions(path: Path, starts: np.ndarray, order: np.ndarray, sizes: list[int]) -> Iterator[list[str]]:
     """The documents of each partition, in ``order``; each partition read in file order by seeking."""
+
     def changed():
         return BertraceError(f"{path}: changed while being read; rerun the examples stage")
 
@@ -98,7 +104,7 @@ def read_partitions(path: Path, starts: np.ndarray, order: np.ndarray, sizes: li
     try:
         with open(path, "rb") as f:
             for size in sizes:
-                where = starts[order[lo:lo + size]]
+                where = starts[order[lo : lo + size]]
                 lo += size
                 docs: list[str] = [""] * size
                 for k in np.argsort(where, kind="stable").tolist():

@@ -149,9 +149,15 @@ class TaskData:
 
     def task_info(self) -> dict[str, Any]:
         """The ``task`` entry of the fine-tuned checkpoint (docs/formats.md), plus where the data came from."""
-        return {"type": self.task_type, "text_columns": list(self.text_columns), "max_len": self.max_len,
-                "truncation": self.truncation, "label_column": self.label_column, "source": self.source,
-                "splits": {r: s.split for r, s in self.splits.items()}}
+        return {
+            "type": self.task_type,
+            "text_columns": list(self.text_columns),
+            "max_len": self.max_len,
+            "truncation": self.truncation,
+            "label_column": self.label_column,
+            "source": self.source,
+            "splits": {r: s.split for r, s in self.splits.items()},
+        }
 
 
 def collate(batch: Sequence[tuple[list[int], list[int], Any]]) -> dict[str, torch.Tensor]:
@@ -172,13 +178,17 @@ def collate(batch: Sequence[tuple[list[int], list[int], Any]]) -> dict[str, torc
     if isinstance(first, (list, tuple)):
         labels = torch.full((len(batch), T), IGNORE_INDEX, dtype=torch.long)
         for i, (_, _, lab) in enumerate(batch):
-            labels[i, :len(lab)] = torch.tensor(lab, dtype=torch.long)
+            labels[i, : len(lab)] = torch.tensor(lab, dtype=torch.long)
     elif isinstance(first, float):
         labels = torch.tensor([label for _, _, label in batch], dtype=torch.float32)
     else:
         labels = torch.tensor([label for _, _, label in batch], dtype=torch.long)
-    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
-            "labels": labels}
+    return {
+        "input_ids": input_ids,
+        "token_type_ids": token_type_ids,
+        "attention_mask": attention_mask,
+        "labels": labels,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,7 +207,7 @@ def cut(ids: list[int], n: int, truncation: str) -> list[int]:
     if truncation == "head" or n <= 0:
         return ids[:n]
     h = head_tail_split(n)
-    return ids[:h] + ids[len(ids) - (n - h):]
+    return ids[:h] + ids[len(ids) - (n - h) :]
 
 
 def pair_budget(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
@@ -211,8 +221,9 @@ def pair_budget(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
     return len_a, len_b
 
 
-def encode_examples(tokenizer, texts_a: list[str], texts_b: list[str] | None, max_len: int,
-                    truncation: str = "head") -> tuple[list[list[int]], list[list[int]], int]:
+def encode_examples(
+    tokenizer, texts_a: list[str], texts_b: list[str] | None, max_len: int, truncation: str = "head"
+) -> tuple[list[list[int]], list[list[int]], int]:
     """``(input_ids, token_type_ids, n_truncated)`` for single sentences or pairs."""
     if truncation not in TRUNCATIONS:
         raise BertraceError(f"params.yaml: finetune.truncation is {truncation!r}; use one of {list(TRUNCATIONS)}")
@@ -259,8 +270,10 @@ def task_params(params: dict | None) -> dict[str, Any]:
     params = dict(params or {})
     unknown = sorted(str(k) for k in params if k not in DEFAULT_TASK)
     if unknown:
-        raise BertraceError(f"params.yaml: finetune.task.{unknown[0]}: unknown key; valid keys: "
-                            f"{', '.join(sorted(DEFAULT_TASK))} (a typo? fix it in params.yaml)")
+        raise BertraceError(
+            f"params.yaml: finetune.task.{unknown[0]}: unknown key; valid keys: "
+            f"{', '.join(sorted(DEFAULT_TASK))} (a typo? fix it in params.yaml)"
+        )
     out = {**DEFAULT_TASK, **params}
     out["hub"] = {**DEFAULT_TASK["hub"], **(params.get("hub") or {})}
     out["splits"] = {**DEFAULT_TASK["splits"], **(params.get("splits") or {})}
@@ -271,36 +284,53 @@ def task_params(params: dict | None) -> dict[str, Any]:
     if isinstance(text_columns, str):
         text_columns = [text_columns]
     if not text_columns or len(text_columns) > 2:
-        raise BertraceError(f"params.yaml: finetune.task.text_columns is {out['text_columns']!r}; name one column "
-                            "(single sentence) or two (sentence pair)")
+        raise BertraceError(
+            f"params.yaml: finetune.task.text_columns is {out['text_columns']!r}; name one column "
+            "(single sentence) or two (sentence pair)"
+        )
     out["text_columns"] = [str(c) for c in text_columns]
     if out["source"] not in ("hub", "local"):
         raise BertraceError(f"params.yaml: finetune.task.source is {out['source']!r}; use 'hub' or 'local'")
     delimiter = out["delimiter"]
-    if not (delimiter == "auto" or (isinstance(delimiter, str) and len(delimiter) == 1 and delimiter not in "\"\r\n")):
-        raise BertraceError(f"params.yaml: finetune.task.delimiter = {delimiter!r}: use auto or one character, e.g. "
-                            "';' or \"\\t\" (double quotes in YAML for a tab)")
+    if not (delimiter == "auto" or (isinstance(delimiter, str) and len(delimiter) == 1 and delimiter not in '"\r\n')):
+        raise BertraceError(
+            f"params.yaml: finetune.task.delimiter = {delimiter!r}: use auto or one character, e.g. "
+            "';' or \"\\t\" (double quotes in YAML for a tab)"
+        )
     if out["quoting"] not in ("auto", *QUOTINGS):
-        raise BertraceError(f"params.yaml: finetune.task.quoting = {out['quoting']!r}: use auto, minimal (standard "
-                            "double quotes) or none")
+        raise BertraceError(
+            f"params.yaml: finetune.task.quoting = {out['quoting']!r}: use auto, minimal (standard "
+            "double quotes) or none"
+        )
     if out["type"] not in TASK_TYPES:
         raise BertraceError(f"params.yaml: finetune.task.type = {out['type']!r}: use one of {list(TASK_TYPES)}")
     if out["format"] not in ("auto", "conll"):
-        raise BertraceError(f"params.yaml: finetune.task.format = {out['format']!r}: use auto (by file suffix: "
-                            ".conll is CoNLL) or conll (read every local file as CoNLL 'token tag' lines)")
+        raise BertraceError(
+            f"params.yaml: finetune.task.format = {out['format']!r}: use auto (by file suffix: "
+            ".conll is CoNLL) or conll (read every local file as CoNLL 'token tag' lines)"
+        )
     header = out["header"]
-    if header is not True and not (isinstance(header, list) and header and all(isinstance(h, str) and h.strip()
-                                                                                for h in header)
-                                   and len(set(header)) == len(header)):
-        raise BertraceError(f"params.yaml: finetune.task.header = {header!r}: use true (the first line names the "
-                            "columns) or, for a headerless .csv/.tsv, the list of its column names in order, e.g. "
-                            "[genre, file, year, id, score, sentence1, sentence2]")
+    if header is not True and not (
+        isinstance(header, list)
+        and header
+        and all(isinstance(h, str) and h.strip() for h in header)
+        and len(set(header)) == len(header)
+    ):
+        raise BertraceError(
+            f"params.yaml: finetune.task.header = {header!r}: use true (the first line names the "
+            "columns) or, for a headerless .csv/.tsv, the list of its column names in order, e.g. "
+            "[genre, file, year, id, score, sentence1, sentence2]"
+        )
     if out["type"] == "token_classification" and len(out["text_columns"]) != 1:
-        raise BertraceError(f"params.yaml: finetune.task.text_columns is {out['text_columns']!r}; token_classification "
-                            "reads one column of word lists (e.g. [tokens])")
+        raise BertraceError(
+            f"params.yaml: finetune.task.text_columns is {out['text_columns']!r}; token_classification "
+            "reads one column of word lists (e.g. [tokens])"
+        )
     if out["type"] == "regression" and out["label_names"]:
-        raise BertraceError(f"params.yaml: finetune.task.label_names is {out['label_names']!r}; a regression task "
-                            "predicts one number and has no label names: set finetune.task.label_names: []")
+        raise BertraceError(
+            f"params.yaml: finetune.task.label_names is {out['label_names']!r}; a regression task "
+            "predicts one number and has no label names: set finetune.task.label_names: []"
+        )
     return out
 
 
@@ -326,8 +356,14 @@ def csv_dialect(path: Path, delimiter: str = "auto", quoting: str = "auto") -> d
     return {"delimiter": delimiter, "quoting": quoting, "sniffed": sniffed}
 
 
-def read_table(path: Path, *, delimiter: str = "auto", quoting: str = "auto",
-               dialect: dict[str, Any] | None = None, header: bool | list[str] = True) -> dict[str, list]:
+def read_table(
+    path: Path,
+    *,
+    delimiter: str = "auto",
+    quoting: str = "auto",
+    dialect: dict[str, Any] | None = None,
+    header: bool | list[str] = True,
+) -> dict[str, list]:
     """Columns of a ``.tsv`` / ``.csv`` / ``.parquet`` / ``.jsonl`` file (first line = header
     for tsv/csv; CRLF line endings are fine). ``dialect`` (if given) receives what
     :func:`csv_dialect` chose for a csv/tsv file. ``header``: a list of column names reads a
@@ -346,8 +382,14 @@ def read_table(path: Path, *, delimiter: str = "auto", quoting: str = "auto",
                 dialect.update(chosen)
             if isinstance(header, list):
                 return read_headerless(path, header, chosen, dialect)
-            df = pd.read_csv(path, sep=chosen["delimiter"], dtype=str, keep_default_na=False, encoding="utf-8",
-                             quoting=QUOTINGS[chosen["quoting"]])
+            df = pd.read_csv(
+                path,
+                sep=chosen["delimiter"],
+                dtype=str,
+                keep_default_na=False,
+                encoding="utf-8",
+                quoting=QUOTINGS[chosen["quoting"]],
+            )
             df.columns = [str(c).strip() for c in df.columns]
             return {c: [v.rstrip("\r") if isinstance(v, str) else v for v in df[c].tolist()] for c in df.columns}
         if suffix == ".parquet":
@@ -365,15 +407,20 @@ def read_table(path: Path, *, delimiter: str = "auto", quoting: str = "auto",
         how = ""
         if suffix in (".tsv", ".csv"):
             chosen = csv_dialect(path, delimiter, quoting)
-            how = (f" with delimiter {chosen['delimiter']!r}{' (sniffed)' if chosen['sniffed'] else ''} and quoting "
-                   f"{chosen['quoting']}; set finetune.task.delimiter / finetune.task.quoting, or")
-        raise BertraceError(f"{path}: cannot be read as {suffix[1:]}{how} ({type(e).__name__}: "
-                            f"{' '.join(str(e).split())[:200]}); fix or replace the file") from None
+            how = (
+                f" with delimiter {chosen['delimiter']!r}{' (sniffed)' if chosen['sniffed'] else ''} and quoting "
+                f"{chosen['quoting']}; set finetune.task.delimiter / finetune.task.quoting, or"
+            )
+        raise BertraceError(
+            f"{path}: cannot be read as {suffix[1:]}{how} ({type(e).__name__}: "
+            f"{' '.join(str(e).split())[:200]}); fix or replace the file"
+        ) from None
     raise BertraceError(f"{path}: unsupported file type {suffix or '(none)'}; use one of {list(FILE_SUFFIXES)}")
 
 
-def read_headerless(path: Path, names: list[str], chosen: dict[str, Any],
-                    dialect: dict[str, Any] | None = None) -> dict[str, list]:
+def read_headerless(
+    path: Path, names: list[str], chosen: dict[str, Any], dialect: dict[str, Any] | None = None
+) -> dict[str, list]:
     """A csv/tsv without a header line, its fields named by ``names`` in order (``csv`` module,
     the delimiter and quoting of ``chosen``). Fields beyond ``names`` are dropped (the original
     STS Benchmark adds license fields on some lines) and counted in ``dialect["extra_fields"]``;
@@ -389,7 +436,8 @@ def read_headerless(path: Path, names: list[str], chosen: dict[str, Any],
                 raise BertraceError(
                     f"{path}:{reader.line_num}: {len(row)} fields but finetune.task.header names {len(names)} "
                     f"({names}); fix the line or the header list (delimiter {chosen['delimiter']!r}, quoting "
-                    f"{chosen['quoting']})")
+                    f"{chosen['quoting']})"
+                )
             extra += len(row) > len(names)
             for n, v in zip(names, row):
                 columns[n].append(v.rstrip("\r"))
@@ -402,8 +450,15 @@ def _rename(columns: dict[str, list], renames: dict[str, str]) -> dict[str, list
     return {renames.get(c, c): v for c, v in columns.items()}
 
 
-def _file_rows(path: Path, renames: dict[str, str], global_renames: dict[str, str], hint: str,
-               files: dict[str, str], p: dict[str, Any] | None = None, tables: dict[str, Any] | None = None) -> _Rows:
+def _file_rows(
+    path: Path,
+    renames: dict[str, str],
+    global_renames: dict[str, str],
+    hint: str,
+    files: dict[str, str],
+    p: dict[str, Any] | None = None,
+    tables: dict[str, Any] | None = None,
+) -> _Rows:
     p = p or DEFAULT_TASK
     dialect: dict[str, Any] = {}
     if p.get("format") == "conll" or path.suffix.lower() in CONLL_SUFFIXES:
@@ -412,8 +467,9 @@ def _file_rows(path: Path, renames: dict[str, str], global_renames: dict[str, st
         columns = read_conll(path, dialect)
         dialect["format"] = "conll"
     else:
-        columns = read_table(path, delimiter=p["delimiter"], quoting=p["quoting"], dialect=dialect,
-                             header=p.get("header", True))
+        columns = read_table(
+            path, delimiter=p["delimiter"], quoting=p["quoting"], dialect=dialect, header=p.get("header", True)
+        )
     if dialect and tables is not None:
         tables[path.as_posix()] = dialect
     files[path.as_posix()] = sha256_file(path)
@@ -422,15 +478,28 @@ def _file_rows(path: Path, renames: dict[str, str], global_renames: dict[str, st
     return _Rows(columns, str(path), hint, None, original)
 
 
-def _hub_rows(dataset: str, config: str | None, revision: str, split: str, global_renames: dict[str, str],
-              label_column: str, files: dict[str, str]) -> _Rows:
+def _hub_rows(
+    dataset: str,
+    config: str | None,
+    revision: str,
+    split: str,
+    global_renames: dict[str, str],
+    label_column: str,
+    files: dict[str, str],
+) -> _Rows:
     where = f"hub dataset {dataset}{'/' + config if config else ''} split {split}"
     ds = load_split(dataset, config, revision, split, key="finetune.task.hub")
     original_label = next((old for old, new in global_renames.items() if new == label_column), label_column)
     label_feature = ds.features.get(original_label)
     # a ClassLabel, or a sequence of them (CoNLL-2003's ner_tags: Sequence/List(ClassLabel))
-    class_names = list(getattr(label_feature, "names", None)
-                       or getattr(getattr(label_feature, "feature", None), "names", None) or []) or None
+    class_names = (
+        list(
+            getattr(label_feature, "names", None)
+            or getattr(getattr(label_feature, "feature", None), "names", None)
+            or []
+        )
+        or None
+    )
     files[f"hub:{dataset}/{config}/{split}@{revision}"] = ds._fingerprint
     columns = _rename(ds.to_dict(), global_renames)
     return _Rows(columns, where, "finetune.task.columns", class_names, list(ds.column_names))
@@ -470,11 +539,14 @@ def _labels(values: list, label_names: list[str], rows: _Rows, label_column: str
         raise BertraceError(
             f"{rows.where}: column {label_column!r} has labels outside finetune.task.label_names "
             f"{label_names}: {', '.join(shown)} ({len(bad) or int((out == -1).sum())} rows); list every label "
-            f"in finetune.task.label_names (string labels by name, integer labels 0..{len(label_names) - 1})")
+            f"in finetune.task.label_names (string labels by name, integer labels 0..{len(label_names) - 1})"
+        )
     if (out == -1).all():
         if role != "test":
-            raise BertraceError(f"{rows.where}: the {role} split has no labels (all -1 / empty); pick a labelled "
-                                f"split in finetune.task.splits.{role}")
+            raise BertraceError(
+                f"{rows.where}: the {role} split has no labels (all -1 / empty); pick a labelled "
+                f"split in finetune.task.splits.{role}"
+            )
         return None
     return torch.from_numpy(out)
 
@@ -482,16 +554,28 @@ def _labels(values: list, label_names: list[str], rows: _Rows, label_column: str
 def _check_columns(rows: _Rows, needed: list[str]) -> None:
     missing = [c for c in needed if c not in rows.columns]
     if missing:
-        renamed = f" (after renames; in the file: {rows.original_columns})" if rows.original_columns != list(rows.columns) else ""
+        renamed = (
+            f" (after renames; in the file: {rows.original_columns})"
+            if rows.original_columns != list(rows.columns)
+            else ""
+        )
         raise BertraceError(
             f"{rows.where}: no column {missing[0]!r}; columns present: {list(rows.columns)}{renamed}. Set "
             f"finetune.task.text_columns / finetune.task.label_column to the right names, or rename columns "
-            f"with {rows.hint}")
+            f"with {rows.hint}"
+        )
 
 
-def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: str = "head",
-                   mirror: str | os.PathLike | None = None, roles: Sequence[str] = ("train", "validation"),
-                   progress: bool = False) -> TaskData:
+def load_task_data(
+    params: dict | None,
+    tokenizer,
+    *,
+    max_len: int,
+    truncation: str = "head",
+    mirror: str | os.PathLike | None = None,
+    roles: Sequence[str] = ("train", "validation"),
+    progress: bool = False,
+) -> TaskData:
     """Read, check, sample and tokenize the task splits named by ``roles``.
 
     ``params`` is ``finetune.task``; ``tokenizer`` a ``tokenizers.Tokenizer``; ``roles`` a subset
@@ -520,29 +604,44 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
             split_of["train"] = p["splits"].get("train")
     for role, split in split_of.items():
         if not split:
-            raise BertraceError(f"params.yaml: finetune.task.splits.{role} is empty; name the split that serves as {role}"
-                                + (" (or let the evaluate stage score only the task's roles: evaluate.splits: auto)"
-                                   if role == "test" else ""))
+            raise BertraceError(
+                f"params.yaml: finetune.task.splits.{role} is empty; name the split that serves as {role}"
+                + (
+                    " (or let the evaluate stage score only the task's roles: evaluate.splits: auto)"
+                    if role == "test"
+                    else ""
+                )
+            )
     wanted = sorted({str(s) for s in split_of.values()})
 
     rows_by_split: dict[str, _Rows] = {}
     if p["source"] == "local":
         for split in wanted:
             if split not in p["local"]:
-                raise BertraceError(f"params.yaml: finetune.task.local has no entry for split {split!r} (it has: "
-                                    f"{sorted(p['local'])}); add '{split}: path/to/file' or fix finetune.task.splits")
+                raise BertraceError(
+                    f"params.yaml: finetune.task.local has no entry for split {split!r} (it has: "
+                    f"{sorted(p['local'])}); add '{split}: path/to/file' or fix finetune.task.splits"
+                )
             rel, renames = entry(p["local"][split], f"params.yaml: finetune.task.local.{split}")
             hint = f"finetune.task.local.{split}: {{path: ..., columns: {{old: new}}}}"
-            rows_by_split[split] = _file_rows(Path(os.path.expanduser(rel)), renames, global_renames, hint, files,
-                                              p, tables)
+            rows_by_split[split] = _file_rows(
+                Path(os.path.expanduser(rel)), renames, global_renames, hint, files, p, tables
+            )
         source = {"type": "local", "files": {s: Path(entry(p["local"][s], "")[0]).as_posix() for s in wanted}}
     else:
         hub = p["hub"]
         dataset, config, revision = hub.get("dataset"), hub.get("config") or None, str(hub.get("revision") or "main")
         if not dataset:
-            raise BertraceError("params.yaml: finetune.task.hub.dataset is empty; name a hub dataset (e.g. nyu-mll/glue)")
-        source = {"type": "hub", "dataset": dataset, "config": config, "revision": revision,
-                  "mirror": str(mirror) if mirror else None}
+            raise BertraceError(
+                "params.yaml: finetune.task.hub.dataset is empty; name a hub dataset (e.g. nyu-mll/glue)"
+            )
+        source = {
+            "type": "hub",
+            "dataset": dataset,
+            "config": config,
+            "revision": revision,
+            "mirror": str(mirror) if mirror else None,
+        }
         if mirror:
             for split, (path, renames) in resolve_mirror_entries(mirror, dataset, config, wanted).items():
                 hint = "a 'columns: {old: new}' map in the mirror entry or finetune.task.columns"
@@ -551,8 +650,9 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
             pinned = resolve_revision(dataset, config, revision, key="finetune.task.hub")
             source["resolved_revision"] = pinned
             for split in wanted:
-                rows_by_split[split] = _hub_rows(dataset, config, pinned or revision, split, global_renames,
-                                                 label_column, files)
+                rows_by_split[split] = _hub_rows(
+                    dataset, config, pinned or revision, split, global_renames, label_column, files
+                )
 
     if tables:
         source["tables"] = tables
@@ -561,14 +661,25 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
     if not label_names and task_type != "regression":
         names = next((r.class_names for r in rows_by_split.values() if r.class_names), None)
         if not names and task_type == "token_classification":
-            found = sorted({str(t) for r in rows_by_split.values() if label_column in r.columns
-                            for seq in r.columns[label_column] if isinstance(seq, (list, tuple, np.ndarray))
-                            for t in seq})
-            raise BertraceError(f"params.yaml: finetune.task.label_names is empty; list the BIO tags in label order, "
-                                f"e.g. [O, B-X, I-X, ...] (the data has: {found[:40]})")
+            found = sorted(
+                {
+                    str(t)
+                    for r in rows_by_split.values()
+                    if label_column in r.columns
+                    for seq in r.columns[label_column]
+                    if isinstance(seq, (list, tuple, np.ndarray))
+                    for t in seq
+                }
+            )
+            raise BertraceError(
+                f"params.yaml: finetune.task.label_names is empty; list the BIO tags in label order, "
+                f"e.g. [O, B-X, I-X, ...] (the data has: {found[:40]})"
+            )
         if not names:
-            raise BertraceError("params.yaml: finetune.task.label_names is empty; list the class names in label order "
-                                "(e.g. [negative, positive])")
+            raise BertraceError(
+                "params.yaml: finetune.task.label_names is empty; list the class names in label order "
+                "(e.g. [negative, positive])"
+            )
         label_names = [str(n) for n in names]
         label_source = next(r.where for r in rows_by_split.values() if r.class_names)
     if task_type == "token_classification":
@@ -584,11 +695,20 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
         _check_columns(rows, needed)
         n = len(rows.columns[label_column])
         if n == 0:
-            raise BertraceError(f"{rows.where}: the {role} split ({split}) has no rows; point finetune.task.splits."
-                                f"{role} at a non-empty split or fix the file")
+            raise BertraceError(
+                f"{rows.where}: the {role} split ({split}) has no rows; point finetune.task.splits."
+                f"{role} at a non-empty split or fix the file"
+            )
         if task_type == "token_classification":
-            labels = _tag_labels(rows.columns[label_column], rows.columns[text_columns[0]], label_names, rows,
-                                 label_column, text_columns[0], role)
+            labels = _tag_labels(
+                rows.columns[label_column],
+                rows.columns[text_columns[0]],
+                label_names,
+                rows,
+                label_column,
+                text_columns[0],
+                role,
+            )
         elif task_type == "regression":
             labels = _scores(rows.columns[label_column], rows, label_column, role)
         else:
@@ -597,8 +717,10 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
         if carve and role in ("train", "validation"):
             frac = float(p["validation_fraction"])
             if not 0.0 < frac < 1.0:
-                raise BertraceError("params.yaml: finetune.task.validation_fraction must be in (0, 1) when "
-                                    "finetune.task.splits.validation is null")
+                raise BertraceError(
+                    "params.yaml: finetune.task.validation_fraction must be in (0, 1) when "
+                    "finetune.task.splits.validation is null"
+                )
             perm = np.random.default_rng([int(p.get("sample_seed") or 0), 99]).permutation(n)
             n_val = max(1, int(round(n * frac)))
             idx = np.sort(perm[:n_val] if role == "validation" else perm[n_val:])
@@ -609,17 +731,29 @@ def load_task_data(params: dict | None, tokenizer, *, max_len: int, truncation: 
             rng = np.random.default_rng([int(p.get("sample_seed") or 0), ROLES.index(role)])
             idx = np.sort(rng.permutation(idx)[: int(limit)])
         if len(idx) == 0:
-            raise BertraceError(f"{rows.where}: the {role} split is empty after sampling; raise "
-                                f"finetune.task.max_examples.{role} or validation_fraction")
+            raise BertraceError(
+                f"{rows.where}: the {role} split is empty after sampling; raise "
+                f"finetune.task.max_examples.{role} or validation_fraction"
+            )
         if task_type == "token_classification":
-            splits[role] = _token_split(tokenizer, rows, text_columns[0], labels, idx, label_names, max_len, role,
-                                        split, tables)
+            splits[role] = _token_split(
+                tokenizer, rows, text_columns[0], labels, idx, label_names, max_len, role, split, tables
+            )
             continue
         texts = [[_text(rows.columns[c][i]) for i in idx] for c in text_columns]
-        ids, types, n_cut = encode_examples(tokenizer, texts[0], texts[1] if len(texts) > 1 else None,
-                                            max_len, truncation)
-        splits[role] = TaskSplit(role, split, ids, types, None if labels is None else labels[torch.from_numpy(idx)],
-                                 rows.where, n_cut, task_type)
+        ids, types, n_cut = encode_examples(
+            tokenizer, texts[0], texts[1] if len(texts) > 1 else None, max_len, truncation
+        )
+        splits[role] = TaskSplit(
+            role,
+            split,
+            ids,
+            types,
+            None if labels is None else labels[torch.from_numpy(idx)],
+            rows.where,
+            n_cut,
+            task_type,
+        )
     return TaskData(splits, label_names, text_columns, label_column, max_len, truncation, files, source, task_type)
 
 
@@ -627,13 +761,16 @@ def _words(v: Any, rows: _Rows, column: str, i: int) -> list[str]:
     if isinstance(v, np.ndarray):
         v = v.tolist()
     if not isinstance(v, (list, tuple)):
-        raise BertraceError(f"{rows.where}: row {i} of column {column!r} is {type(v).__name__}, not a list of words; "
-                            "token_classification reads a column of word lists (or a CoNLL file)")
+        raise BertraceError(
+            f"{rows.where}: row {i} of column {column!r} is {type(v).__name__}, not a list of words; "
+            "token_classification reads a column of word lists (or a CoNLL file)"
+        )
     return [_text(w) for w in v]
 
 
-def _tag_labels(values: list, words: list, label_names: list[str], rows: _Rows, label_column: str,
-                text_column: str, role: str) -> list[list[int]] | None:
+def _tag_labels(
+    values: list, words: list, label_names: list[str], rows: _Rows, label_column: str, text_column: str, role: str
+) -> list[list[int]] | None:
     """Per example the word tag ids (ints index ``label_names``, strings are looked up in it);
     the tag list must be as long as the word list. All empty = an unlabelled (test) split."""
     index = {name: i for i, name in enumerate(label_names)}
@@ -644,8 +781,10 @@ def _tag_labels(values: list, words: list, label_names: list[str], rows: _Rows, 
         tags = [] if tags is None else (tags.tolist() if isinstance(tags, np.ndarray) else list(tags))
         n_words = len(_words(ws, rows, text_column, i))
         if tags and len(tags) != n_words:
-            raise BertraceError(f"{rows.where}: row {i} has {n_words} words in {text_column!r} but {len(tags)} tags in "
-                                f"{label_column!r}; each word needs exactly one tag")
+            raise BertraceError(
+                f"{rows.where}: row {i} has {n_words} words in {text_column!r} but {len(tags)} tags in "
+                f"{label_column!r}; each word needs exactly one tag"
+            )
         ids = []
         for t in tags:
             if isinstance(t, str):
@@ -662,11 +801,13 @@ def _tag_labels(values: list, words: list, label_names: list[str], rows: _Rows, 
     if bad:
         raise BertraceError(
             f"{rows.where}: column {label_column!r} has tags outside finetune.task.label_names {label_names}: "
-            f"{', '.join(sorted(bad)[:8])} ({n_bad} words); list every tag in finetune.task.label_names")
+            f"{', '.join(sorted(bad)[:8])} ({n_bad} words); list every tag in finetune.task.label_names"
+        )
     if not any(out):
         if role != "test":
-            raise BertraceError(f"{rows.where}: the {role} split has no tags; pick a labelled split in "
-                                f"finetune.task.splits.{role}")
+            raise BertraceError(
+                f"{rows.where}: the {role} split has no tags; pick a labelled split in finetune.task.splits.{role}"
+            )
         return None
     return out
 
@@ -689,19 +830,32 @@ def _scores(values: list, rows: _Rows, label_column: str, role: str) -> torch.Te
     missing = np.isnan(out)
     if bad or (missing.any() and not missing.all()):
         shown = sorted({repr(b) for b in bad})[:8] or ["empty / NaN"]
-        raise BertraceError(f"{rows.where}: column {label_column!r} must hold numbers for a regression task: "
-                            f"{', '.join(shown)} ({len(bad) or int(missing.sum())} rows); fix the file or "
-                            "finetune.task.label_column")
+        raise BertraceError(
+            f"{rows.where}: column {label_column!r} must hold numbers for a regression task: "
+            f"{', '.join(shown)} ({len(bad) or int(missing.sum())} rows); fix the file or "
+            "finetune.task.label_column"
+        )
     if missing.all():
         if role != "test":
-            raise BertraceError(f"{rows.where}: the {role} split has no scores; pick a labelled split in "
-                                f"finetune.task.splits.{role}")
+            raise BertraceError(
+                f"{rows.where}: the {role} split has no scores; pick a labelled split in finetune.task.splits.{role}"
+            )
         return None
     return torch.from_numpy(out.astype(np.float32))
 
 
-def _token_split(tokenizer, rows: _Rows, text_column: str, labels: list[list[int]] | None, idx: np.ndarray,
-                 label_names: list[str], max_len: int, role: str, split: str, tables: dict[str, Any]) -> TaskSplit:
+def _token_split(
+    tokenizer,
+    rows: _Rows,
+    text_column: str,
+    labels: list[list[int]] | None,
+    idx: np.ndarray,
+    label_names: list[str],
+    max_len: int,
+    role: str,
+    split: str,
+    tables: dict[str, Any],
+) -> TaskSplit:
     from pipeline.token_data import bio_violations, encode_words
 
     words = [_words(rows.columns[text_column][i], rows, text_column, int(i)) for i in idx]
@@ -709,8 +863,21 @@ def _token_split(tokenizer, rows: _Rows, text_column: str, labels: list[list[int
     enc = encode_words(tokenizer, words, word_labels, max_len)
     violations = 0 if word_labels is None else bio_violations([[label_names[t] for t in s] for s in word_labels])
     multi = int((tables.get(Path(rows.where).as_posix()) or {}).get("multi_tags") or 0)
-    return TaskSplit(role, split, enc["input_ids"], enc["token_type_ids"], enc["labels"], rows.where, enc["truncated"],
-                     "token_classification", word_labels, enc["first"], words, violations, multi)
+    return TaskSplit(
+        role,
+        split,
+        enc["input_ids"],
+        enc["token_type_ids"],
+        enc["labels"],
+        rows.where,
+        enc["truncated"],
+        "token_classification",
+        word_labels,
+        enc["first"],
+        words,
+        violations,
+        multi,
+    )
 
 
 def evaluate_roles(params: dict | None, splits: Any) -> list[str]:
@@ -729,6 +896,21 @@ def _text(v: Any) -> str:
     return v if isinstance(v, str) else str(v)
 
 
-__all__ = ["TaskSplit", "TaskData", "load_task_data", "task_params", "collate", "encode_examples", "cut",
-           "head_tail_split", "pair_budget", "read_table", "read_headerless", "csv_dialect", "evaluate_roles",
-           "DEFAULT_TASK", "TASK_TYPES", "IGNORE_INDEX"]
+__all__ = [
+    "TaskSplit",
+    "TaskData",
+    "load_task_data",
+    "task_params",
+    "collate",
+    "encode_examples",
+    "cut",
+    "head_tail_split",
+    "pair_budget",
+    "read_table",
+    "read_headerless",
+    "csv_dialect",
+    "evaluate_roles",
+    "DEFAULT_TASK",
+    "TASK_TYPES",
+    "IGNORE_INDEX",
+]

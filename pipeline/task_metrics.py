@@ -36,9 +36,16 @@ def entity_metrics(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]])
     if not gold or not any(gold):
         raise BertraceError("evaluation: no sentences to evaluate (the split is empty)")
     report = classification_report(gold, pred, output_dict=True, zero_division=0)
-    per_type = {k: {"precision": float(v["precision"]), "recall": float(v["recall"]), "f1": float(v["f1-score"]),
-                    "support": int(v["support"])}
-                for k, v in sorted(report.items()) if not k.endswith(" avg")}
+    per_type = {
+        k: {
+            "precision": float(v["precision"]),
+            "recall": float(v["recall"]),
+            "f1": float(v["f1-score"]),
+            "support": int(v["support"]),
+        }
+        for k, v in sorted(report.items())
+        if not k.endswith(" avg")
+    }
     return {
         "n": len(gold),
         "words": sum(map(len, gold)),

@@ -60,8 +60,10 @@ def read_conll(path: str | Path, stats: dict[str, Any] | None = None) -> dict[st
                     flush()
                     continue
                 if len(fields) < 2:
-                    raise BertraceError(f"{path}:{lineno}: {line.strip()!r} has no tag; a CoNLL line is 'token tag' "
-                                        "(whitespace separated, tag last) and a blank line ends a sentence")
+                    raise BertraceError(
+                        f"{path}:{lineno}: {line.strip()!r} has no tag; a CoNLL line is 'token tag' "
+                        "(whitespace separated, tag last) and a blank line ends a sentence"
+                    )
                 tag = fields[-1]
                 if "," in tag:
                     multi += 1
@@ -87,12 +89,14 @@ def check_bio(label_names: Sequence[str], where: str) -> list[str]:
         raise BertraceError(
             f"{where}: token_classification needs BIO (IOB2) tags: 'O', 'B-TYPE', 'I-TYPE'; "
             + (f"these are not: {bad[:8]}" if bad else "there is no 'O' tag")
-            + " (label sets such as BIOES or plain types must be converted to BIO first)")
+            + " (label sets such as BIOES or plain types must be converted to BIO first)"
+        )
     begins = {n[2:] for n in label_names if n.startswith("B-")}
     orphans = sorted(n for n in label_names if n.startswith("I-") and n[2:] not in begins)
     if orphans:
-        raise BertraceError(f"{where}: tags {orphans} have no matching B- tag; list both B-X and I-X in "
-                            "finetune.task.label_names")
+        raise BertraceError(
+            f"{where}: tags {orphans} have no matching B- tag; list both B-X and I-X in finetune.task.label_names"
+        )
     return sorted(begins)
 
 
@@ -127,8 +131,9 @@ def entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:
 # ---------------------------------------------------------------------------------------------
 # Word-piece alignment
 # ---------------------------------------------------------------------------------------------
-def encode_words(tokenizer, words: Sequence[Sequence[str]], labels: Sequence[Sequence[int]] | None,
-                 max_len: int) -> dict[str, Any]:
+def encode_words(
+    tokenizer, words: Sequence[Sequence[str]], labels: Sequence[Sequence[int]] | None, max_len: int
+) -> dict[str, Any]:
     """WordPieces of pre-split sentences with word labels aligned to them.
 
     Returns ``input_ids`` / ``token_type_ids`` (``[CLS] pieces [SEP]``, cut to ``max_len``),
@@ -158,8 +163,13 @@ def encode_words(tokenizer, words: Sequence[Sequence[str]], labels: Sequence[Seq
                 if pos >= 0:
                     lab[pos] = int(labels[k][w])
             all_labels.append(lab)
-    return {"input_ids": all_ids, "token_type_ids": all_types, "labels": all_labels if labels is not None else None,
-            "first": all_first, "truncated": n_cut}
+    return {
+        "input_ids": all_ids,
+        "token_type_ids": all_types,
+        "labels": all_labels if labels is not None else None,
+        "first": all_first,
+        "truncated": n_cut,
+    }
 
 
 def encode_text(tokenizer, text: str, max_len: int) -> dict[str, Any]:
@@ -178,8 +188,12 @@ def encode_text(tokenizer, text: str, max_len: int) -> dict[str, Any]:
         if pos < budget and first[w] < 0:
             first[w] = pos + 1
     ids = [CLS_ID, *enc.ids[:budget], SEP_ID]
-    return {"input_ids": ids, "token_type_ids": [0] * len(ids), "first": first,
-            "offsets": [o if o is not None else (0, 0) for o in offsets]}
+    return {
+        "input_ids": ids,
+        "token_type_ids": [0] * len(ids),
+        "first": first,
+        "offsets": [o if o is not None else (0, 0) for o in offsets],
+    }
 
 
 def word_predictions(logits_rows: Sequence[Any], first: Sequence[int], label_names: Sequence[str]) -> list[str]:
@@ -198,5 +212,14 @@ def spans(text: str, tags: Sequence[str], offsets: Sequence[tuple[int, int]]) ->
     return out
 
 
-__all__ = ["read_conll", "check_bio", "bio_violations", "entities", "encode_words", "encode_text",
-           "word_predictions", "spans", "IGNORE"]
+__all__ = [
+    "read_conll",
+    "check_bio",
+    "bio_violations",
+    "entities",
+    "encode_words",
+    "encode_text",
+    "word_predictions",
+    "spans",
+    "IGNORE",
+]

@@ -28,7 +28,6 @@ import unicodedata
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-
 from pipeline.errors import BertraceError
 from pipeline.formats import SPECIAL_IDS, SPECIAL_TOKENS  # [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4
 
@@ -54,14 +53,19 @@ def build_normalizer(*, lowercase: bool, strip_accents: StripAccents = None):
     if strip_accents == "auto" and not lowercase:
         strip_accents = False  # cased BERT strips nothing
     if strip_accents == "auto":
-        return normalizers.Sequence([
-            normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=True),
-            normalizers.NFD(),
-            normalizers.Replace(Regex(COMBINING_DIACRITICS), ""),
-            normalizers.NFC(),
-        ])
-    return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=bool(strip_accents),
-                                      lowercase=lowercase)
+        return normalizers.Sequence(
+            [
+                normalizers.BertNormalizer(
+                    clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=True
+                ),
+                normalizers.NFD(),
+                normalizers.Replace(Regex(COMBINING_DIACRITICS), ""),
+                normalizers.NFC(),
+            ]
+        )
+    return normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=bool(strip_accents), lowercase=lowercase
+    )
 
 
 def build_tokenizer(*, lowercase: bool, strip_accents: StripAccents = None):
@@ -113,8 +117,9 @@ def char_counts(path: Path):
     return counts
 
 
-def normalizer_report(tok, text_file: Path, *, counts=None, words_file: Path | None = None,
-                      top: int = 8) -> dict[str, Any]:
+def normalizer_report(
+    tok, text_file: Path, *, counts=None, words_file: Path | None = None, top: int = 8
+) -> dict[str, Any]:
     """What the tokenizer's normaliser does to the letters of ``text_file`` (UTF-8, one document
     per line): the share of letters, marks and digits (Unicode categories L, M, N) it removes
     (``chars_removed``) or turns into other characters (``chars_changed``; ``é`` → ``e``),
@@ -150,12 +155,16 @@ def normalizer_report(tok, text_file: Path, *, counts=None, words_file: Path | N
             removed += n
         altered.append((n, ch, out))
     altered.sort(key=lambda a: (-a[0], a[1]))
-    share = (lambda k: round(k / letters, 6) if letters else 0.0)
+    share = lambda k: round(k / letters, 6) if letters else 0.0  # noqa: E731
     report: dict[str, Any] = {
-        "letters": letters, "chars_removed": share(removed), "chars_changed": share(changed),
+        "letters": letters,
+        "chars_removed": share(removed),
+        "chars_changed": share(changed),
         "chars_altered": share(removed + changed),
-        "top": [{"char": ch, "name": unicodedata.name(ch, f"U+{ord(ch):04X}"), "count": n, "becomes": out}
-                for n, ch, out in altered[:top]],
+        "top": [
+            {"char": ch, "name": unicodedata.name(ch, f"U+{ord(ch):04X}"), "count": n, "becomes": out}
+            for n, ch, out in altered[:top]
+        ],
         "altered_chars": "".join(sorted(ch for _, ch, _ in altered)),
     }
     if words_file is not None:
@@ -213,20 +222,26 @@ def words_altered(tok, path: Path, chars: str) -> dict[str, Any]:
 
 def describe_alterations(report: dict[str, Any], where: str) -> str:
     """One sentence: how much of ``where`` the normaliser alters, with the example and top chars."""
-    top = ", ".join(f"{t['char']} ({t['name'].lower()}) → {t['becomes'] or 'removed'} ×{t['count']}"
-                    for t in report.get("top", [])[:3])
-    words = (f", {report['words_altered']:.0%} of words" if report.get("words_altered") is not None else "")
+    top = ", ".join(
+        f"{t['char']} ({t['name'].lower()}) → {t['becomes'] or 'removed'} ×{t['count']}"
+        for t in report.get("top", [])[:3]
+    )
+    words = f", {report['words_altered']:.0%} of words" if report.get("words_altered") is not None else ""
     example = f", e.g. {report['example']}" if report.get("example") else ""
-    return (f"the tokenizer's normaliser removes or changes {report['chars_altered']:.1%} of the letters of "
-            f"{where}{words}{example} (most often: {top})")
+    return (
+        f"the tokenizer's normaliser removes or changes {report['chars_altered']:.1%} of the letters of "
+        f"{where}{words}{example} (most often: {top})"
+    )
 
 
 def check_special_ids(tok, where) -> None:
     """Raise naming ``where`` unless the special tokens have the fixed ids of pipeline/formats.py."""
     wrong = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS if tok.token_to_id(t) != SPECIAL_IDS[t]}
     if wrong:
-        raise BertraceError(f"{where}: special tokens have ids {wrong}, expected {SPECIAL_IDS}; "
-                            "delete data/tokenizer and rerun the tokenizer stage (dvc repro tokenizer)")
+        raise BertraceError(
+            f"{where}: special tokens have ids {wrong}, expected {SPECIAL_IDS}; "
+            "delete data/tokenizer and rerun the tokenizer stage (dvc repro tokenizer)"
+        )
 
 
 def load_tokenizer(path: str | Path):
@@ -242,8 +257,10 @@ def load_tokenizer(path: str | Path):
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as e:  # noqa: BLE001 - the Rust side raises plain Exception
-        raise BertraceError(f"{path}: not a valid tokenizer file ({str(e)[:200]}); delete it and rerun the "
-                            "tokenizer stage (dvc repro tokenizer)") from None
+        raise BertraceError(
+            f"{path}: not a valid tokenizer file ({str(e)[:200]}); delete it and rerun the "
+            "tokenizer stage (dvc repro tokenizer)"
+        ) from None
     check_special_ids(tok, path)
     return tok
 
@@ -254,5 +271,17 @@ def read_vocab(vocab_txt: Path) -> list[str]:
         return [line.rstrip("\n") for line in f]
 
 
-__all__ = ["SPECIAL_TOKENS", "SPECIAL_IDS", "build_normalizer", "build_tokenizer", "line_batches", "char_counts",
-           "normalizer_report", "normalizer_settings", "words_altered", "describe_alterations", "load_tokenizer", "read_vocab"]
+__all__ = [
+    "SPECIAL_TOKENS",
+    "SPECIAL_IDS",
+    "build_normalizer",
+    "build_tokenizer",
+    "line_batches",
+    "char_counts",
+    "normalizer_report",
+    "normalizer_settings",
+    "words_altered",
+    "describe_alterations",
+    "load_tokenizer",
+    "read_vocab",
+]

@@ -14,8 +14,15 @@ from pipeline.config import Bool, Float, Int, Section
 from pipeline.errors import BertraceError
 from pipeline.formats import SPECIAL_TOKENS, UNK_ID
 from pipeline.io import atomic_open, sha256_file
-from pipeline.tokenizer import (StripAccents, build_tokenizer, char_counts, check_special_ids, line_batches,
-                                load_tokenizer, normalizer_report)
+from pipeline.tokenizer import (
+    StripAccents,
+    build_tokenizer,
+    char_counts,
+    check_special_ids,
+    line_batches,
+    load_tokenizer,
+    normalizer_report,
+)
 
 log = logging.getLogger("bertrace.tokenizer")
 
@@ -66,8 +73,17 @@ def _count_lines(path: Path) -> int:
         return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
 
 
-def train_wordpiece(train_txt: Path, out_dir: Path, *, vocab_size: int, lowercase: bool, min_frequency: int,
-                    limit_alphabet: int = 1000, strip_accents: StripAccents = "auto", progress: bool = True) -> dict:
+def train_wordpiece(
+    train_txt: Path,
+    out_dir: Path,
+    *,
+    vocab_size: int,
+    lowercase: bool,
+    min_frequency: int,
+    limit_alphabet: int = 1000,
+    strip_accents: StripAccents = "auto",
+    progress: bool = True,
+) -> dict:
     """Train WordPiece on ``train_txt`` (one document per line) and write ``out_dir/tokenizer.json``
     and ``out_dir/vocab.txt`` (BERT format: one token per line, line number = id).
 
@@ -90,31 +106,45 @@ def train_wordpiece(train_txt: Path, out_dir: Path, *, vocab_size: int, lowercas
         raise BertraceError(f"{train_txt}: not found; run the clean stage first (dvc repro clean)")
     n_lines = _count_lines(train_txt)
     if n_lines == 0:
-        raise BertraceError(f"{train_txt}: empty; the clean stage kept no training documents "
-                            "(lower clean.min_chars or check the download stage)")
+        raise BertraceError(
+            f"{train_txt}: empty; the clean stage kept no training documents "
+            "(lower clean.min_chars or check the download stage)"
+        )
     if vocab_size <= len(SPECIAL_TOKENS):
         raise BertraceError(f"params.yaml: tokenizer.vocab_size={vocab_size} is too small; use e.g. 16000 or 30522")
 
     counts = char_counts(train_txt)
-    alphabet = corpus_alphabet(train_txt, lowercase=lowercase, limit=limit_alphabet, strip_accents=strip_accents,
-                               counts=counts)
+    alphabet = corpus_alphabet(
+        train_txt, lowercase=lowercase, limit=limit_alphabet, strip_accents=strip_accents, counts=counts
+    )
     continuation = continuation_pieces(train_txt, lowercase=lowercase, alphabet=alphabet, strip_accents=strip_accents)
-    trained = _train(_pieces(line_batches(train_txt)), None, lowercase, vocab_size, min_frequency, alphabet,
-                     continuation, progress, strip_accents)
+    trained = _train(
+        _pieces(line_batches(train_txt)),
+        None,
+        lowercase,
+        vocab_size,
+        min_frequency,
+        alphabet,
+        continuation,
+        progress,
+        strip_accents,
+    )
 
     vocab = trained.get_vocab(with_added_tokens=False)
     late = [t for t, i in vocab.items() if t.startswith("##") and len(t) == 3 and t not in continuation]
     if len(late) > 1:  # cannot happen while pass 1 sees what pass 2 sees; ids would then depend on hash order
-        log.warning("%s: continuation pieces %s were not pinned; the vocabulary may differ between runs",
-                    train_txt, late[:10])
+        log.warning(
+            "%s: continuation pieces %s were not pinned; the vocabulary may differ between runs", train_txt, late[:10]
+        )
     by_id = sorted(vocab.items(), key=lambda kv: kv[1])
     if [i for _, i in by_id] != list(range(len(by_id))):
         raise BertraceError(f"{train_txt}: the trained vocabulary has gaps in its ids; rerun the tokenizer stage")
     # The "##x" pieces were registered as special tokens only to pin their ids: rebuild the
     # tokenizer from the trained vocabulary with just the five real special tokens.
     tok = build_tokenizer(lowercase=lowercase, strip_accents=strip_accents)
-    tok.model = models.WordPiece(vocab=dict(by_id), unk_token="[UNK]", continuing_subword_prefix="##",
-                                 max_input_chars_per_word=100)
+    tok.model = models.WordPiece(
+        vocab=dict(by_id), unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100
+    )
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     check_special_ids(tok, train_txt)
 
@@ -123,13 +153,25 @@ def train_wordpiece(train_txt: Path, out_dir: Path, *, vocab_size: int, lowercas
         f.write(tok.to_str(pretty=True))
     with atomic_open(vocab_txt) as f:
         f.write("".join(t + "\n" for t, _ in by_id))
-    return {"tokenizer_sha256": sha256_file(tokenizer_json), "vocab_sha256": sha256_file(vocab_txt),
-            "vocab_size": len(by_id), "normalizer": normalizer_report(tok, train_txt, counts=counts)}
+    return {
+        "tokenizer_sha256": sha256_file(tokenizer_json),
+        "vocab_sha256": sha256_file(vocab_txt),
+        "vocab_size": len(by_id),
+        "normalizer": normalizer_report(tok, train_txt, counts=counts),
+    }
 
 
-def _train(batches: Iterator[list[str]], n_sequences: int | None, lowercase: bool, vocab_size: int,
-           min_frequency: int, alphabet: list[str], continuation: list[str], progress: bool,
-           strip_accents: StripAccents = None):
+def _train(
+    batches: Iterator[list[str]],
+    n_sequences: int | None,
+    lowercase: bool,
+    vocab_size: int,
+    min_frequency: int,
+    alphabet: list[str],
+    continuation: list[str],
+    progress: bool,
+    strip_accents: StripAccents = None,
+):
     """WordPieceTrainer over ``batches`` (lists of texts); ``n_sequences`` (texts, not batches, as
     ``train_from_iterator``'s ``length`` counts them) only drives the progress bar."""
     from tokenizers import trainers
@@ -148,8 +190,9 @@ def _train(batches: Iterator[list[str]], n_sequences: int | None, lowercase: boo
     return tok
 
 
-def continuation_pieces(train_txt: Path, *, lowercase: bool, alphabet: list[str],
-                        strip_accents: StripAccents = None) -> list[str]:
+def continuation_pieces(
+    train_txt: Path, *, lowercase: bool, alphabet: list[str], strip_accents: StripAccents = None
+) -> list[str]:
     """The ``##x`` pieces the trainer creates (``x`` in ``alphabet`` seen inside a word), sorted.
 
     Found by a no-merge training pass over the distinct space-separated chunks of the corpus:
@@ -164,13 +207,14 @@ def continuation_pieces(train_txt: Path, *, lowercase: bool, alphabet: list[str]
     words = sorted(chunks)
     del chunks
     step = 10_000
-    batches = ([" ".join(words[i:i + step])] for i in range(0, len(words), step))
+    batches = ([" ".join(words[i : i + step])] for i in range(0, len(words), step))
     first = _train(batches, None, lowercase, 0, 0, alphabet, [], False, strip_accents)
     return sorted(t for t in first.get_vocab(with_added_tokens=False) if t.startswith("##") and len(t) == 3)
 
 
-def corpus_alphabet(train_txt: Path, *, lowercase: bool, limit: int | None, strip_accents: StripAccents = None,
-                    counts=None) -> list[str]:
+def corpus_alphabet(
+    train_txt: Path, *, lowercase: bool, limit: int | None, strip_accents: StripAccents = None, counts=None
+) -> list[str]:
     """The ``limit`` most frequent characters of the normalised text (ties: lower code point
     first), in code-point order; all characters when ``limit`` is None.
 

@@ -51,15 +51,24 @@ from pipeline.errors import BertraceError
 from pipeline.formats import MANIFEST
 from pipeline.io import sha256_file
 from pipeline.provenance import (
-    RECORD_TAG, STAGE_ORDER, hash_path, iter_records, params_hash, read_run_log, record_digest, with_run,
+    RECORD_TAG,
+    STAGE_ORDER,
+    hash_path,
+    iter_records,
+    params_hash,
+    read_run_log,
+    record_digest,
+    with_run,
 )
 
 OK, CHANGED, MISSING = "ok", "changed", "missing"
 EXPORT_INFO = "bertrace_export.json"  # pipeline.export.EXPORT_INFO (not imported: export imports transformers)
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
-_FORMS = ("give a checkpoint (data/finetune/model.pt, data/pretrain/best.pt), a provenance record "
-          "(data/provenance/<stage>.json), an exported directory, or an MLflow run id / runs:/<id>/model / "
-          "models:/<name>/<version>")
+_FORMS = (
+    "give a checkpoint (data/finetune/model.pt, data/pretrain/best.pt), a provenance record "
+    "(data/provenance/<stage>.json), an exported directory, or an MLflow run id / runs:/<id>/model / "
+    "models:/<name>/<version>"
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -70,8 +79,9 @@ def _read_record(path: Path) -> dict[str, Any]:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BertraceError(f"{path}: not valid JSON ({e}); rerun the stage that writes it "
-                            "or restore it with `dvc checkout`") from None
+        raise BertraceError(
+            f"{path}: not valid JSON ({e}); rerun the stage that writes it or restore it with `dvc checkout`"
+        ) from None
     if not isinstance(record, dict):
         raise BertraceError(f"{path}: not a bertrace provenance record (no 'stage' field)")
     return record
@@ -83,8 +93,10 @@ def _checkpoint(path: Path) -> tuple[str, dict[str, Any]]:
     ckpt = read_checkpoint(path)
     record = ckpt.get("provenance")
     if not isinstance(record, dict) or not record:
-        raise BertraceError(f"{path}: checkpoint has no provenance record; it was not written by a "
-                            "bertrace stage (rerun `dvc repro` to get a traceable one)")
+        raise BertraceError(
+            f"{path}: checkpoint has no provenance record; it was not written by a "
+            "bertrace stage (rerun `dvc repro` to get a traceable one)"
+        )
     return ("fine-tuned checkpoint" if "num_labels" in ckpt else "pre-training checkpoint"), record
 
 
@@ -104,13 +116,28 @@ def _load_path(target: Path) -> dict[str, Any]:
             mlmodel = yaml.safe_load((target / "MLmodel").read_text(encoding="utf-8")) or {}
             rel, recorded = _mlmodel_checkpoint(mlmodel)
             if not rel or not (target / rel).is_file():
-                raise BertraceError(f"{target}: MLflow model without a bertrace checkpoint (artifacts/model.pt); "
-                                    "give a model logged by the evaluate stage")
+                raise BertraceError(
+                    f"{target}: MLflow model without a bertrace checkpoint (artifacts/model.pt); "
+                    "give a model logged by the evaluate stage"
+                )
             kind, record = _checkpoint(target / rel)
-            checks = [{"what": "checkpoint in the MLflow model", "path": (target / rel).resolve().as_posix(),
-                       "recorded": recorded}] if recorded else []
-            return {"kind": f"MLflow model directory (run {mlmodel.get('run_id')})", "record": record,
-                    "target_sha256": sha256_file(target / rel), "checks": checks}
+            checks = (
+                [
+                    {
+                        "what": "checkpoint in the MLflow model",
+                        "path": (target / rel).resolve().as_posix(),
+                        "recorded": recorded,
+                    }
+                ]
+                if recorded
+                else []
+            )
+            return {
+                "kind": f"MLflow model directory (run {mlmodel.get('run_id')})",
+                "record": record,
+                "target_sha256": sha256_file(target / rel),
+                "checks": checks,
+            }
         raise BertraceError(f"{target}: a directory without {EXPORT_INFO} or MLmodel; {_FORMS}")
     if target.suffix == ".json":
         record = _read_record(target)
@@ -127,13 +154,21 @@ def _load_export(info_path: Path, directory: Path) -> dict[str, Any]:
     info = _read_record(info_path)
     record = info.get("provenance")
     if not isinstance(record, dict) or not record:
-        raise BertraceError(f"{info_path}: the export carries no provenance; export again from a checkpoint "
-                            "written by the pipeline (`bertrace export --hf DIR --checkpoint data/finetune/model.pt`)")
+        raise BertraceError(
+            f"{info_path}: the export carries no provenance; export again from a checkpoint "
+            "written by the pipeline (`bertrace export --hf DIR --checkpoint data/finetune/model.pt`)"
+        )
     checks = []
     if info.get("source_checkpoint") and info.get("source_sha256"):
-        checks.append({"what": "exported from", "path": str(info["source_checkpoint"]), "recorded": info["source_sha256"]})
-    return {"kind": f"Hugging Face export of {info.get('source_checkpoint')}", "record": record,
-            "target_sha256": info.get("source_sha256"), "checks": checks}
+        checks.append(
+            {"what": "exported from", "path": str(info["source_checkpoint"]), "recorded": info["source_sha256"]}
+        )
+    return {
+        "kind": f"Hugging Face export of {info.get('source_checkpoint')}",
+        "record": record,
+        "target_sha256": info.get("source_sha256"),
+        "checks": checks,
+    }
 
 
 @contextlib.contextmanager
@@ -159,25 +194,32 @@ def _load_mlflow(target: str, root: Path) -> dict[str, Any]:
     from pipeline.tracking import tracking_uri
 
     uri = tracking_uri(root)
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        raise BertraceError(f"{uri[len('sqlite:///'):]}: no MLflow store there; run from the repository root, "
-                            "pass --root, or set MLFLOW_TRACKING_URI to the store the run was logged to")
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
+        raise BertraceError(
+            f"{uri[len('sqlite:///') :]}: no MLflow store there; run from the repository root, "
+            "pass --root, or set MLFLOW_TRACKING_URI to the store the run was logged to"
+        )
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     model_base = None  # artifact URI of an MLflow model, for its checkpoint sha256
     try:
         if target.startswith("runs:/"):
-            run_id, _, sub = target[len("runs:/"):].partition("/")
+            run_id, _, sub = target[len("runs:/") :].partition("/")
             if sub.strip("/"):
                 model_base = _run_model_location(client, run_id, sub.strip("/"))
         elif target.startswith("models:/"):
-            ref = target[len("models:/"):].strip("/")
+            ref = target[len("models:/") :].strip("/")
             if "@" in ref or "/" in ref:
                 name, sep, which = ref.partition("@") if "@" in ref else ref.rpartition("/")
-                mv = client.get_model_version_by_alias(name, which) if sep == "@" else client.get_model_version(name, which)
+                mv = (
+                    client.get_model_version_by_alias(name, which)
+                    if sep == "@"
+                    else client.get_model_version(name, which)
+                )
                 run_id = mv.run_id
                 source = str(mv.source or "")
-                model_id = getattr(mv, "model_id", None) or (source[len("models:/"):] if source.startswith("models:/")
-                                                             else None)  # MLflow 3: a LoggedModel
+                model_id = getattr(mv, "model_id", None) or (
+                    source[len("models:/") :] if source.startswith("models:/") else None
+                )  # MLflow 3: a LoggedModel
                 model_base = client.get_logged_model(model_id).artifact_location if model_id else source
             else:
                 logged = client.get_logged_model(ref)
@@ -196,21 +238,34 @@ def _load_mlflow(target: str, root: Path) -> dict[str, Any]:
             try:
                 local = Path(client.download_artifacts(run.info.run_id, artifact, tmp))
             except (MlflowException, OSError):
-                raise BertraceError(f"MLflow run {run.info.run_id} ({tags['bertrace.stage']}): no provenance "
-                                    f"artifact {artifact}; the stage failed before writing it, rerun it") from None
+                raise BertraceError(
+                    f"MLflow run {run.info.run_id} ({tags['bertrace.stage']}): no provenance "
+                    f"artifact {artifact}; the stage failed before writing it, rerun it"
+                ) from None
             record = _read_record(local)
             checks, target_sha = [], None
             if model_base:
-                mlmodel_path = Path(mlflow.artifacts.download_artifacts(
-                    artifact_uri=f"{model_base}/MLmodel", dst_path=tmp, tracking_uri=uri))
+                mlmodel_path = Path(
+                    mlflow.artifacts.download_artifacts(
+                        artifact_uri=f"{model_base}/MLmodel", dst_path=tmp, tracking_uri=uri
+                    )
+                )
                 mlmodel = yaml.safe_load(mlmodel_path.read_text(encoding="utf-8")) or {}
                 rel, target_sha = _mlmodel_checkpoint(mlmodel)
                 if rel and target_sha:
-                    checks.append({"what": "checkpoint in the MLflow model", "path": f"{model_base}/{rel}",
-                                   "recorded": target_sha, "mlflow_uri": uri})
+                    checks.append(
+                        {
+                            "what": "checkpoint in the MLflow model",
+                            "path": f"{model_base}/{rel}",
+                            "recorded": target_sha,
+                            "mlflow_uri": uri,
+                        }
+                    )
     except MlflowException as e:
-        raise BertraceError(f"{target}: not found in the MLflow store {uri} ({e.message.splitlines()[0]}); "
-                            "check the id or set MLFLOW_TRACKING_URI") from None
+        raise BertraceError(
+            f"{target}: not found in the MLflow store {uri} ({e.message.splitlines()[0]}); "
+            "check the id or set MLFLOW_TRACKING_URI"
+        ) from None
     kind = f"MLflow run {run.info.run_id} ({tags['bertrace.stage']})"
     if model_base:
         kind = f"MLflow model of run {run.info.run_id} ({tags['bertrace.stage']})"
@@ -221,8 +276,9 @@ def _run_model_location(client, run_id: str, name: str) -> str:
     """Artifact location of the model ``name`` logged by run ``run_id`` (``runs:/<id>/<name>``)."""
     run = client.get_run(run_id)
     with contextlib.suppress(AttributeError):  # MLflow 3: models are LoggedModels of the run
-        found = client.search_logged_models([run.info.experiment_id],
-                                            filter_string=f"source_run_id = '{run_id}' AND name = '{name}'")
+        found = client.search_logged_models(
+            [run.info.experiment_id], filter_string=f"source_run_id = '{run_id}' AND name = '{name}'"
+        )
         if len(found):
             return found[0].artifact_location
     return f"{run.info.artifact_uri}/{name}"  # MLflow 2: a folder of the run's artifacts
@@ -267,7 +323,9 @@ def _node(name: str, rec: dict[str, Any]) -> dict[str, Any]:
         "inputs": {str(k): v for k, v in (rec.get("inputs") or {}).items() if isinstance(v, str)},
         "outputs": {str(k): v for k, v in (rec.get("outputs") or {}).items() if isinstance(v, str)},
         "dvc_outs": {},  # path -> md5 in dvc.lock, as a downstream stage saw it
-        "compute": _compute(rec) if name == "pretrain" else None,  # what its bytes depend on beyond commit, params, data
+        "compute": _compute(rec)
+        if name == "pretrain"
+        else None,  # what its bytes depend on beyond commit, params, data
     }
 
 
@@ -279,11 +337,16 @@ def _compute(rec: dict[str, Any]) -> dict[str, Any]:
     det = rec.get("determinism") if isinstance(rec.get("determinism"), dict) else {}
     plat = rec.get("platform") if isinstance(rec.get("platform"), dict) else {}
     libs = rec.get("libraries") if isinstance(rec.get("libraries"), dict) else {}
-    return {"device": rec.get("device"), "precision": rec.get("precision"),
-            "torch": rec.get("torch") or libs.get("torch"),
-            "num_threads": det.get("num_threads", rec.get("num_threads")), "world_size": rec.get("world_size"),
-            "machine": plat.get("machine"), "system": plat.get("system"),
-            "arithmetic": rec.get("arithmetic") if isinstance(rec.get("arithmetic"), dict) else None}
+    return {
+        "device": rec.get("device"),
+        "precision": rec.get("precision"),
+        "torch": rec.get("torch") or libs.get("torch"),
+        "num_threads": det.get("num_threads", rec.get("num_threads")),
+        "world_size": rec.get("world_size"),
+        "machine": plat.get("machine"),
+        "system": plat.get("system"),
+        "arithmetic": rec.get("arithmetic") if isinstance(rec.get("arithmetic"), dict) else None,
+    }
 
 
 class _RunLogs:
@@ -306,8 +369,12 @@ class _RunLogs:
         if not self._client:
             return None
         with contextlib.suppress(Exception), _quiet_mlflow():
-            runs = self._client.search_runs(self._experiments, filter_string=f"tags.`{RECORD_TAG}` = '{digest}'",
-                                            order_by=["attributes.start_time DESC"], max_results=1)
+            runs = self._client.search_runs(
+                self._experiments,
+                filter_string=f"tags.`{RECORD_TAG}` = '{digest}'",
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
             if runs:
                 with tempfile.TemporaryDirectory(prefix="bertrace-trace-") as tmp:
                     local = self._client.download_artifacts(runs[0].info.run_id, "provenance/run.json", tmp)
@@ -321,7 +388,7 @@ class _RunLogs:
         from pipeline.tracking import check_server, tracking_uri
 
         uri = tracking_uri(self.root)
-        if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
             return False
         try:
             check_server(uri, timeout=3.0)
@@ -364,21 +431,32 @@ def lineage(target: str | os.PathLike, root: str | os.PathLike = ".") -> dict[st
         if name not in nodes:
             nodes[name] = node
         elif (nodes[name]["params_hash"], nodes[name]["inputs"], nodes[name]["outputs"]) != (
-                node["params_hash"], node["inputs"], node["outputs"]) and name not in conflicts:
+            node["params_hash"],
+            node["inputs"],
+            node["outputs"],
+        ) and name not in conflicts:
             conflicts.append(name)
         for up, entry in (rec.get("dvc_lock") or {}).items():
             if isinstance(entry, dict) and up not in dvc_outs:  # provenance records: embedded already
-                dvc_outs[up] = {p: m for p, m in (entry.get("outs") or {}).items()
-                                if isinstance(m, str) and not p.startswith("data/provenance/")}
+                dvc_outs[up] = {
+                    p: m
+                    for p, m in (entry.get("outs") or {}).items()
+                    if isinstance(m, str) and not p.startswith("data/provenance/")
+                }
     for up, outs in dvc_outs.items():
         if up in nodes:
             nodes[up]["dvc_outs"] = outs
     order = {s: i for i, s in enumerate(STAGE_ORDER)}
     order["finetune_variant"] = order["finetune"]  # finetune_variant@<name>: a fine-tuning, in the same place
     chain = sorted(nodes.values(), key=lambda n: order.get(str(n["stage"]).split("@")[0], len(order)))
-    return {"target": path.as_posix() if path.exists() else text, "kind": loaded["kind"],
-            "target_sha256": loaded["target_sha256"], "chain": chain, "conflicts": conflicts,
-            "checks": loaded["checks"]}
+    return {
+        "target": path.as_posix() if path.exists() else text,
+        "kind": loaded["kind"],
+        "target_sha256": loaded["target_sha256"],
+        "chain": chain,
+        "conflicts": conflicts,
+        "checks": loaded["checks"],
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -400,6 +478,7 @@ def dvc_cache_dir(root: str | os.PathLike) -> Path:
 
 def _in_dvc_cache(cache: Path, md5: str) -> bool:
     """Whether the object ``md5`` (a file, or a ``.dir`` listing and every file in it) is cached."""
+
     def obj(h: str) -> Path | None:
         for base in (cache / "files" / "md5", cache):  # DVC 3, then DVC 2 layout
             p = base / h[:2] / h[2:]
@@ -437,7 +516,9 @@ def _hash_artifact(check: dict[str, Any], root: Path) -> str | None:
 
     with tempfile.TemporaryDirectory(prefix="bertrace-trace-") as tmp, _quiet_mlflow():
         try:
-            local = mlflow.artifacts.download_artifacts(artifact_uri=path, dst_path=tmp, tracking_uri=check["mlflow_uri"])
+            local = mlflow.artifacts.download_artifacts(
+                artifact_uri=path, dst_path=tmp, tracking_uri=check["mlflow_uri"]
+            )
         except (MlflowException, OSError):
             return None
         return sha256_file(local)
@@ -460,12 +541,27 @@ def verify(lin: dict[str, Any], root: str | os.PathLike = Path(".")) -> list[dic
 
     def add(stage, role, path, recorded, actual, **more):
         status = MISSING if actual is None else OK if actual == recorded else CHANGED
-        results.append({"stage": stage, "role": role, "path": path, "recorded": recorded, "actual": actual,
-                        "status": status, **more})
+        results.append(
+            {
+                "stage": stage,
+                "role": role,
+                "path": path,
+                "recorded": recorded,
+                "actual": actual,
+                "status": status,
+                **more,
+            }
+        )
 
     for check in lin.get("checks") or []:
-        add(lin["chain"][0]["stage"] if lin.get("chain") else "-", "target", check["path"], check["recorded"],
-            _hash_artifact(check, root), what=check.get("what"))
+        add(
+            lin["chain"][0]["stage"] if lin.get("chain") else "-",
+            "target",
+            check["path"],
+            check["recorded"],
+            _hash_artifact(check, root),
+            what=check.get("what"),
+        )
 
     chain = lin.get("chain", [])
     params_file = _stage_params(root)
@@ -481,17 +577,26 @@ def verify(lin: dict[str, Any], root: str | os.PathLike = Path(".")) -> list[dic
                         cache[path] = None
                 add(node["stage"], role, path, recorded, cache[path])
         for path, recorded in (node.get("inputs") or {}).items():  # cross-links to upstream outputs
-            for up in chain[i + 1:]:
+            for up in chain[i + 1 :]:
                 if path in (up.get("outputs") or {}):
                     add(node["stage"], "link", path, recorded, up["outputs"][path], upstream=up["stage"])
                     break
         section = (params_file or {}).get(node["stage"])
         recorded_params = node.get("params")
         if isinstance(section, dict) and isinstance(recorded_params, dict) and set(section) == set(recorded_params):
-            detail = [f"{k}: {recorded_params[k]!r} -> {section[k]!r}" for k in sorted(section)
-                      if params_hash(section[k]) != params_hash(recorded_params[k])]
-            add(node["stage"], "params", f"params.yaml:{node['stage']}", node.get("params_hash"),
-                params_hash(section), detail=detail)
+            detail = [
+                f"{k}: {recorded_params[k]!r} -> {section[k]!r}"
+                for k in sorted(section)
+                if params_hash(section[k]) != params_hash(recorded_params[k])
+            ]
+            add(
+                node["stage"],
+                "params",
+                f"params.yaml:{node['stage']}",
+                node.get("params_hash"),
+                params_hash(section),
+                detail=detail,
+            )
         for path, md5 in (node.get("dvc_outs") or {}).items():
             add(node["stage"], "dvc", path, md5, md5 if _in_dvc_cache(dvc_cache, md5) else None)
     for stage, manifest, shards in _recorded_shards(chain, root, cache):
@@ -500,8 +605,9 @@ def verify(lin: dict[str, Any], root: str | os.PathLike = Path(".")) -> list[dic
     return results
 
 
-def _recorded_shards(chain: list[dict[str, Any]], root: Path, hashes: dict[str, str | None]
-                     ) -> Iterator[tuple[str, str, list[tuple[str, str]]]]:
+def _recorded_shards(
+    chain: list[dict[str, Any]], root: Path, hashes: dict[str, str | None]
+) -> Iterator[tuple[str, str, list[tuple[str, str]]]]:
     """``(stage, manifest path, [(shard path, recorded sha256), ...])`` for each examples manifest
     named by the chain whose bytes here are the recorded ones: its per-shard sha256s are then
     part of the record too (a manifest that changed is reported as such, its shards are not read).
@@ -527,10 +633,13 @@ def _recorded_shards(chain: list[dict[str, Any]], root: Path, hashes: dict[str, 
         splits = manifest.get("splits") if isinstance(manifest, dict) else None
         if not isinstance(splits, dict):
             continue  # not an examples manifest (no splits → shards)
-        shards = [((Path(path).parent / e["path"]).as_posix(), e["sha256"])
-                  for info in splits.values() if isinstance(info, dict) and isinstance(info.get("shards"), list)
-                  for e in info["shards"]
-                  if isinstance(e, dict) and isinstance(e.get("path"), str) and isinstance(e.get("sha256"), str)]
+        shards = [
+            ((Path(path).parent / e["path"]).as_posix(), e["sha256"])
+            for info in splits.values()
+            if isinstance(info, dict) and isinstance(info.get("shards"), list)
+            for e in info["shards"]
+            if isinstance(e, dict) and isinstance(e.get("path"), str) and isinstance(e.get("sha256"), str)
+        ]
         if shards:
             yield stage, path, shards
 
@@ -555,8 +664,10 @@ def _hash_shards(root: Path, shards: list[tuple[str, str]]) -> list[tuple[str, s
                 bar.update(len(block))
         return h.hexdigest()
 
-    with tqdm(total=total, unit="B", unit_scale=True, desc="verify shards", delay=2, leave=False,
-              disable=None) as bar, ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+    with (
+        tqdm(total=total, unit="B", unit_scale=True, desc="verify shards", delay=2, leave=False, disable=None) as bar,
+        ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool,
+    ):
         actual = list(pool.map(digest, files))
     return [(p, recorded, now) for (p, recorded), now in zip(shards, actual)]
 
@@ -586,6 +697,8 @@ def _shards_by_manifest(verification: list[dict[str, Any]], stage: str) -> dict[
         if v["role"] == "shard" and v["stage"] == stage:
             out.setdefault(v.get("manifest"), []).append(v)
     return out
+
+
 _DVC_WORDS = {OK: "in DVC cache", MISSING: "not in DVC cache"}
 
 
@@ -618,15 +731,21 @@ def format_tree(lin: dict[str, Any], verification: list[dict[str, Any]] | None =
         if node["stage"] == "imported":  # a published checkpoint: no commit or params of ours
             lines.append(f"{pad}└─ imported  read {node.get('finished') or '-'}")
         else:
-            lines.append(f"{pad}└─ {node['stage']}  commit {commit}{dirty}  {params}  finished {node.get('finished') or '-'}")
+            lines.append(
+                f"{pad}└─ {node['stage']}  commit {commit}{dirty}  {params}  finished {node.get('finished') or '-'}"
+            )
         body = pad + ("     " if depth == len(chain) - 1 else "   │ ")
         if node["stage"] == "pretrain" and (node.get("params") or {}).get("time_minutes"):
-            lines.append(f"{body} wall-clock budget: not reproducible from its commit "
-                         f"(pretrain.time_minutes = {node['params']['time_minutes']}; set max_steps instead)")
+            lines.append(
+                f"{body} wall-clock budget: not reproducible from its commit "
+                f"(pretrain.time_minutes = {node['params']['time_minutes']}; set max_steps instead)"
+            )
         for earlier in (node.get("budget") or {}).get("extends") or []:
             was = ", ".join(f"{k} {v}" for k, v in earlier.items() if k != "at_step")
-            lines.append(f"{body} extends a run trained under {was} (resumed at update {earlier.get('at_step')}): "
-                         "not the weights these params give from scratch")
+            lines.append(
+                f"{body} extends a run trained under {was} (resumed at update {earlier.get('at_step')}): "
+                "not the weights these params give from scratch"
+            )
         if node["stage"] == "pretrain" and (node.get("params") or {}).get("objective"):
             lines.append(f"{body} objective {node['params']['objective']}")  # mlm_nsp | mlm | electra ...
         if node.get("compute"):
@@ -643,7 +762,9 @@ def format_tree(lin: dict[str, Any], verification: list[dict[str, Any]] | None =
         width = max((len(p) for _, _, p, _ in rows), default=0)
         for label, role, path, digest in rows:
             digest = _short(digest) if role != "dvc" else "md5 " + _short(digest)
-            lines.append(f"{body} {label} {path:<{width}}  {digest}{_mark(by_key.get((node['stage'], role, path)))}".rstrip())
+            lines.append(
+                f"{body} {label} {path:<{width}}  {digest}{_mark(by_key.get((node['stage'], role, path)))}".rstrip()
+            )
         for manifest, shards in _shards_by_manifest(verification or [], node["stage"]).items():
             c = summary(shards)
             marks = [f"{c[OK]} ok"] + [f"{c[s]} {_WORDS[s]}" for s in (CHANGED, MISSING) if c[s]]
@@ -653,9 +774,12 @@ def format_tree(lin: dict[str, Any], verification: list[dict[str, Any]] | None =
     if verification is not None:
         bad = [v for v in verification if v["status"] == CHANGED]
         for v in bad:
-            what = {"link": f"input of {v['stage']} vs output of {v.get('upstream')}",
-                    "params": f"params of {v['stage']}", "target": v.get("what") or "target",
-                    "shard": f"shard listed in {v.get('manifest')}"}.get(v["role"], f"{v['role']} of {v['stage']}")
+            what = {
+                "link": f"input of {v['stage']} vs output of {v.get('upstream')}",
+                "params": f"params of {v['stage']}",
+                "target": v.get("what") or "target",
+                "shard": f"shard listed in {v.get('manifest')}",
+            }.get(v["role"], f"{v['role']} of {v['stage']}")
             lines.append(f"CHANGED {v['path']}  ({what})")
             lines.append(f"   recorded {v['recorded']}")
             lines.append(f"   {'upstream' if v['role'] == 'link' else 'now     '} {v['actual']}")
@@ -678,7 +802,9 @@ def compute_line(c: dict[str, Any]) -> str:
     device = str(c.get("device") or "")
     parts = [f"on {device or 'a device not recorded'}" + (f" ({where})" if where else "")]
     precision = c.get("precision")
-    parts.append("precision not recorded" if not precision else "fp32" if precision == "fp32" else f"{precision} autocast")
+    parts.append(
+        "precision not recorded" if not precision else "fp32" if precision == "fp32" else f"{precision} autocast"
+    )
     parts.append(f"torch {c.get('torch') or '?'}")
     if c.get("num_threads") and device in ("", "cpu"):
         parts.append(f"{c['num_threads']} CPU thread{'s' if c['num_threads'] != 1 else ''}")
@@ -717,22 +843,33 @@ def compute_differences(compute: dict[str, Any], params: dict[str, Any]) -> tupl
             precision = "an error"
         if here.type == "cpu" and asked == "auto" and _portable(compute):
             precision = "fp32"  # what auto gives under the portable pins, which the stage sets
-        no_bf16 = " (this CPU has no bf16 instructions: AVX512-BF16, AMX or Arm BF16)" \
-            if here.type == "cpu" and not cpu_bf16_native() else ""
+        no_bf16 = (
+            " (this CPU has no bf16 instructions: AVX512-BF16, AMX or Arm BF16)"
+            if here.type == "cpu" and not cpu_bf16_native()
+            else ""
+        )
         if not compute.get("precision"):
-            unknown.append(f"precision {asked} gives {precision} here{no_bf16 if precision == 'fp32' else ''}; "
-                           "the record does not say what it gave (reports/pretrain.json does)")
+            unknown.append(
+                f"precision {asked} gives {precision} here{no_bf16 if precision == 'fp32' else ''}; "
+                "the record does not say what it gave (reports/pretrain.json does)"
+            )
         elif precision != compute["precision"]:
-            diffs.append(f"precision {asked} gives {precision} here{no_bf16 if asked == 'auto' else ''}, "
-                         f"{compute['precision']} when recorded")
+            diffs.append(
+                f"precision {asked} gives {precision} here{no_bf16 if asked == 'auto' else ''}, "
+                f"{compute['precision']} when recorded"
+            )
         elif precision == "bf16" and no_bf16:
-            diffs.append("bf16 is emulated on this CPU (no bf16 instructions): the same setting, far "
-                         "slower, and not promised to round as the recorded run's instructions did")
+            diffs.append(
+                "bf16 is emulated on this CPU (no bf16 instructions): the same setting, far "
+                "slower, and not promised to round as the recorded run's instructions did"
+            )
         if here.type == "cpu" and compute.get("num_threads"):
             threads = int(params.get("num_threads") or 0) or torch.get_num_threads()
             if threads != compute["num_threads"]:
-                diffs.append(f"{threads} CPU threads here, {compute['num_threads']} when recorded "
-                             f"(pretrain.num_threads: {compute['num_threads']} runs with as many)")
+                diffs.append(
+                    f"{threads} CPU threads here, {compute['num_threads']} when recorded "
+                    f"(pretrain.num_threads: {compute['num_threads']} runs with as many)"
+                )
     if compute.get("torch") and compute["torch"] != torch.__version__:
         diffs.append(f"torch {torch.__version__} here, {compute['torch']} when recorded")
     arithmetic = compute.get("arithmetic")
@@ -762,9 +899,15 @@ def this_machine(lin: dict[str, Any]) -> list[str]:
         elif unknown:
             lines.append(f"this machine: {node['stage']} here matches the record as far as it goes:")
         else:
-            lines.append(f"this machine: {node['stage']} here matches the record's device, precision, torch, "
-                         "CPU threads and " + ("portable kernels: the same bytes" if _portable(node["compute"]) else
-                                               "kernels (the same bytes also need the same kind of CPU)"))
+            lines.append(
+                f"this machine: {node['stage']} here matches the record's device, precision, torch, "
+                "CPU threads and "
+                + (
+                    "portable kernels: the same bytes"
+                    if _portable(node["compute"])
+                    else "kernels (the same bytes also need the same kind of CPU)"
+                )
+            )
         lines += [f"   {d}" for d in diffs] + [f"   cannot tell: {u}" for u in unknown]
     return lines
 
@@ -774,8 +917,9 @@ def experiment_line(exp: dict[str, Any]) -> str:
     diff = exp.get("params_diff") or {}
     changes = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in list(diff.items())[:6])
     more = f", … ({len(diff)} params)" if len(diff) > 6 else ""
-    return (f"DVC experiment {exp.get('name')} (baseline {_short(exp.get('baseline_rev'), 10)})"
-            + (f": {changes}{more}" if changes else ""))
+    return f"DVC experiment {exp.get('name')} (baseline {_short(exp.get('baseline_rev'), 10)})" + (
+        f": {changes}{more}" if changes else ""
+    )
 
 
 def reproduce_hint(lin: dict[str, Any]) -> list[str]:
@@ -786,15 +930,20 @@ def reproduce_hint(lin: dict[str, Any]) -> list[str]:
     head = chain[0]
     exp = head.get("experiment")
     if exp and exp.get("name"):
-        lines = [f"reproduce: dvc exp apply {exp['name']} && dvc repro   (the experiment's code and params; "
-                 f"or git checkout {exp.get('ref') or exp['name']})"]
+        lines = [
+            f"reproduce: dvc exp apply {exp['name']} && dvc repro   (the experiment's code and params; "
+            f"or git checkout {exp.get('ref') or exp['name']})"
+        ]
         if any(n.get("dvc_outs") for n in chain):
             lines.append(f"   inputs: dvc exp apply {exp['name']} && dvc checkout   (the experiment's dvc.lock)")
         return lines
-    lines = [f"reproduce: git checkout {_short(head['git_commit'])} && dvc repro   (code and params of {head['stage']})"
-             + ("; the tree was dirty: uncommitted changes are in no commit" if head.get("git_dirty") else "")]
+    lines = [
+        f"reproduce: git checkout {_short(head['git_commit'])} && dvc repro   (code and params of {head['stage']})"
+        + ("; the tree was dirty: uncommitted changes are in no commit" if head.get("git_dirty") else "")
+    ]
     md5 = next((m for n in chain for m in (n.get("dvc_outs") or {}).values()), None)
     if md5:
-        lines.append(f"   inputs: git checkout $(git log --reverse --format=%h -S {md5} -- dvc.lock | head -1)"
-                     " && dvc checkout")
+        lines.append(
+            f"   inputs: git checkout $(git log --reverse --format=%h -S {md5} -- dvc.lock | head -1) && dvc checkout"
+        )
     return lines

@@ -71,8 +71,12 @@ def redacted_uri(uri: str | None) -> str | None:
 
     parts = urlsplit(uri)
     netloc = parts.netloc.rsplit("@", 1)[-1]
-    query = urlencode([(k, "***" if re.search(r"pass|secret|token|key", k, re.I) else v)
-                       for k, v in parse_qsl(parts.query, keep_blank_values=True)])
+    query = urlencode(
+        [
+            (k, "***" if re.search(r"pass|secret|token|key", k, re.I) else v)
+            for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        ]
+    )
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
@@ -89,16 +93,21 @@ def check_server(uri: str, experiment: str = DEFAULT_EXPERIMENT, timeout: float 
     if not uri.startswith(("http://", "https://")):
         return
     shown = redacted_uri(uri)
-    url = uri.rstrip("/") + "/api/2.0/mlflow/experiments/get-by-name?" + urllib.parse.urlencode(
-        {"experiment_name": experiment})
+    url = (
+        uri.rstrip("/")
+        + "/api/2.0/mlflow/experiments/get-by-name?"
+        + urllib.parse.urlencode({"experiment_name": experiment})
+    )
     request = urllib.request.Request(url)
     if os.environ.get("MLFLOW_TRACKING_TOKEN"):
         request.add_header("Authorization", f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}")
     elif os.environ.get("MLFLOW_TRACKING_USERNAME"):
         pair = f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}"
         request.add_header("Authorization", "Basic " + base64.b64encode(pair.encode()).decode())
-    offline = ("; start it (`make team-up` for a local trial), or unset MLFLOW_TRACKING_URI to log to "
-               "./mlflow.db, or set BERTRACE_NO_MLFLOW=1 to run without tracking")
+    offline = (
+        "; start it (`make team-up` for a local trial), or unset MLFLOW_TRACKING_URI to log to "
+        "./mlflow.db, or set BERTRACE_NO_MLFLOW=1 to run without tracking"
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout):
             return
@@ -106,11 +115,15 @@ def check_server(uri: str, experiment: str = DEFAULT_EXPERIMENT, timeout: float 
         if e.code == 404:  # no such experiment yet: the server answered
             return
         if e.code in (401, 403):
-            raise BertraceError(f"MLFLOW_TRACKING_URI={shown}: the server refused this client's credentials "
-                                f"(HTTP {e.code}); set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
-                                "(or MLFLOW_TRACKING_TOKEN) to an account it knows") from None
-        raise BertraceError(f"MLFLOW_TRACKING_URI={shown}: the tracking server answered HTTP {e.code} "
-                            f"({e.reason}); check its log and its database{offline}") from None
+            raise BertraceError(
+                f"MLFLOW_TRACKING_URI={shown}: the server refused this client's credentials "
+                f"(HTTP {e.code}); set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
+                "(or MLFLOW_TRACKING_TOKEN) to an account it knows"
+            ) from None
+        raise BertraceError(
+            f"MLFLOW_TRACKING_URI={shown}: the tracking server answered HTTP {e.code} "
+            f"({e.reason}); check its log and its database{offline}"
+        ) from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise BertraceError(f"MLFLOW_TRACKING_URI={shown}: no MLflow server answers ({reason}){offline}") from None
@@ -135,9 +148,11 @@ def setup_mlflow(root: str | os.PathLike = "."):
 
         if urlsplit(uri).password:
             detail = detail.replace(urlsplit(uri).password, "***")
-        raise BertraceError(f"MLFLOW_TRACKING_URI={redacted_uri(uri)}: the tracking store did not answer "
-                            f"({type(e).__name__}: {detail}); check that it "
-                            "is running and reachable, or unset MLFLOW_TRACKING_URI to log to ./mlflow.db") from None
+        raise BertraceError(
+            f"MLFLOW_TRACKING_URI={redacted_uri(uri)}: the tracking store did not answer "
+            f"({type(e).__name__}: {detail}); check that it "
+            "is running and reachable, or unset MLFLOW_TRACKING_URI to log to ./mlflow.db"
+        ) from None
     if experiment is not None:
         return experiment.experiment_id
     artifact_location = None
@@ -310,8 +325,11 @@ def close_stale_runs(client, experiment_id: str, stage: str, pipeline_run_id: st
             stale.append(r.info.run_id)
     children = [rid for rid, r in by_id.items() if r.data.tags.get("mlflow.parentRunId") in stale]
     for rid in stale + children:
-        client.set_tag(rid, "bertrace.killed", "its process ended without closing the run (killed); "
-                                               "marked KILLED when the stage started again")
+        client.set_tag(
+            rid,
+            "bertrace.killed",
+            "its process ended without closing the run (killed); marked KILLED when the stage started again",
+        )
         client.set_terminated(rid, status="KILLED")
     return stale + children
 
@@ -348,16 +366,23 @@ def _quote(value: str) -> str:
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def pipeline_parent(client, experiment_id: str, pipeline_run_id: str, *, run_name: str | None = None,
-                    tags: dict[str, str] | None = None) -> str:
+def pipeline_parent(
+    client, experiment_id: str, pipeline_run_id: str, *, run_name: str | None = None, tags: dict[str, str] | None = None
+) -> str:
     """The id of the parent run of pipeline run ``pipeline_run_id``, created when absent."""
-    found = client.search_runs([experiment_id], max_results=1, order_by=["attributes.start_time ASC"],
-                               filter_string=f"tags.`{KIND_TAG}` = 'pipeline' and "
-                                             f"tags.`{PIPELINE_TAG}` = {_quote(pipeline_run_id)}")
+    found = client.search_runs(
+        [experiment_id],
+        max_results=1,
+        order_by=["attributes.start_time ASC"],
+        filter_string=f"tags.`{KIND_TAG}` = 'pipeline' and tags.`{PIPELINE_TAG}` = {_quote(pipeline_run_id)}",
+    )
     if found:
         return found[0].info.run_id
-    run = client.create_run(experiment_id, run_name=mlflow_name(run_name or f"pipeline {pipeline_run_id[:8]}"),
-                            tags=mlflow_tags({KIND_TAG: "pipeline", PIPELINE_TAG: pipeline_run_id, **(tags or {})}))
+    run = client.create_run(
+        experiment_id,
+        run_name=mlflow_name(run_name or f"pipeline {pipeline_run_id[:8]}"),
+        tags=mlflow_tags({KIND_TAG: "pipeline", PIPELINE_TAG: pipeline_run_id, **(tags or {})}),
+    )
     return run.info.run_id
 
 
@@ -382,8 +407,9 @@ def stage_metrics(stage: str, root: str | os.PathLike = ".") -> dict[str, float]
     return out
 
 
-def log_stage_on_parent(client, parent_id: str, stage: str, *, params: dict[str, Any] | None = None,
-                        metrics: dict[str, float] | None = None) -> None:
+def log_stage_on_parent(
+    client, parent_id: str, stage: str, *, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None
+) -> None:
     """``<stage>.<param>`` params and ``<stage>.<metric>`` metrics on the parent run (best effort:
     a param logged before with another value, e.g. by a retried stage, is kept as it was)."""
     from mlflow.entities import Metric, Param
@@ -396,7 +422,7 @@ def log_stage_on_parent(client, parent_id: str, stage: str, *, params: dict[str,
     items = [Param(k, v) for k, v in sorted(prefixed.items()) if k not in logged]
     for i in range(0, len(items), 100):
         try:
-            client.log_batch(parent_id, params=items[i:i + 100])
+            client.log_batch(parent_id, params=items[i : i + 100])
         except Exception:  # noqa: BLE001 - a concurrent writer logged the same key first
             pass
     import time
@@ -404,7 +430,7 @@ def log_stage_on_parent(client, parent_id: str, stage: str, *, params: dict[str,
     now = int(time.time() * 1000)
     values = [Metric(mlflow_name(f"{stage}.{k}"), float(v), now, 0) for k, v in sorted((metrics or {}).items())]
     for i in range(0, len(values), 1000):
-        client.log_batch(parent_id, metrics=values[i:i + 1000])
+        client.log_batch(parent_id, metrics=values[i : i + 1000])
 
 
 def run_for_record(client, experiment_ids: list[str], record: dict[str, Any]) -> str | None:
@@ -412,15 +438,25 @@ def run_for_record(client, experiment_ids: list[str], record: dict[str, Any]) ->
     this or a teammate's machine, when they share a tracking server), else None."""
     digest = prov.record_digest(record)
     try:
-        runs = client.search_runs(experiment_ids, filter_string=f"tags.`{prov.RECORD_TAG}` = '{digest}'",
-                                  order_by=["attributes.start_time DESC"], max_results=1)
+        runs = client.search_runs(
+            experiment_ids,
+            filter_string=f"tags.`{prov.RECORD_TAG}` = '{digest}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
     except Exception:  # noqa: BLE001 - a lookup for display; no answer is an answer
         return None
     return runs[0].info.run_id if runs else None
 
 
-def link_reused(client, parent_id: str, experiment_id: str, records: dict[str, dict[str, Any]],
-                pipeline_run_id: str, root: str | os.PathLike = ".") -> list[str]:
+def link_reused(
+    client,
+    parent_id: str,
+    experiment_id: str,
+    records: dict[str, dict[str, Any]],
+    pipeline_run_id: str,
+    root: str | os.PathLike = ".",
+) -> list[str]:
     """Tag the parent with the runs that made the outputs of upstream stages DVC did not rerun in
     this pipeline run (``records``: their provenance records); returns those stages."""
     reused = []
@@ -429,12 +465,20 @@ def link_reused(client, parent_id: str, experiment_id: str, records: dict[str, d
         if not isinstance(rec, dict) or rec.get("pipeline_run_id") == pipeline_run_id:
             continue
         key = mlflow_name(REUSED_PREFIX + stage)
-        made_by = (rec.get("mlflow_run_id") or run_for_record(client, [experiment_id], prov.without_run(rec))
-                   or "unknown (logged without MLflow)")
+        made_by = (
+            rec.get("mlflow_run_id")
+            or run_for_record(client, [experiment_id], prov.without_run(rec))
+            or "unknown (logged without MLflow)"
+        )
         if tags.get(key) != made_by:
             client.set_tag(parent_id, key, made_by)
-            log_stage_on_parent(client, parent_id, stage, params=rec.get("params") if isinstance(rec.get("params"), dict) else None,
-                                metrics=stage_metrics(stage, root))
+            log_stage_on_parent(
+                client,
+                parent_id,
+                stage,
+                params=rec.get("params") if isinstance(rec.get("params"), dict) else None,
+                metrics=stage_metrics(stage, root),
+            )
         reused.append(stage)
     if reused:
         tags = client.get_run(parent_id).data.tags
@@ -442,6 +486,6 @@ def link_reused(client, parent_id: str, experiment_id: str, records: dict[str, d
         for key, run_id in sorted(tags.items()):
             if key.startswith(REUSED_PREFIX):
                 link = f"[{run_id}](#/experiments/{experiment_id}/runs/{run_id})" if len(run_id) == 32 else run_id
-                lines.append(f"- {key[len(REUSED_PREFIX):]}: {link}")
+                lines.append(f"- {key[len(REUSED_PREFIX) :]}: {link}")
         client.set_tag(parent_id, NOTE_TAG, "\n".join(lines))
     return reused

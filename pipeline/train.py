@@ -67,8 +67,16 @@ from tqdm import tqdm
 
 from pipeline import checkpoint as ckpt_lib
 from pipeline.config import Bool, Float, Int, Section, Str, format_errors
-from pipeline.device import (arithmetic_state, fused_adamw, mfu, precision_name, resolve_device, resolve_precision,
-                             restore_deterministic, set_deterministic)
+from pipeline.device import (
+    arithmetic_state,
+    fused_adamw,
+    mfu,
+    precision_name,
+    resolve_device,
+    resolve_precision,
+    restore_deterministic,
+    set_deterministic,
+)
 from pipeline.errors import BertraceError
 from pipeline.io import atomic_open, canonical_json, sha256_file
 from pipeline.model import BertConfig, config_from_params, num_parameters, param_groups
@@ -78,9 +86,26 @@ from pipeline.wordvec import EmbeddingInit, initialise_embedding
 
 # Keys a resumed run may change: the budget (to extend the schedule; resume: true only), cadence and hardware.
 # Any other change would silently mix two recipes in one checkpoint.
-RESUMABLE_CHANGES = ("max_steps", "epochs", "time_minutes", "eval_every", "eval_batches", "log_every",
-                     "checkpoint_every", "checkpoint_minutes", "snapshot_minutes", "snapshot_steps", "device",
-                     "precision", "tf32", "compile", "num_threads", "deterministic", "verify_shards", "resume")
+RESUMABLE_CHANGES = (
+    "max_steps",
+    "epochs",
+    "time_minutes",
+    "eval_every",
+    "eval_batches",
+    "log_every",
+    "checkpoint_every",
+    "checkpoint_minutes",
+    "snapshot_minutes",
+    "snapshot_steps",
+    "device",
+    "precision",
+    "tf32",
+    "compile",
+    "num_threads",
+    "deterministic",
+    "verify_shards",
+    "resume",
+)
 BUDGETS = ("max_steps", "epochs", "time_minutes")
 TRAIN_CURVE = "pretrain_loss.csv"
 VAL_CURVE = "pretrain_val.csv"
@@ -126,7 +151,9 @@ class PretrainConfig(Section):
     shuffle_buffer: Int = 10_000  # examples in each rank's shuffle buffer
     seed: Int = 0
     device: Str = "auto"  # auto (cuda -> mps -> cpu) | cpu | cuda | cuda:N | mps
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 (else fp16) on CUDA; bf16 on CPUs with bf16 instructions, else fp32
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = (
+        "auto"  # auto: bf16 (else fp16) on CUDA; bf16 on CPUs with bf16 instructions, else fp32
+    )
     tf32: Bool = True  # TensorFloat-32 matmuls on Ampere+ GPUs
     compile: Bool = False  # torch.compile the model (dynamic shapes; compile time is not in time_minutes)
     num_threads: Int = 2  # torch CPU threads (0: torch's default, the host's core count)
@@ -151,8 +178,10 @@ class PretrainConfig(Section):
     @classmethod
     def _objective(cls, v: str) -> str:
         if v == "bert":
-            raise ValueError("'bert' is now called mlm_nsp (MLM + NSP, as BERT); use objective: mlm_nsp, or mlm "
-                             "for the masked LM alone (the former nsp_weight: 0)")
+            raise ValueError(
+                "'bert' is now called mlm_nsp (MLM + NSP, as BERT); use objective: mlm_nsp, or mlm "
+                "for the masked LM alone (the former nsp_weight: 0)"
+            )
         if v not in OBJECTIVES:
             raise ValueError(f"must be one of {', '.join(sorted(OBJECTIVES))} (pipeline/objectives/)")
         return v
@@ -161,9 +190,11 @@ class PretrainConfig(Section):
     @classmethod
     def _renamed(cls, data):
         if isinstance(data, dict) and "nsp_weight" in data:
-            raise ValueError(f"nsp_weight = {data['nsp_weight']!r} is gone: remove it and set objective: mlm_nsp "
-                             "(MLM + NSP, its weight in mlm_nsp.nsp_weight) or objective: mlm (the former "
-                             "nsp_weight: 0)")
+            raise ValueError(
+                f"nsp_weight = {data['nsp_weight']!r} is gone: remove it and set objective: mlm_nsp "
+                "(MLM + NSP, its weight in mlm_nsp.nsp_weight) or objective: mlm (the former "
+                "nsp_weight: 0)"
+            )
         return data
 
     @field_validator("resume", mode="before")
@@ -180,8 +211,19 @@ class PretrainConfig(Section):
             raise ValueError("must be >= 1")
         return v
 
-    @field_validator("max_steps", "epochs", "time_minutes", "eval_every", "eval_batches", "checkpoint_every",
-                     "checkpoint_minutes", "num_threads", "weight_decay", "clip_grad_norm", "warmup")
+    @field_validator(
+        "max_steps",
+        "epochs",
+        "time_minutes",
+        "eval_every",
+        "eval_batches",
+        "checkpoint_every",
+        "checkpoint_minutes",
+        "num_threads",
+        "weight_decay",
+        "clip_grad_norm",
+        "warmup",
+    )
     @classmethod
     def _not_negative(cls, v, info):
         if v is not None and v < 0:
@@ -215,13 +257,18 @@ class PretrainConfig(Section):
         if len(budgets) != 1:
             raise BertraceError(
                 "params.yaml: pretrain needs exactly one budget: max_steps, epochs or time_minutes "
-                f"(got {budgets or 'none'}); set the others to null")
+                f"(got {budgets or 'none'}); set the others to null"
+            )
         if self.batch_size % self.grad_accum:
-            raise BertraceError(f"params.yaml: pretrain.batch_size = {self.batch_size}: must be a multiple of "
-                                f"grad_accum ({self.grad_accum}); fix it in params.yaml")
+            raise BertraceError(
+                f"params.yaml: pretrain.batch_size = {self.batch_size}: must be a multiple of "
+                f"grad_accum ({self.grad_accum}); fix it in params.yaml"
+            )
         if self.time_minutes and self.warmup >= 1:
-            raise BertraceError(f"params.yaml: pretrain.warmup = {self.warmup!r}: with a time_minutes budget give "
-                                "warmup as a fraction of the budget (e.g. 0.06)")
+            raise BertraceError(
+                f"params.yaml: pretrain.warmup = {self.warmup!r}: with a time_minutes budget give "
+                "warmup as a fraction of the budget (e.g. 0.06)"
+            )
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -311,8 +358,13 @@ class Budget:
     def record(self) -> dict[str, Any]:
         """For the provenance and the metrics: ``{kind, value, steps, deterministic}``, and
         ``extends`` when the run continued a checkpoint trained under another budget."""
-        return {"kind": self.kind, "value": self.value, "steps": self.total_steps,
-                "deterministic": self.deterministic, **({"extends": self.extends} if self.extends else {})}
+        return {
+            "kind": self.kind,
+            "value": self.value,
+            "steps": self.total_steps,
+            "deterministic": self.deterministic,
+            **({"extends": self.extends} if self.extends else {}),
+        }
 
 
 def budget_of(train_config: dict) -> dict[str, Any]:
@@ -381,9 +433,16 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, objective: Objective, data: PretrainingData, device: torch.device,
-             autocast_dtype=None, max_batches: int | None = None, world: int = 1,
-             batch_rows: int | None = None) -> dict[str, float]:
+def evaluate(
+    model: torch.nn.Module,
+    objective: Objective,
+    data: PretrainingData,
+    device: torch.device,
+    autocast_dtype=None,
+    max_batches: int | None = None,
+    world: int = 1,
+    batch_rows: int | None = None,
+) -> dict[str, float]:
     """The objective's validation metrics over ``data``'s validation batches (all ranks):
     the first ``max_batches * batch_rows`` examples of the split (``batch_rows``: the global
     ``pretrain.batch_size``, so the sample is the same on any number of processes), split
@@ -419,16 +478,20 @@ def model_sha256(model: torch.nn.Module) -> str:
 
 def curve_columns(objective: Objective) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The columns of the training and validation CSVs for ``objective``."""
-    return (("step", "tokens", "seconds", "lr", *objective.loss_names, "grad_norm", "tokens_per_s"),
-            ("step", "tokens", "seconds", *objective.val_names))
+    return (
+        ("step", "tokens", "seconds", "lr", *objective.loss_names, "grad_norm", "tokens_per_s"),
+        ("step", "tokens", "seconds", *objective.val_names),
+    )
 
 
 def write_curves(history: list[dict], out_dir: Path, objective: Objective) -> tuple[Path, Path]:
     """Training and validation curves as CSV (DVC plots): one row per log / evaluation."""
     paths = []
     train_cols, val_cols = curve_columns(objective)
-    for name, columns, key in ((TRAIN_CURVE, train_cols, objective.loss_names[0]),
-                               (VAL_CURVE, val_cols, objective.val_names[0])):
+    for name, columns, key in (
+        (TRAIN_CURVE, train_cols, objective.loss_names[0]),
+        (VAL_CURVE, val_cols, objective.val_names[0]),
+    ):
         path = out_dir / name
         with atomic_open(path, "w") as f:
             w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
@@ -450,10 +513,26 @@ class Trainer:
 
     Everything objective-specific goes through ``self.objective``; only rank 0 writes files."""
 
-    def __init__(self, cfg: PretrainConfig, objective: Objective, *, model: torch.nn.Module, config,
-                 train_data: PretrainingData, valid_data: PretrainingData | None, device: torch.device,
-                 autocast_dtype: torch.dtype | None, use_scaler: bool, world: int, rank: int, micro: int,
-                 out_dir: Path, curves_dir: Path, provenance: dict, on_log: Callable | None):
+    def __init__(
+        self,
+        cfg: PretrainConfig,
+        objective: Objective,
+        *,
+        model: torch.nn.Module,
+        config,
+        train_data: PretrainingData,
+        valid_data: PretrainingData | None,
+        device: torch.device,
+        autocast_dtype: torch.dtype | None,
+        use_scaler: bool,
+        world: int,
+        rank: int,
+        micro: int,
+        out_dir: Path,
+        curves_dir: Path,
+        provenance: dict,
+        on_log: Callable | None,
+    ):
         self.cfg, self.objective, self.config = cfg, objective, config
         self.raw_model = self.model = model
         self.train_data, self.valid_data = train_data, valid_data
@@ -461,8 +540,13 @@ class Trainer:
         self.world, self.rank, self.main, self.micro = world, rank, rank == 0, micro
         self.out_dir, self.curves_dir, self.provenance, self.on_log = out_dir, curves_dir, provenance, on_log
         self.last_path, self.best_path = out_dir / ckpt_lib.LAST, out_dir / ckpt_lib.BEST
-        self.optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas),
-                                           eps=cfg.eps, **({"fused": True} if fused_adamw(device) else {}))
+        self.optimizer = torch.optim.AdamW(
+            param_groups(model, cfg.weight_decay),
+            lr=cfg.lr,
+            betas=tuple(cfg.betas),
+            eps=cfg.eps,
+            **({"fused": True} if fused_adamw(device) else {}),
+        )
         self.scaler = torch.amp.GradScaler(device.type, enabled=use_scaler)
         self.budget: Budget | None = None
         # progress
@@ -483,8 +567,11 @@ class Trainer:
         # while the GradScaler, which checked the optimizer when it was built, still passes it
         # grad_scale / found_inf (plain AdamW then raises). Hyperparameters come from the
         # checkpoint, the kernel choice from this run.
-        impl = {k: v for k, v in self.optimizer.defaults.items()
-                if k in ("fused", "foreach", "capturable", "differentiable")}
+        impl = {
+            k: v
+            for k, v in self.optimizer.defaults.items()
+            if k in ("fused", "foreach", "capturable", "differentiable")
+        }
         self.optimizer.load_state_dict(state["optimizer"])
         for group in self.optimizer.param_groups:
             group.update(impl)
@@ -518,21 +605,31 @@ class Trainer:
             "model": self.raw_model.state_dict(),
             "model_config": self.config.to_dict(),
             "train_config": self.cfg.to_dict(),
-            "step": self.step, "tokens_seen": self.tokens_seen, "train_seconds": self.elapsed,
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "train_seconds": self.elapsed,
             f"best_{self.objective.best_metric}": None if self.best == math.inf else self.best,
             "metrics": dict(self.last_val),
             # the record was made when the stage started: "finished" is when these weights were written
-            "provenance": {**self.provenance,
-                           "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
+            "provenance": {
+                **self.provenance,
+                "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            },
         }
         if full:
-            s.update({
-                "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict() if self.use_scaler else {},
-                "data_position": {"epoch": self.epoch, "batch": self.batch_in_epoch, "world_size": self.world,
-                                  "micro_batch": self.micro},
-                "history": self.history,
-            })
+            s.update(
+                {
+                    "optimizer": self.optimizer.state_dict(),
+                    "scaler": self.scaler.state_dict() if self.use_scaler else {},
+                    "data_position": {
+                        "epoch": self.epoch,
+                        "batch": self.batch_in_epoch,
+                        "world_size": self.world,
+                        "micro_batch": self.micro,
+                    },
+                    "history": self.history,
+                }
+            )
         return s
 
     def save_last(self) -> None:
@@ -560,15 +657,16 @@ class Trainer:
             self.win_tokens += batch.num_tokens  # counted on the host: no device sync
             batch = batch.to(self.device, non_blocking=True)
             sync = k == cfg.grad_accum - 1 or self.world == 1
-            with (contextlib.nullcontext() if sync else self.model.no_sync()):
+            with contextlib.nullcontext() if sync else self.model.no_sync():
                 with _autocast(self.device, self.autocast_dtype):
                     losses = obj.losses(obj.forward(self.model, batch), batch)
                 self.scaler.scale(losses["loss"] / cfg.grad_accum).backward()
             part = torch.stack([losses[n].detach() for n in obj.loss_names]).double() / cfg.grad_accum
             self.win[:-1] += part
         self.scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(),
-                                                   cfg.clip_grad_norm if cfg.clip_grad_norm else math.inf)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.raw_model.parameters(), cfg.clip_grad_norm if cfg.clip_grad_norm else math.inf
+        )
         self.win[-1] += grad_norm.double()
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -595,7 +693,8 @@ class Trainer:
         if not math.isfinite(m["loss"]):
             raise BertraceError(
                 f"pre-training diverged: loss is {m['loss']} at step {self.step}; lower pretrain.lr, raise "
-                f"pretrain.warmup or use precision: fp32/bf16, then delete {self.out_dir} and rerun")
+                f"pretrain.warmup or use precision: fp32/bf16, then delete {self.out_dir} and rerun"
+            )
         self.train_metrics = m
         self.history.append({"step": self.step, "tokens": self.tokens_seen, "seconds": round(self.elapsed, 3), **m})
         if self.main and self.on_log:
@@ -606,11 +705,20 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Validation metrics now; a new best (lowest ``objective.best_metric``) is saved as best.pt."""
-        metrics = evaluate(self.raw_model, self.objective, self.valid_data, self.device, self.autocast_dtype,
-                           self.cfg.eval_batches, self.world, batch_rows=self.cfg.batch_size)
+        metrics = evaluate(
+            self.raw_model,
+            self.objective,
+            self.valid_data,
+            self.device,
+            self.autocast_dtype,
+            self.cfg.eval_batches,
+            self.world,
+            batch_rows=self.cfg.batch_size,
+        )
         self.last_val = metrics
-        self.history.append({"step": self.step, "tokens": self.tokens_seen, "seconds": round(self.elapsed, 3),
-                             **metrics})
+        self.history.append(
+            {"step": self.step, "tokens": self.tokens_seen, "seconds": round(self.elapsed, 3), **metrics}
+        )
         if self.main:
             if self.on_log:
                 self.on_log(self.step, dict(metrics))
@@ -621,8 +729,9 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------
 
-    def fit(self, budget: Budget, *, stop_at_step: int | None = None, progress: bool = True,
-            fresh: bool = True) -> bool:
+    def fit(
+        self, budget: Budget, *, stop_at_step: int | None = None, progress: bool = True, fresh: bool = True
+    ) -> bool:
         """Train until the budget is spent (or ``stop_at_step``); returns whether it was spent.
 
         A checkpoint or evaluation also closes the logging window, so a resumed run logs exactly
@@ -644,16 +753,23 @@ class Trainer:
         lr = budget.lr(self.step, self.elapsed)
         steps = budget.total_steps is not None
         bar_total = budget.total_steps if steps else int(budget.seconds)
-        bar = tqdm(total=bar_total, initial=self.step if steps else min(int(self.elapsed), bar_total),
-                   unit="step" if steps else "s", desc="pretrain", dynamic_ncols=True, mininterval=1.0,
-                   disable=not (progress and self.main))
+        bar = tqdm(
+            total=bar_total,
+            initial=self.step if steps else min(int(self.elapsed), bar_total),
+            unit="step" if steps else "s",
+            desc="pretrain",
+            dynamic_ncols=True,
+            mininterval=1.0,
+            disable=not (progress and self.main),
+        )
         clock = budget.seconds or cfg.checkpoint_minutes  # decisions taken on rank 0's clock
         clock_group = _cpu_group(world) if clock else None
         compiling = bool(cfg.compile)  # the first update of a session compiles the model
         self.model.train()
         try:
             while not budget.finished(self.step, self.elapsed) and not (
-                    stop_at_step is not None and self.step >= stop_at_step):
+                stop_at_step is not None and self.step >= stop_at_step
+            ):
                 lr = budget.lr(self.step, self.elapsed)
                 self.train_step(stream, lr)
                 if compiling:  # the clock starts after compilation: time_minutes, train_seconds,
@@ -664,14 +780,16 @@ class Trainer:
 
                 step = self.step
                 eval_due = self.valid_data is not None and cfg.eval_every and step % cfg.eval_every == 0
-                ckpt_due = bool((cfg.checkpoint_every and step - last_ckpt_step >= cfg.checkpoint_every)
-                                or (cfg.checkpoint_minutes
-                                    and self.elapsed - last_ckpt_time >= cfg.checkpoint_minutes * 60))
+                ckpt_due = bool(
+                    (cfg.checkpoint_every and step - last_ckpt_step >= cfg.checkpoint_every)
+                    or (cfg.checkpoint_minutes and self.elapsed - last_ckpt_time >= cfg.checkpoint_minutes * 60)
+                )
                 end = budget.finished(step, self.elapsed) or step == stop_at_step
                 if step % cfg.log_every == 0 or eval_due or ckpt_due or end:
                     m = self.close_window(lr)
-                    bar.set_postfix(loss=f"{m['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{m['tokens_per_s']:.0f}",
-                                    refresh=False)
+                    bar.set_postfix(
+                        loss=f"{m['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{m['tokens_per_s']:.0f}", refresh=False
+                    )
                 bar.update(1 if steps else min(int(self.elapsed), bar_total) - bar.n)
                 if eval_due:
                     self.evaluate()
@@ -716,8 +834,13 @@ class Trainer:
             "train_seconds": round(self.elapsed, 3),
             "epochs": round(self.epoch + self.batch_in_epoch / self.train_data.batches_per_epoch(self.epoch), 4),
             # this session's throughput; a resume of a finished run (no step): the whole training's average
-            "tokens_per_s": (round((self.tokens_seen - self.start_tokens) / session_s, 1) if ran
-                             else round(self.tokens_seen / self.elapsed, 1) if self.elapsed > 0 else None),
+            "tokens_per_s": (
+                round((self.tokens_seen - self.start_tokens) / session_s, 1)
+                if ran
+                else round(self.tokens_seen / self.elapsed, 1)
+                if self.elapsed > 0
+                else None
+            ),
             "steps_per_s": round((self.step - self.start_step) / session_s, 3) if ran else None,
             **{k: v for k, v in self.train_metrics.items() if k != "tokens_per_s"},
             **self.last_val,
@@ -725,8 +848,13 @@ class Trainer:
             "num_parameters": num_parameters(self.raw_model),
             "model_sha256": weights_sha,
             "train_flops": float(flops_tok) * self.tokens_seen,
-            "mfu": mfu(float(flops_tok) * (self.tokens_seen - self.start_tokens) / session_s, self.device,
-                       precision, self.world, tf32=self.cfg.tf32),
+            "mfu": mfu(
+                float(flops_tok) * (self.tokens_seen - self.start_tokens) / session_s,
+                self.device,
+                precision,
+                self.world,
+                tf32=self.cfg.tf32,
+            ),
             "batch_size": self.cfg.batch_size,
             "world_size": self.world,
             "device": str(self.device),
@@ -753,8 +881,10 @@ def _init_checkpoint(cfg: PretrainConfig, tokenizer_sha: str, tokenizer_json: Pa
     else:
         path = Path(cfg.init)
         if not path.is_file():
-            raise BertraceError(f"params.yaml: pretrain.init {path}: not found; give a checkpoint (.pt) or a Hugging "
-                                "Face model directory / hub pointer file, or null for a random init")
+            raise BertraceError(
+                f"params.yaml: pretrain.init {path}: not found; give a checkpoint (.pt) or a Hugging "
+                "Face model directory / hub pointer file, or null for a random init"
+            )
         init = ckpt_lib.load_checkpoint(path)
         if "model" not in init or "model_config" not in init:
             raise BertraceError(f"params.yaml: pretrain.init {path}: not a pre-training checkpoint (no model weights)")
@@ -765,32 +895,52 @@ def _init_checkpoint(cfg: PretrainConfig, tokenizer_sha: str, tokenizer_json: Pa
         if tokenizer_json is not None and "tokenizer_json" in init:
             from tokenizers import Tokenizer
 
-            same_vocab = (Tokenizer.from_file(str(tokenizer_json)).get_vocab()
-                          == Tokenizer.from_str(init["tokenizer_json"]).get_vocab())
+            same_vocab = (
+                Tokenizer.from_file(str(tokenizer_json)).get_vocab()
+                == Tokenizer.from_str(init["tokenizer_json"]).get_vocab()
+            )
         if not same_vocab:
             raise BertraceError(
                 f"params.yaml: pretrain.init {cfg.init} was trained with another tokenizer (sha256 {init_sha}) than "
                 f"the examples (sha256 {tokenizer_sha}): its token ids would mean other tokens. Continue pre-training "
-                "on examples made with the checkpoint's own tokenizer, or set pretrain.init: null")
+                "on examples made with the checkpoint's own tokenizer, or set pretrain.init: null"
+            )
     record["tokenizer_sha256"] = init_sha
     return {**init, "record": record}
 
 
-LEGACY_VALUES = {"objective": "mlm_nsp", "embedding_init": EmbeddingInit(method="random").to_dict(),
-                 "mlm_nsp": {"nsp_weight": 1.0}}
+LEGACY_VALUES = {
+    "objective": "mlm_nsp",
+    "embedding_init": EmbeddingInit(method="random").to_dict(),
+    "mlm_nsp": {"nsp_weight": 1.0},
+}
 
 
-def _check_resumable(state: dict, last_path: Path, cfg: PretrainConfig, config, out_dir: Path, *,
-                     tokenizer_sha: str, manifest_sha: str, manifest_path: Path) -> None:
+def _check_resumable(
+    state: dict,
+    last_path: Path,
+    cfg: PretrainConfig,
+    config,
+    out_dir: Path,
+    *,
+    tokenizer_sha: str,
+    manifest_sha: str,
+    manifest_path: Path,
+) -> None:
     """Raise BertraceError when ``state`` cannot be continued with the current data and params."""
-    ckpt_lib.check_data_matches(state, last_path, tokenizer_sha256=tokenizer_sha,
-                                manifest_sha256=manifest_sha, manifest_path=manifest_path)
+    ckpt_lib.check_data_matches(
+        state, last_path, tokenizer_sha256=tokenizer_sha, manifest_sha256=manifest_sha, manifest_path=manifest_path
+    )
     if state["model_config"] != config.to_dict():
-        diff = {k: (state["model_config"].get(k), v) for k, v in config.to_dict().items()
-                if state["model_config"].get(k) != v}
+        diff = {
+            k: (state["model_config"].get(k), v)
+            for k, v in config.to_dict().items()
+            if state["model_config"].get(k) != v
+        }
         raise BertraceError(
             f"{last_path}: model config differs from params.yaml pretrain.model (checkpoint, now): {diff}; "
-            f"delete {out_dir} to start over, or restore the params the checkpoint was trained with")
+            f"delete {out_dir} to start over, or restore the params the checkpoint was trained with"
+        )
     old, new = dict(state.get("train_config") or {}), cfg.to_dict()
     if old.get("objective") == "bert":  # named so before mlm_nsp / mlm; nsp_weight 0 was MLM only
         old["objective"] = "mlm" if old.pop("nsp_weight", 1.0) == 0 else "mlm_nsp"
@@ -799,14 +949,17 @@ def _check_resumable(state: dict, last_path: Path, cfg: PretrainConfig, config, 
     defaults = {**PretrainConfig().to_dict(), **LEGACY_VALUES}
     # an objective's own section (mlm_nsp, electra) matters only when that objective is trained
     unused = {k for k in OBJECTIVES if k in new and k != new["objective"]}
-    changed = {k: (old.get(k, defaults.get(k)), new[k]) for k in new
-               if k not in RESUMABLE_CHANGES and k != "model" and k not in unused
-               and old.get(k, defaults.get(k)) != new[k]}
+    changed = {
+        k: (old.get(k, defaults.get(k)), new[k])
+        for k in new
+        if k not in RESUMABLE_CHANGES and k != "model" and k not in unused and old.get(k, defaults.get(k)) != new[k]
+    }
     if changed:
         raise BertraceError(
             f"{last_path}: was trained with other pretrain params (checkpoint, now): {changed}; only the "
             f"budget, cadence and device settings may change on resume. Delete {out_dir} to start over "
-            "with the new params, or restore the old ones")
+            "with the new params, or restore the old ones"
+        )
 
 
 def pretrain(
@@ -840,16 +993,34 @@ def pretrain(
     if cfg.num_threads:
         torch.set_num_threads(int(cfg.num_threads))
     try:
-        return _pretrain(cfg, examples_dir=Path(examples_dir), out_dir=Path(out_dir), provenance=provenance,
-                         resume=resume, on_log=on_log, progress=progress, tokenizer_json=tokenizer_json,
-                         curves_dir=Path(curves_dir) if curves_dir else Path(out_dir), stop_at_step=stop_at_step)
+        return _pretrain(
+            cfg,
+            examples_dir=Path(examples_dir),
+            out_dir=Path(out_dir),
+            provenance=provenance,
+            resume=resume,
+            on_log=on_log,
+            progress=progress,
+            tokenizer_json=tokenizer_json,
+            curves_dir=Path(curves_dir) if curves_dir else Path(out_dir),
+            stop_at_step=stop_at_step,
+        )
     finally:  # process-wide settings: leave them as found
         torch.set_num_threads(threads)
         restore_deterministic(det)
 
 
-def _resume_state(resume: bool | str, last_path: Path, cfg: PretrainConfig, config, out_dir: Path,
-                  device: torch.device, rank: int, world: int, **data_hashes) -> dict | None:
+def _resume_state(
+    resume: bool | str,
+    last_path: Path,
+    cfg: PretrainConfig,
+    config,
+    out_dir: Path,
+    device: torch.device,
+    rank: int,
+    world: int,
+    **data_hashes,
+) -> dict | None:
     """The ``last.pt`` state to continue, or None to start over: rank 0 decides and every rank
     gets its decision and its state.
 
@@ -870,10 +1041,12 @@ def _resume_state(resume: bool | str, last_path: Path, cfg: PretrainConfig, conf
                 # A new budget is a new schedule: continuing the old run would give weights that a
                 # fresh `dvc repro` of these params (no last.pt) never makes. Extending is opt-in.
                 changed = {k: (v, getattr(cfg, k)) for k, v in old.items() if v != getattr(cfg, k)}
-                raise BertraceError(f"{last_path}: trained with another budget (checkpoint, now): {changed}; "
-                                    "resume: auto starts a run with a new budget over, so that its weights are "
-                                    "these params' (pretrain.resume: true extends the old run instead, and "
-                                    "the checkpoint says so)")
+                raise BertraceError(
+                    f"{last_path}: trained with another budget (checkpoint, now): {changed}; "
+                    "resume: auto starts a run with a new budget over, so that its weights are "
+                    "these params' (pretrain.resume: true extends the old run instead, and "
+                    "the checkpoint says so)"
+                )
         except BertraceError as why:
             if resume != "auto" or state is None:
                 error = str(why)
@@ -890,8 +1063,11 @@ def _resume_state(resume: bool | str, last_path: Path, cfg: PretrainConfig, conf
         dist.broadcast_object_list(box, src=0, device=on)
         error, nbytes = box[0]["error"], box[0]["nbytes"]
         if error is None and nbytes:
-            buf = (torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(on) if main
-                   else torch.empty(nbytes, dtype=torch.uint8, device=on))
+            buf = (
+                torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(on)
+                if main
+                else torch.empty(nbytes, dtype=torch.uint8, device=on)
+            )
             dist.broadcast(buf, src=0)
             if not main:
                 state = torch.load(io.BytesIO(buf.cpu().numpy().tobytes()), map_location="cpu", weights_only=True)
@@ -909,28 +1085,53 @@ def _load_data(cfg: PretrainConfig, examples_dir: Path, tokenizer_json: Path | N
     is_cont = None
     if manifest["masking"] == "dynamic" and manifest.get("whole_word_masking"):
         if tokenizer_json is None:
-            raise BertraceError(f"{manifest_path}: dynamic whole-word masking needs the tokenizer; "
-                                "pass tokenizer_json (data/tokenizer/tokenizer.json)")
+            raise BertraceError(
+                f"{manifest_path}: dynamic whole-word masking needs the tokenizer; "
+                "pass tokenizer_json (data/tokenizer/tokenizer.json)"
+            )
         if sha256_file(tokenizer_json) != manifest["tokenizer_sha256"]:
-            raise BertraceError(f"{tokenizer_json}: sha256 differs from the tokenizer_sha256 in {manifest_path}; "
-                                "rerun the examples stage (dvc repro examples)")
+            raise BertraceError(
+                f"{tokenizer_json}: sha256 differs from the tokenizer_sha256 in {manifest_path}; "
+                "rerun the examples stage (dvc repro examples)"
+            )
         is_cont = continuation_table(tokenizer_json)
     if cfg.batch_size % (cfg.grad_accum * world):
-        raise BertraceError(f"params.yaml: pretrain.batch_size = {cfg.batch_size} must be a multiple of "
-                            f"grad_accum ({cfg.grad_accum}) x processes ({world})")
+        raise BertraceError(
+            f"params.yaml: pretrain.batch_size = {cfg.batch_size} must be a multiple of "
+            f"grad_accum ({cfg.grad_accum}) x processes ({world})"
+        )
     micro = cfg.batch_size // (cfg.grad_accum * world)
-    train_data = PretrainingData(examples_dir, "train", batch_size=micro, seed=cfg.seed, rank=rank,
-                                 world_size=world, shuffle_buffer=cfg.shuffle_buffer, is_continuation=is_cont)
+    train_data = PretrainingData(
+        examples_dir,
+        "train",
+        batch_size=micro,
+        seed=cfg.seed,
+        rank=rank,
+        world_size=world,
+        shuffle_buffer=cfg.shuffle_buffer,
+        is_continuation=is_cont,
+    )
     valid_data = None
     if manifest["splits"].get("valid", {}).get("rows"):
-        valid_data = PretrainingData(examples_dir, "valid", batch_size=micro, seed=cfg.seed, rank=rank,
-                                     world_size=world, is_continuation=is_cont)
+        valid_data = PretrainingData(
+            examples_dir, "valid", batch_size=micro, seed=cfg.seed, rank=rank, world_size=world, is_continuation=is_cont
+        )
     return manifest, manifest_sha, train_data, valid_data, micro
 
 
-def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provenance: dict, resume: bool | str,
-              on_log, progress: bool, tokenizer_json: Path | None, curves_dir: Path,
-              stop_at_step: int | None) -> dict:
+def _pretrain(
+    cfg: PretrainConfig,
+    *,
+    examples_dir: Path,
+    out_dir: Path,
+    provenance: dict,
+    resume: bool | str,
+    on_log,
+    progress: bool,
+    tokenizer_json: Path | None,
+    curves_dir: Path,
+    stop_at_step: int | None,
+) -> dict:
     rank, world = _dist()
     main = rank == 0
     objective = make_objective(cfg)
@@ -954,19 +1155,42 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
     if manifest["max_seq_len"] > config.max_position:
         raise BertraceError(
             f"{manifest_path}: max_seq_len {manifest['max_seq_len']} exceeds the model's max_position "
-            f"{config.max_position}; raise pretrain.model.max_position or lower examples.max_seq_len")
-    provenance = json.loads(canonical_json({
-        **provenance, "tokenizer_sha256": tokenizer_sha, "examples_manifest_sha256": manifest_sha,
-        "torch": torch.__version__, "device": str(device), "precision": precision, "world_size": world,
-        "determinism": determinism, "objective": cfg.objective, **({"init": init["record"]} if init else {}),
-        "arithmetic": arithmetic_state(device, precision, threads_fixed=bool(cfg.num_threads)),
-    }))
+            f"{config.max_position}; raise pretrain.model.max_position or lower examples.max_seq_len"
+        )
+    provenance = json.loads(
+        canonical_json(
+            {
+                **provenance,
+                "tokenizer_sha256": tokenizer_sha,
+                "examples_manifest_sha256": manifest_sha,
+                "torch": torch.__version__,
+                "device": str(device),
+                "precision": precision,
+                "world_size": world,
+                "determinism": determinism,
+                "objective": cfg.objective,
+                **({"init": init["record"]} if init else {}),
+                "arithmetic": arithmetic_state(device, precision, threads_fixed=bool(cfg.num_threads)),
+            }
+        )
+    )
     if init is not None and init["provenance"].get("stage") == "imported":  # trace: "imported from ..." at the root
         provenance["upstream"] = {**(provenance.get("upstream") or {}), "imported": init["provenance"]}
 
     last_path, best_path = out_dir / ckpt_lib.LAST, out_dir / ckpt_lib.BEST
-    state = _resume_state(resume, last_path, cfg, config, out_dir, device, rank, world,
-                          tokenizer_sha=tokenizer_sha, manifest_sha=manifest_sha, manifest_path=manifest_path)
+    state = _resume_state(
+        resume,
+        last_path,
+        cfg,
+        config,
+        out_dir,
+        device,
+        rank,
+        world,
+        tokenizer_sha=tokenizer_sha,
+        manifest_sha=manifest_sha,
+        manifest_path=manifest_path,
+    )
     if main:
         ckpt_lib.remove_stale_temporaries(out_dir)  # left by a run killed while writing
         ckpt_lib.remove_stale_temporaries(curves_dir, (TRAIN_CURVE, VAL_CURVE))
@@ -983,29 +1207,50 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
         try:
             model.load_state_dict(init["model"])
         except RuntimeError as e:
-            raise BertraceError(f"params.yaml: pretrain.init {cfg.init}: its weights do not fit the "
-                                f"{type(model).__name__} of objective {cfg.objective} ({str(e).splitlines()[0][:300]} "
-                                "...); continue pre-training with the objective it was trained with") from None
+            raise BertraceError(
+                f"params.yaml: pretrain.init {cfg.init}: its weights do not fit the "
+                f"{type(model).__name__} of objective {cfg.objective} ({str(e).splitlines()[0][:300]} "
+                "...); continue pre-training with the objective it was trained with"
+            ) from None
     if cfg.embedding_init.method != "random" and init is not None:
-        raise BertraceError("params.yaml: pretrain.embedding_init.method is skipgram but pretrain.init starts from "
-                            "trained weights; set one of them (embedding_init.method: random to continue pre-training)")
+        raise BertraceError(
+            "params.yaml: pretrain.embedding_init.method is skipgram but pretrain.init starts from "
+            "trained weights; set one of them (embedding_init.method: random to continue pre-training)"
+        )
     embedding_record = (state.get("provenance") or {}).get("embedding_init") if state is not None else None
     if cfg.embedding_init.method != "random" and init is None and state is None:  # a resume has its weights
-        embedding_record = initialise_embedding(model, examples_dir, manifest, cfg.embedding_init,
-                                                std=config.initializer_range, progress=progress and main)
+        embedding_record = initialise_embedding(
+            model, examples_dir, manifest, cfg.embedding_init, std=config.initializer_range, progress=progress and main
+        )
     if embedding_record is not None:
         provenance = {**provenance, "embedding_init": embedding_record}
     model = model.to(device)
-    trainer = Trainer(cfg, objective, model=model, config=config, train_data=train_data, valid_data=valid_data,
-                      device=device, autocast_dtype=autocast_dtype, use_scaler=use_scaler, world=world, rank=rank,
-                      micro=micro, out_dir=out_dir, curves_dir=curves_dir, provenance=provenance, on_log=on_log)
+    trainer = Trainer(
+        cfg,
+        objective,
+        model=model,
+        config=config,
+        train_data=train_data,
+        valid_data=valid_data,
+        device=device,
+        autocast_dtype=autocast_dtype,
+        use_scaler=use_scaler,
+        world=world,
+        rank=rank,
+        micro=micro,
+        out_dir=out_dir,
+        curves_dir=curves_dir,
+        provenance=provenance,
+        on_log=on_log,
+    )
     if state is not None:
         trainer.restore(state)
     else:
         torch.manual_seed(cfg.seed + rank)  # dropout differs across ranks
     if world > 1:
         trainer.model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
     if cfg.compile:
         # dynamic: batches differ in length and masked count from the first one on; static
         # shapes would recompile (tens of seconds) as soon as the second batch arrives
@@ -1017,9 +1262,11 @@ def _pretrain(cfg: PretrainConfig, *, examples_dir: Path, out_dir: Path, provena
         completed = trainer.fit(budget, stop_at_step=stop_at_step, progress=progress, fresh=state is None)
     except RuntimeError as e:
         if cfg.deterministic and "deterministic" in str(e):
-            raise BertraceError(f"pretrain.deterministic: {e}\nThis operation has no deterministic kernel on "
-                                f"{device}; set pretrain.deterministic: false in params.yaml to run it (the "
-                                "run is then not bit-reproducible)") from None
+            raise BertraceError(
+                f"pretrain.deterministic: {e}\nThis operation has no deterministic kernel on "
+                f"{device}; set pretrain.deterministic: false in params.yaml to run it (the "
+                "run is then not bit-reproducible)"
+            ) from None
         raise
     summary = trainer.summary(completed, objective.flops_per_token(config, manifest), precision)
     if embedding_record is not None:  # wall time before the first update, not in train_seconds

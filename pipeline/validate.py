@@ -28,13 +28,19 @@ from typing import Annotated, Any, ClassVar
 import numpy as np
 from pydantic import Field
 
+from pipeline.check_report import LINE_SEPARATORS, CheckResult, ValidationReport, failed_check, preview
 from pipeline.config import Float, Int, Section
 from pipeline.errors import BertraceError
-from pipeline.check_report import (LINE_SEPARATORS, CheckResult, ValidationReport, failed_check,
-                                    preview)
 from pipeline.gx_suites import GX, SuiteRun, to_check
 from pipeline.io import read_json
-from pipeline.shard_columns import list_column_arrays, nullable_ints, open_shard, schema_problems, segment_max, segment_sum
+from pipeline.shard_columns import (
+    list_column_arrays,
+    nullable_ints,
+    open_shard,
+    schema_problems,
+    segment_max,
+    segment_sum,
+)
 from pipeline.validate_packed import validate_packed_shards
 
 NSP_MIN_ROWS = 200  # below this the NSP mean is too noisy to judge (sd of the mean ≈ 0.035)
@@ -54,7 +60,9 @@ class ValidateConfig(Section):
     nsp_tolerance: Annotated[Float, Field(ge=0, le=0.5)] = 0.1  # NSP label mean in 0.5 ± this
     mask_rate_tolerance: Annotated[Float, Field(ge=0, le=1)] = 0.03  # static masking: masked share ± this
     corpus_max_chars: Annotated[Int, Field(ge=1)] | None = None  # optional upper bound on article length
-    max_chars_altered: Annotated[Float, Field(ge=0, le=1)] = 0.05  # share of letters the tokenizer's normaliser may alter
+    max_chars_altered: Annotated[Float, Field(ge=0, le=1)] = (
+        0.05  # share of letters the tokenizer's normaliser may alter
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,17 +91,28 @@ def validate_normalizer(tokenizer_json: Path, corpus: Path, *, max_chars_altered
     observed.update(setting)
     ok = report["chars_altered"] <= max_chars_altered
     if ok:
-        return CheckResult(str(tokenizer_json), NORMALIZER_CHECK, True, observed, 0, report["top"],
-                           f"the normaliser alters at most validate.max_chars_altered {max_chars_altered} of the "
-                           f"letters of {corpus}")
+        return CheckResult(
+            str(tokenizer_json),
+            NORMALIZER_CHECK,
+            True,
+            observed,
+            0,
+            report["top"],
+            f"the normaliser alters at most validate.max_chars_altered {max_chars_altered} of the letters of {corpus}",
+        )
     report.update(words_altered(tokenizer_json, corpus, report["altered_chars"]))
-    fix = ("set tokenizer.strip_accents: auto (strips only Latin, Greek and Cyrillic accents) or false, or "
-           "tokenizer.lowercase: false (cased)" if setting["strip_accents"] is True else
-           "set tokenizer.strip_accents: false (keeps every accent) or tokenizer.lowercase: false (cased)")
-    message = (f"{tokenizer_json}: {describe_alterations(report, corpus)}, above validate.max_chars_altered "
-               f"{max_chars_altered} (tokenizer.lowercase: {str(setting['lowercase']).lower()}, "
-               f"strip_accents: {str(setting['strip_accents']).lower()}); {fix}, then dvc repro; or raise "
-               "validate.max_chars_altered to accept it")
+    fix = (
+        "set tokenizer.strip_accents: auto (strips only Latin, Greek and Cyrillic accents) or false, or "
+        "tokenizer.lowercase: false (cased)"
+        if setting["strip_accents"] is True
+        else "set tokenizer.strip_accents: false (keeps every accent) or tokenizer.lowercase: false (cased)"
+    )
+    message = (
+        f"{tokenizer_json}: {describe_alterations(report, corpus)}, above validate.max_chars_altered "
+        f"{max_chars_altered} (tokenizer.lowercase: {str(setting['lowercase']).lower()}, "
+        f"strip_accents: {str(setting['strip_accents']).lower()}); {fix}, then dvc repro; or raise "
+        "validate.max_chars_altered to accept it"
+    )
     return CheckResult(str(tokenizer_json), NORMALIZER_CHECK, False, observed, 0, report["top"], message)
 
 
@@ -119,20 +138,38 @@ def validate_corpus(
     """
     gx = GX()
     E = gx.gxe
-    text_suite = gx.definition("corpus text", [
-        E.ExpectColumnValuesToNotMatchRegex(column="text", regex=_BLANK_REGEX,
-                                            description="no empty (or whitespace-only) lines"),
-        E.ExpectColumnValuesToNotMatchRegex(column="text", regex=_SEPARATOR_REGEX,
-                                            description="no \\r, \\v, \\f, \\x1c-\\x1e, \\x85, \\u2028/9 inside a document"),
-        E.ExpectColumnValueLengthsToBeBetween(column="text", min_value=min_chars, max_value=max_chars,
-                                              description=f"document length (chars) in [{min_chars}, {max_chars or 'inf'}]"),
-    ])
-    doc_suite = gx.definition("corpus documents", [
-        E.ExpectTableRowCountToBeBetween(min_value=min_rows, max_value=max_rows,
-                                         description=f"file has {min_rows}..{max_rows or 'any'} documents (lines)"),
-        E.ExpectColumnValuesToBeUnique(column="document_hash",
-                                       description="no duplicate documents within the file (blake2b of the line)"),
-    ])
+    text_suite = gx.definition(
+        "corpus text",
+        [
+            E.ExpectColumnValuesToNotMatchRegex(
+                column="text", regex=_BLANK_REGEX, description="no empty (or whitespace-only) lines"
+            ),
+            E.ExpectColumnValuesToNotMatchRegex(
+                column="text",
+                regex=_SEPARATOR_REGEX,
+                description="no \\r, \\v, \\f, \\x1c-\\x1e, \\x85, \\u2028/9 inside a document",
+            ),
+            E.ExpectColumnValueLengthsToBeBetween(
+                column="text",
+                min_value=min_chars,
+                max_value=max_chars,
+                description=f"document length (chars) in [{min_chars}, {max_chars or 'inf'}]",
+            ),
+        ],
+    )
+    doc_suite = gx.definition(
+        "corpus documents",
+        [
+            E.ExpectTableRowCountToBeBetween(
+                min_value=min_rows,
+                max_value=max_rows,
+                description=f"file has {min_rows}..{max_rows or 'any'} documents (lines)",
+            ),
+            E.ExpectColumnValuesToBeUnique(
+                column="document_hash", description="no duplicate documents within the file (blake2b of the line)"
+            ),
+        ],
+    )
     results: list[CheckResult] = []
     digests: list[tuple[str, Any]] = []  # per file: (path, frame of unique document hashes + first line)
     for path in map(Path, files):
@@ -159,16 +196,26 @@ def _check_corpus_file(path: Path, text_suite: "SuiteRun", doc_suite: "SuiteRun"
     for docs, bad in _read_chunks(path):
         if bad is not None:
             line, byte, reason = bad
-            return [CheckResult(target, "utf8_decodable", False, f"byte {byte}: {reason}", 1,
-                                [{"line": line, "byte": byte}],
-                                f"{path}: not valid UTF-8 (line {line}); rerun the clean stage")], None
+            return [
+                CheckResult(
+                    target,
+                    "utf8_decodable",
+                    False,
+                    f"byte {byte}: {reason}",
+                    1,
+                    [{"line": line, "byte": byte}],
+                    f"{path}: not valid UTF-8 (line {line}); rerun the clean stage",
+                )
+            ], None
         # object dtype: pandas keeps Python strings until GX's regex metrics convert them.
         frame = pd.DataFrame({"text": pd.Series(docs, dtype=object)})
 
         def sample(i: int, _value: Any, docs=docs, first=first_line) -> dict:
             return {"line": first + i, "chars": len(docs[i]), "text": preview(docs[i])}
 
-        chunk = [to_check(r, target, sample) for r in text_suite.run(frame, samples=CORPUS_SAMPLE_ROWS, run_name=target)]
+        chunk = [
+            to_check(r, target, sample) for r in text_suite.run(frame, samples=CORPUS_SAMPLE_ROWS, run_name=target)
+        ]
         merged = chunk if not merged else [_merge(a, b) for a, b in zip(merged, chunk)]
         hashes += [hashlib.blake2b(d.encode("utf-8"), digest_size=16).digest() for d in docs]
         first_line += len(docs)
@@ -199,9 +246,15 @@ def _merge(a: CheckResult, b: CheckResult) -> CheckResult:
         counts[key] = counts.get(key, 0) + part["count"]
     values = [{"value": json.loads(k), "count": n} for k, n in list(counts.items())[:CORPUS_SAMPLE_ROWS]]
     rows = (a.observed or {}).get("rows", 0) + (b.observed or {}).get("rows", 0)
-    return CheckResult(a.target, a.expectation, a.success and b.success, {"rows": rows, "unexpected_values": values},
-                       a.unexpected_count + b.unexpected_count, (a.sample_rows + b.sample_rows)[:CORPUS_SAMPLE_ROWS],
-                       a.message)
+    return CheckResult(
+        a.target,
+        a.expectation,
+        a.success and b.success,
+        {"rows": rows, "unexpected_values": values},
+        a.unexpected_count + b.unexpected_count,
+        (a.sample_rows + b.sample_rows)[:CORPUS_SAMPLE_ROWS],
+        a.message,
+    )
 
 
 def _read_chunks(path: Path):
@@ -243,9 +296,14 @@ def _cross_file_duplicates(gx: GX, digests: list) -> list[CheckResult]:
     import pandas as pd
 
     frame = pd.concat([h.assign(file=k) for k, (_, h) in enumerate(digests)], ignore_index=True)
-    suite = gx.definition("corpus across files", [
-        gx.gxe.ExpectColumnValuesToBeUnique(column="document_hash", description="no document in more than one file"),
-    ])
+    suite = gx.definition(
+        "corpus across files",
+        [
+            gx.gxe.ExpectColumnValuesToBeUnique(
+                column="document_hash", description="no document in more than one file"
+            ),
+        ],
+    )
     (r,) = suite.run(frame, complete=True, run_name="all corpus files")
     bad = frame.iloc[np.asarray(r.result.get("unexpected_index_list") or [], dtype=np.int64)]
     results = []
@@ -255,14 +313,25 @@ def _cross_file_duplicates(gx: GX, digests: list) -> list[CheckResult]:
         where = {}
         for row in others.itertuples():
             where.setdefault(row.document_hash, f"{digests[row.file][0]}:{row.line}")
-        samples = [{"line": int(row.line), "also_in": where.get(row.document_hash)}
-                   for row in mine.head(CORPUS_SAMPLE_ROWS).itertuples()]
+        samples = [
+            {"line": int(row.line), "also_in": where.get(row.document_hash)}
+            for row in mine.head(CORPUS_SAMPLE_ROWS).itertuples()
+        ]
         files = sorted({digests[f][0] for f in others.file.unique()})
         msg = "no document in more than one file"
         if len(mine):
             msg += f": {len(mine)} documents also occur in {', '.join(files)}"
-        results.append(CheckResult(target, "expect_column_values_to_be_unique(document_hash across files)",
-                                   len(mine) == 0, {"shared_documents": len(mine)}, len(mine), samples, msg))
+        results.append(
+            CheckResult(
+                target,
+                "expect_column_values_to_be_unique(document_hash across files)",
+                len(mine) == 0,
+                {"shared_documents": len(mine)},
+                len(mine),
+                samples,
+                msg,
+            )
+        )
     return results
 
 
@@ -294,7 +363,7 @@ class _ShardSpec:
                 raise ValueError(f"masking is {masking!r}, expected 'static' or 'dynamic'")
             if not isinstance(m["splits"], dict):
                 raise ValueError("splits is not an object")
-            for split, info in m["splits"].items():
+            for info in m["splits"].values():
                 for s in info["shards"]:
                     s["path"], s["rows"], s["sha256"]  # noqa: B018 - presence check
             return cls(
@@ -307,17 +376,17 @@ class _ShardSpec:
                 special_ids=tuple(sorted(set(special.values()))),
                 # Google's candidates skip only [CLS]/[SEP] (so [UNK] may be a label); older
                 # manifests, without the key, skipped every special token.
-                never_masked_ids=((special["[CLS]"], special["[SEP]"])
-                                  if m.get("mask_candidates", "skip_special") == "google"
-                                  else tuple(sorted(set(special.values())))),
+                never_masked_ids=(
+                    (special["[CLS]"], special["[SEP]"])
+                    if m.get("mask_candidates", "skip_special") == "google"
+                    else tuple(sorted(set(special.values())))
+                ),
                 masked_lm_prob=float(m["masked_lm_prob"]) if masking == "static" else 0.0,
                 max_predictions_per_seq=int(m["max_predictions_per_seq"]) if masking == "static" else 0,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             detail = f"missing key {e}" if isinstance(e, KeyError) else str(e)
-            raise BertraceError(
-                f"{path}: not a valid examples manifest ({detail}); rerun the examples stage"
-            ) from None
+            raise BertraceError(f"{path}: not a valid examples manifest ({detail}); rerun the examples stage") from None
 
     @property
     def columns(self) -> list[str]:
@@ -336,7 +405,6 @@ def validate_shards(
     """Check every shard listed in ``examples_dir/manifest.json`` (and flag unlisted ones)."""
     from tqdm import tqdm
 
-
     examples_dir = Path(examples_dir)
     manifest_path = examples_dir / "manifest.json"
     try:
@@ -344,7 +412,6 @@ def validate_shards(
         if not isinstance(manifest, dict):
             raise BertraceError(f"{manifest_path}: not a JSON object; rerun the examples stage")
         if manifest.get("mode") == "causal":  # packed causal-LM blocks: their own suite
-
             return validate_packed_shards(examples_dir, manifest, max_sample_rows=max_sample_rows, progress=progress)
         spec = _ShardSpec.from_manifest(manifest, manifest_path)
     except BertraceError as e:
@@ -352,10 +419,16 @@ def validate_shards(
 
     gx = GX()
     E = gx.gxe
-    columns_suite = gx.definition("shard columns", [
-        E.ExpectTableColumnsToMatchSet(column_set=spec.columns, exact_match=True,
-                                       description=f"columns are exactly {spec.columns} ({'static' if spec.static else 'dynamic'} masking)"),
-    ])
+    columns_suite = gx.definition(
+        "shard columns",
+        [
+            E.ExpectTableColumnsToMatchSet(
+                column_set=spec.columns,
+                exact_match=True,
+                description=f"columns are exactly {spec.columns} ({'static' if spec.static else 'dynamic'} masking)",
+            ),
+        ],
+    )
     row_suite = gx.definition("shard rows", _row_expectations(E, spec))
     split_suite = gx.definition("split totals", _split_expectations(E, spec, nsp_tolerance))
 
@@ -377,18 +450,33 @@ def validate_shards(
     for split, info in manifest["splits"].items():
         target = str(examples_dir / split)
         if incomplete[split]:
-            results.append(CheckResult(target, "split_totals", True, None, 0, [],
-                                       f"skipped: {len(incomplete[split])} shard(s) could not be checked "
-                                       f"({', '.join(incomplete[split][:3])})"))
+            results.append(
+                CheckResult(
+                    target,
+                    "split_totals",
+                    True,
+                    None,
+                    0,
+                    [],
+                    f"skipped: {len(incomplete[split])} shard(s) could not be checked "
+                    f"({', '.join(incomplete[split][:3])})",
+                )
+            )
             continue
-        results += _check_split(target, info, parts[split], spec, split_suite, nsp_tolerance,
-                                mask_rate_tolerance, max_sample_rows)
+        results += _check_split(
+            target, info, parts[split], spec, split_suite, nsp_tolerance, mask_rate_tolerance, max_sample_rows
+        )
 
     for path in sorted(examples_dir.rglob("*.parquet")):
         if path.resolve() not in listed:
-            results.append(failed_check(path, "shard_listed_in_manifest",
-                                 f"{path}: not listed in {manifest_path} (a stale shard from an earlier run?); "
-                                 "delete it or rerun the examples stage"))
+            results.append(
+                failed_check(
+                    path,
+                    "shard_listed_in_manifest",
+                    f"{path}: not listed in {manifest_path} (a stale shard from an earlier run?); "
+                    "delete it or rerun the examples stage",
+                )
+            )
     return ValidationReport(results, gx.kept())
 
 
@@ -397,71 +485,124 @@ def _row_expectations(E, spec: _ShardSpec) -> list:
     V = spec.vocab_size
     ex = [
         E.ExpectTableRowCountToEqual(value={"$PARAMETER": "rows"}, description="row count matches manifest.json"),
-        E.ExpectColumnSumToBeBetween(column="length", min_value={"$PARAMETER": "tokens"},
-                                     max_value={"$PARAMETER": "tokens"},
-                                     description="token count (sum of lengths) matches manifest.json"),
+        E.ExpectColumnSumToBeBetween(
+            column="length",
+            min_value={"$PARAMETER": "tokens"},
+            max_value={"$PARAMETER": "tokens"},
+            description="token count (sum of lengths) matches manifest.json",
+        ),
         E.ExpectColumnValuesToBeInSet(column="null_values", value_set=[0], description="no null lists or ids"),
-        E.ExpectColumnValuesToBeInSet(column="first_token_id", value_set=[spec.cls_id],
-                                      description=f"first token is [CLS] (id {spec.cls_id})"),
-        E.ExpectColumnValuesToBeInSet(column="sep_count", value_set=[2],
-                                      description=f"exactly two [SEP] (id {spec.sep_id}): [CLS] A [SEP] B [SEP]"),
-        E.ExpectColumnValuesToBeInSet(column="last_token_id", value_set=[spec.sep_id],
-                                      description=f"last token is [SEP] (id {spec.sep_id})"),
-        E.ExpectColumnValuesToBeBetween(column="max_token_id", min_value=0, max_value=V - 1,
-                                        description=f"all input ids < vocab_size {V}"),
-        E.ExpectColumnValuesToBeBetween(column="length", min_value=1, max_value=spec.max_seq_len,
-                                        description=f"1 <= length <= max_seq_len {spec.max_seq_len}"),
-        E.ExpectColumnValuesToBeInSet(column="token_type_length_diff", value_set=[0],
-                                      description="token_type_ids as long as input_ids"),
-        E.ExpectColumnValuesToBeInSet(column="token_type_errors", value_set=[0],
-                                      description="token_type_ids are 0 up to the first [SEP] inclusive, 1 after"),
-        E.ExpectColumnValuesToBeInSet(column="next_sentence_label", value_set=[0, 1],
-                                      description="next_sentence_label in {0 IsNext, 1 NotNext}"),
+        E.ExpectColumnValuesToBeInSet(
+            column="first_token_id", value_set=[spec.cls_id], description=f"first token is [CLS] (id {spec.cls_id})"
+        ),
+        E.ExpectColumnValuesToBeInSet(
+            column="sep_count",
+            value_set=[2],
+            description=f"exactly two [SEP] (id {spec.sep_id}): [CLS] A [SEP] B [SEP]",
+        ),
+        E.ExpectColumnValuesToBeInSet(
+            column="last_token_id", value_set=[spec.sep_id], description=f"last token is [SEP] (id {spec.sep_id})"
+        ),
+        E.ExpectColumnValuesToBeBetween(
+            column="max_token_id", min_value=0, max_value=V - 1, description=f"all input ids < vocab_size {V}"
+        ),
+        E.ExpectColumnValuesToBeBetween(
+            column="length",
+            min_value=1,
+            max_value=spec.max_seq_len,
+            description=f"1 <= length <= max_seq_len {spec.max_seq_len}",
+        ),
+        E.ExpectColumnValuesToBeInSet(
+            column="token_type_length_diff", value_set=[0], description="token_type_ids as long as input_ids"
+        ),
+        E.ExpectColumnValuesToBeInSet(
+            column="token_type_errors",
+            value_set=[0],
+            description="token_type_ids are 0 up to the first [SEP] inclusive, 1 after",
+        ),
+        E.ExpectColumnValuesToBeInSet(
+            column="next_sentence_label", value_set=[0, 1], description="next_sentence_label in {0 IsNext, 1 NotNext}"
+        ),
     ]
     if spec.static:
         ex += [
-            E.ExpectColumnValuesToBeInSet(column="masked_lm_length_diff", value_set=[0],
-                                          description="masked_lm_ids as long as masked_lm_positions"),
-            E.ExpectColumnValuesToBeBetween(column="masked_count", min_value=0,
-                                            max_value=spec.max_predictions_per_seq,
-                                            description=f"masked positions <= max_predictions_per_seq {spec.max_predictions_per_seq}"),
-            E.ExpectColumnValuesToBeInSet(column="positions_not_increasing", value_set=[0],
-                                          description="masked_lm_positions strictly increasing"),
-            E.ExpectColumnPairValuesAToBeGreaterThanB(column_A="length", column_B="max_masked_position",
-                                                      or_equal=False, ignore_row_if="either_value_is_missing",
-                                                      description="masked positions inside the sequence"),
-            E.ExpectColumnValuesToBeInSet(column="masked_special", value_set=[0],
-                                          description="no masked position on [CLS]/[SEP], no label the recipe never masks"),
-            E.ExpectColumnValuesToBeBetween(column="max_masked_lm_id", min_value=0, max_value=V - 1,
-                                            description=f"masked_lm_ids < vocab_size {V}"),
-            E.ExpectColumnValuesToBeInSet(column="stray_mask_tokens", value_set=[0],
-                                          description=f"[MASK] (id {spec.mask_id}) only at masked positions"),
+            E.ExpectColumnValuesToBeInSet(
+                column="masked_lm_length_diff",
+                value_set=[0],
+                description="masked_lm_ids as long as masked_lm_positions",
+            ),
+            E.ExpectColumnValuesToBeBetween(
+                column="masked_count",
+                min_value=0,
+                max_value=spec.max_predictions_per_seq,
+                description=f"masked positions <= max_predictions_per_seq {spec.max_predictions_per_seq}",
+            ),
+            E.ExpectColumnValuesToBeInSet(
+                column="positions_not_increasing", value_set=[0], description="masked_lm_positions strictly increasing"
+            ),
+            E.ExpectColumnPairValuesAToBeGreaterThanB(
+                column_A="length",
+                column_B="max_masked_position",
+                or_equal=False,
+                ignore_row_if="either_value_is_missing",
+                description="masked positions inside the sequence",
+            ),
+            E.ExpectColumnValuesToBeInSet(
+                column="masked_special",
+                value_set=[0],
+                description="no masked position on [CLS]/[SEP], no label the recipe never masks",
+            ),
+            E.ExpectColumnValuesToBeBetween(
+                column="max_masked_lm_id", min_value=0, max_value=V - 1, description=f"masked_lm_ids < vocab_size {V}"
+            ),
+            E.ExpectColumnValuesToBeInSet(
+                column="stray_mask_tokens",
+                value_set=[0],
+                description=f"[MASK] (id {spec.mask_id}) only at masked positions",
+            ),
         ]
     else:
-        ex.append(E.ExpectColumnValuesToBeInSet(column="mask_token_count", value_set=[0],
-                                                description=f"dynamic masking: no [MASK] (id {spec.mask_id}) stored"))
+        ex.append(
+            E.ExpectColumnValuesToBeInSet(
+                column="mask_token_count",
+                value_set=[0],
+                description=f"dynamic masking: no [MASK] (id {spec.mask_id}) stored",
+            )
+        )
     return ex
 
 
 def _split_expectations(E, spec: _ShardSpec, nsp_tolerance: float) -> list:
     ex = [
         E.ExpectTableRowCountToEqual(value={"$PARAMETER": "rows"}, description="split row count matches manifest.json"),
-        E.ExpectColumnSumToBeBetween(column="length", min_value={"$PARAMETER": "tokens"},
-                                     max_value={"$PARAMETER": "tokens"},
-                                     description="split token count matches manifest.json"),
-        E.ExpectColumnMeanToBeBetween(column="next_sentence_label", min_value=0.5 - nsp_tolerance,
-                                      max_value=0.5 + nsp_tolerance,
-                                      description=f"NSP labels balanced: mean in 0.5 ± {nsp_tolerance} (Devlin et al. 2019, §3.1: 50% IsNext)"),
+        E.ExpectColumnSumToBeBetween(
+            column="length",
+            min_value={"$PARAMETER": "tokens"},
+            max_value={"$PARAMETER": "tokens"},
+            description="split token count matches manifest.json",
+        ),
+        E.ExpectColumnMeanToBeBetween(
+            column="next_sentence_label",
+            min_value=0.5 - nsp_tolerance,
+            max_value=0.5 + nsp_tolerance,
+            description=f"NSP labels balanced: mean in 0.5 ± {nsp_tolerance} (Devlin et al. 2019, §3.1: 50% IsNext)",
+        ),
     ]
     if spec.static:
-        ex.append(E.ExpectColumnSumToBeBetween(column="masked_count", min_value={"$PARAMETER": "masked_min"},
-                                               max_value={"$PARAMETER": "masked_max"},
-                                               description="masked share of tokens in masked_lm_prob ± tolerance"))
+        ex.append(
+            E.ExpectColumnSumToBeBetween(
+                column="masked_count",
+                min_value={"$PARAMETER": "masked_min"},
+                max_value={"$PARAMETER": "masked_max"},
+                description="masked share of tokens in masked_lm_prob ± tolerance",
+            )
+        )
     return ex
 
 
-def _check_shard(path: Path, entry: dict, spec: _ShardSpec, columns_suite: SuiteRun, row_suite: SuiteRun,
-                 max_sample_rows: int) -> tuple[list[CheckResult], tuple | None]:
+def _check_shard(
+    path: Path, entry: dict, spec: _ShardSpec, columns_suite: SuiteRun, row_suite: SuiteRun, max_sample_rows: int
+) -> tuple[list[CheckResult], tuple | None]:
     """All checks of one shard; also its (labels, lengths, masked counts) for the split totals."""
     import pandas as pd
 
@@ -475,23 +616,37 @@ def _check_shard(path: Path, entry: dict, spec: _ShardSpec, columns_suite: Suite
     if not check.success:
         diff = check.observed.get("mismatched", {}) if isinstance(check.observed, dict) else {}
         detail = ", ".join(f"{k} {v}" for k, v in diff.items() if v)
-        check.message = (f"{path}: columns {table.column_names} do not match the spec"
-                         + (f" ({detail})" if detail else "") + "; rerun the examples stage")
+        check.message = (
+            f"{path}: columns {table.column_names} do not match the spec"
+            + (f" ({detail})" if detail else "")
+            + "; rerun the examples stage"
+        )
         results.append(check)
         return results, None
     results.append(check)
     problems, usable = schema_problems(table, spec)
     types = {f.name: str(f.type) for f in table.schema}
-    results.append(CheckResult(target, "parquet_column_types", not problems, types,
-                               len(problems), [{"column": p} for p in problems],
-                               "column types as in the spec" if not problems else
-                               f"{path}: column types differ from the spec: " + "; ".join(problems)))
+    results.append(
+        CheckResult(
+            target,
+            "parquet_column_types",
+            not problems,
+            types,
+            len(problems),
+            [{"column": p} for p in problems],
+            "column types as in the spec"
+            if not problems
+            else f"{path}: column types differ from the spec: " + "; ".join(problems),
+        )
+    )
     if not usable:
         return results, None
     try:
         frame, context = _derive(table, spec)
     except Exception as e:  # e.g. ids that do not fit the arithmetic; report, don't crash
-        results.append(failed_check(target, "derived_columns", f"{path}: cannot compute per-row facts ({type(e).__name__}: {e})"))
+        results.append(
+            failed_check(target, "derived_columns", f"{path}: cannot compute per-row facts ({type(e).__name__}: {e})")
+        )
         return results, None
     del table
 
@@ -500,8 +655,12 @@ def _check_shard(path: Path, entry: dict, spec: _ShardSpec, columns_suite: Suite
         for name, lists in context.items():
             if name == "input_ids" or name in _CONTEXT.get(column, ()):
                 off, vals = lists
-                seq = vals[off[i]: off[i + 1]].tolist()
-                row[name] = seq if len(seq) <= _PREVIEW_TOKENS else seq[: _PREVIEW_TOKENS // 2] + ["..."] + seq[-_PREVIEW_TOKENS // 2:]
+                seq = vals[off[i] : off[i + 1]].tolist()
+                row[name] = (
+                    seq
+                    if len(seq) <= _PREVIEW_TOKENS
+                    else seq[: _PREVIEW_TOKENS // 2] + ["..."] + seq[-_PREVIEW_TOKENS // 2 :]
+                )
         return row
 
     params = {"rows": int(entry["rows"]), "tokens": int(entry.get("tokens", frame["length"].sum()))}
@@ -596,16 +755,18 @@ def _derive(table, spec: _ShardSpec):
         inside = pos64 < length[prow]
         at = ids[starts[prow] + np.clip(np.minimum(pos64, length[prow] - 1), 0, None)] if len(ids) else pos64
         on_special = inside & ((pos64 == 0) | (at == spec.cls_id) | (at == spec.sep_id))
-        frame.update({
-            "masked_lm_length_diff": np.diff(lab_off) - count,
-            "masked_count": count,
-            "positions_not_increasing": segment_sum(not_incr, pos_off),
-            "max_masked_position": segment_max(pos64, pos_off),
-            "masked_special": segment_sum(on_special, pos_off) + segment_sum(np.isin(lab, spec.never_masked_ids),
-                                                                                lab_off),
-            "max_masked_lm_id": segment_max(lab, lab_off),
-            "stray_mask_tokens": mask_tokens - segment_sum(inside & (at == spec.mask_id), pos_off),
-        })
+        frame.update(
+            {
+                "masked_lm_length_diff": np.diff(lab_off) - count,
+                "masked_count": count,
+                "positions_not_increasing": segment_sum(not_incr, pos_off),
+                "max_masked_position": segment_max(pos64, pos_off),
+                "masked_special": segment_sum(on_special, pos_off)
+                + segment_sum(np.isin(lab, spec.never_masked_ids), lab_off),
+                "max_masked_lm_id": segment_max(lab, lab_off),
+                "stray_mask_tokens": mask_tokens - segment_sum(inside & (at == spec.mask_id), pos_off),
+            }
+        )
         context.update({"masked_lm_positions": (pos_off, pos), "masked_lm_ids": (lab_off, lab)})
     else:
         frame["mask_token_count"] = mask_tokens
@@ -613,8 +774,16 @@ def _derive(table, spec: _ShardSpec):
     return pd.DataFrame(frame), context
 
 
-def _check_split(target: str, info: dict, parts: list, spec: _ShardSpec, split_suite: SuiteRun,
-                 nsp_tolerance: float, mask_rate_tolerance: float, max_sample_rows: int) -> list[CheckResult]:
+def _check_split(
+    target: str,
+    info: dict,
+    parts: list,
+    spec: _ShardSpec,
+    split_suite: SuiteRun,
+    nsp_tolerance: float,
+    mask_rate_tolerance: float,
+    max_sample_rows: int,
+) -> list[CheckResult]:
     """Split totals: rows and tokens vs the manifest, NSP balance, masked share of tokens."""
     import pandas as pd
 
@@ -624,15 +793,21 @@ def _check_split(target: str, info: dict, parts: list, spec: _ShardSpec, split_s
     tokens = int(lengths.sum(dtype=np.int64))
     frame = pd.DataFrame({"next_sentence_label": labels, "length": lengths, "masked_count": masked})
     p, tol = spec.masked_lm_prob, mask_rate_tolerance
-    params = {"rows": int(info.get("rows", len(frame))), "tokens": int(info.get("tokens", tokens)),
-              "masked_min": (p - tol) * tokens, "masked_max": (p + tol) * tokens}
+    params = {
+        "rows": int(info.get("rows", len(frame))),
+        "tokens": int(info.get("tokens", tokens)),
+        "masked_min": (p - tol) * tokens,
+        "masked_max": (p + tol) * tokens,
+    }
     results = []
     for r in split_suite.run(frame, params=params, run_name=target):
         check = to_check(r, target)
         col = r.expectation_config.kwargs.get("column")
         if r.expectation_config.type == "expect_column_mean_to_be_between":
-            per_shard = [{"shard": s, "rows": len(lab), "nsp_label_mean": round(float(lab.mean()), 4) if len(lab) else None}
-                         for s, lab, _, _ in parts]
+            per_shard = [
+                {"shard": s, "rows": len(lab), "nsp_label_mean": round(float(lab.mean()), 4) if len(lab) else None}
+                for s, lab, _, _ in parts
+            ]
             per_shard.sort(key=lambda d: -abs((d["nsp_label_mean"] if d["nsp_label_mean"] is not None else 0.5) - 0.5))
             check.sample_rows = per_shard[:max_sample_rows]
             if len(frame) < NSP_MIN_ROWS:
@@ -644,14 +819,25 @@ def _check_split(target: str, info: dict, parts: list, spec: _ShardSpec, split_s
                     "always gets a random B (label 1), so a corpus of one- or two-sentence documents (e.g. the "
                     "paragraphs of one-article-per-file sources read as documents: set download.local.format: "
                     "document_per_file) leans to 1. Lengthen the documents (clean.min_chars) or raise "
-                    "validate.nsp_tolerance for a corpus of short articles")
+                    "validate.nsp_tolerance for a corpus of short articles"
+                )
         elif col == "masked_count":
             rate = float(masked.sum(dtype=np.int64)) / max(tokens, 1)
-            check.observed = {"masked": int(masked.sum(dtype=np.int64)), "tokens": tokens, "rate": round(rate, 5),
-                              "expected": [round(p - tol, 5), round(p + tol, 5)]}
-            per_shard = [{"shard": s, "masked": int(m.sum(dtype=np.int64)), "tokens": int(le.sum(dtype=np.int64)),
-                          "rate": round(float(m.sum(dtype=np.int64)) / max(int(le.sum(dtype=np.int64)), 1), 5)}
-                         for s, _, le, m in parts]
+            check.observed = {
+                "masked": int(masked.sum(dtype=np.int64)),
+                "tokens": tokens,
+                "rate": round(rate, 5),
+                "expected": [round(p - tol, 5), round(p + tol, 5)],
+            }
+            per_shard = [
+                {
+                    "shard": s,
+                    "masked": int(m.sum(dtype=np.int64)),
+                    "tokens": int(le.sum(dtype=np.int64)),
+                    "rate": round(float(m.sum(dtype=np.int64)) / max(int(le.sum(dtype=np.int64)), 1), 5),
+                }
+                for s, _, le, m in parts
+            ]
             per_shard.sort(key=lambda d: -abs(d["rate"] - p))
             check.sample_rows = per_shard[:max_sample_rows]
             check.message = f"masked share of tokens in masked_lm_prob {p} ± {tol}"

@@ -52,36 +52,48 @@ class _PackedSpec:
                     s["path"], s["rows"], s["sha256"]  # noqa: B018 - presence check
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             detail = f"missing key {e}" if isinstance(e, KeyError) else str(e)
-            raise BertraceError(f"{path}: not a valid causal examples manifest ({detail}); rerun the examples "
-                                "stage") from None
+            raise BertraceError(
+                f"{path}: not a valid causal examples manifest ({detail}); rerun the examples stage"
+            ) from None
 
 
 def _row_expectations(E, spec: _PackedSpec) -> list:
     V, L, S = spec.vocab_size, spec.max_seq_len, spec.sep_id
     return [
         E.ExpectTableRowCountToEqual(value={"$PARAMETER": "rows"}, description="row count matches manifest.json"),
-        E.ExpectColumnValuesToBeInSet(column="length", value_set=[L],
-                                      description=f"every block is exactly max_seq_len {L} tokens"),
+        E.ExpectColumnValuesToBeInSet(
+            column="length", value_set=[L], description=f"every block is exactly max_seq_len {L} tokens"
+        ),
         E.ExpectColumnValuesToBeInSet(column="null_values", value_set=[0], description="no null blocks or ids"),
-        E.ExpectColumnValuesToBeBetween(column="max_token_id", min_value=0, max_value=V - 1,
-                                        description=f"all input ids < vocab_size {V}"),
-        E.ExpectColumnValuesToBeInSet(column="pad_count", value_set=[0],
-                                      description=f"no [PAD] (id {spec.pad_id}): blocks are never padded"),
-        E.ExpectColumnValuesToBeInSet(column="adjacent_separators", value_set=[0],
-                                      description=f"no [SEP] (id {S}) right after another [SEP] or at the start of "
-                                                  "the shard (an empty document)"),
+        E.ExpectColumnValuesToBeBetween(
+            column="max_token_id", min_value=0, max_value=V - 1, description=f"all input ids < vocab_size {V}"
+        ),
+        E.ExpectColumnValuesToBeInSet(
+            column="pad_count", value_set=[0], description=f"no [PAD] (id {spec.pad_id}): blocks are never padded"
+        ),
+        E.ExpectColumnValuesToBeInSet(
+            column="adjacent_separators",
+            value_set=[0],
+            description=f"no [SEP] (id {S}) right after another [SEP] or at the start of the shard (an empty document)",
+        ),
     ]
 
 
 def _split_expectations(E) -> list:
     return [
         E.ExpectTableRowCountToEqual(value={"$PARAMETER": "rows"}, description="split row count matches manifest.json"),
-        E.ExpectColumnSumToBeBetween(column="length", min_value={"$PARAMETER": "tokens"},
-                                     max_value={"$PARAMETER": "tokens"},
-                                     description="split token count matches manifest.json"),
-        E.ExpectColumnSumToBeBetween(column="sep_count", min_value={"$PARAMETER": "separators"},
-                                     max_value={"$PARAMETER": "separators"},
-                                     description="split [SEP] count (one per packed document) matches manifest.json"),
+        E.ExpectColumnSumToBeBetween(
+            column="length",
+            min_value={"$PARAMETER": "tokens"},
+            max_value={"$PARAMETER": "tokens"},
+            description="split token count matches manifest.json",
+        ),
+        E.ExpectColumnSumToBeBetween(
+            column="sep_count",
+            min_value={"$PARAMETER": "separators"},
+            max_value={"$PARAMETER": "separators"},
+            description="split [SEP] count (one per packed document) matches manifest.json",
+        ),
     ]
 
 
@@ -96,14 +108,16 @@ def _derive(table, spec: _PackedSpec):
         after_sep[0] = is_sep[0]
         after_sep[1:] = is_sep[1:] & is_sep[:-1]
     digests = [hashlib.blake2b(ids[a:b].tobytes(), digest_size=16).hexdigest() for a, b in zip(off[:-1], off[1:])]
-    frame = pd.DataFrame({
-        "length": np.diff(off),
-        "null_values": nulls,
-        "max_token_id": segment_max(ids.astype(np.int64), off),
-        "pad_count": segment_sum(ids == spec.pad_id, off),
-        "sep_count": segment_sum(is_sep, off),
-        "adjacent_separators": segment_sum(after_sep, off),
-    })
+    frame = pd.DataFrame(
+        {
+            "length": np.diff(off),
+            "null_values": nulls,
+            "max_token_id": segment_max(ids.astype(np.int64), off),
+            "pad_count": segment_sum(ids == spec.pad_id, off),
+            "sep_count": segment_sum(is_sep, off),
+            "adjacent_separators": segment_sum(after_sep, off),
+        }
+    )
     return frame, digests, (off, ids)
 
 
@@ -123,16 +137,25 @@ def _check_shard(path: Path, entry: dict, spec: _PackedSpec, columns_suite, row_
     results.append(check)
     problems, usable = schema_problems(table, spec)
     types = {f.name: str(f.type) for f in table.schema}
-    results.append(CheckResult(target, "parquet_column_types", not problems, types, len(problems),
-                               [{"column": p} for p in problems],
-                               "column types as in the spec" if not problems else
-                               f"{path}: column types differ from the spec: " + "; ".join(problems)))
+    results.append(
+        CheckResult(
+            target,
+            "parquet_column_types",
+            not problems,
+            types,
+            len(problems),
+            [{"column": p} for p in problems],
+            "column types as in the spec"
+            if not problems
+            else f"{path}: column types differ from the spec: " + "; ".join(problems),
+        )
+    )
     if not usable:
         return results, None
     frame, digests, (off, ids) = _derive(table, spec)
 
     def sample(i: int, value: Any) -> dict:
-        seq = ids[off[i]:off[i + 1]].tolist()
+        seq = ids[off[i] : off[i + 1]].tolist()
         return {"row": i, "value": value, "input_ids": seq if len(seq) <= _PREVIEW else seq[:_PREVIEW] + ["..."]}
 
     for r in row_suite.run(frame, params={"rows": int(entry["rows"])}, samples=max_sample_rows, run_name=target):
@@ -144,30 +167,48 @@ def _overlap(gx: GX, parts: list[tuple[str, list[str]]], max_sample_rows: int) -
     """One GX uniqueness check over the digests of every block of every shard."""
     import pandas as pd
 
-    frame = pd.DataFrame({
-        "block_hash": [d for _, ds in parts for d in ds],
-        "shard": np.repeat(np.arange(len(parts)), [len(ds) for _, ds in parts]),
-        "row": np.concatenate([np.arange(len(ds)) for _, ds in parts]) if parts else np.zeros(0, np.int64),
-    })
-    suite = gx.definition("packed blocks across shards", [
-        gx.gxe.ExpectColumnValuesToBeUnique(column="block_hash", description="no block in two places: no shard "
-                                            "overlaps another, train and valid share no block"),
-    ])
+    frame = pd.DataFrame(
+        {
+            "block_hash": [d for _, ds in parts for d in ds],
+            "shard": np.repeat(np.arange(len(parts)), [len(ds) for _, ds in parts]),
+            "row": np.concatenate([np.arange(len(ds)) for _, ds in parts]) if parts else np.zeros(0, np.int64),
+        }
+    )
+    suite = gx.definition(
+        "packed blocks across shards",
+        [
+            gx.gxe.ExpectColumnValuesToBeUnique(
+                column="block_hash",
+                description="no block in two places: no shard overlaps another, train and valid share no block",
+            ),
+        ],
+    )
     (r,) = suite.run(frame, complete=True, run_name="all shards")
     bad = frame.iloc[np.asarray(r.result.get("unexpected_index_list") or [], dtype=np.int64)]
-    samples = [{"shard": parts[int(row.shard)][0], "row": int(row.row)}
-               for row in bad.head(max_sample_rows).itertuples()]
+    samples = [
+        {"shard": parts[int(row.shard)][0], "row": int(row.row)} for row in bad.head(max_sample_rows).itertuples()
+    ]
     n = len(bad)
     where = sorted({parts[int(s)][0] for s in bad.shard.unique()})
     msg = "no block occurs twice across all shards (train and valid)"
     if n:
         msg += f": {n} blocks occur more than once, in {', '.join(where[:5])}; rerun the examples stage"
-    return [CheckResult("all shards", "expect_column_values_to_be_unique(block_hash across shards)", n == 0,
-                        {"blocks": len(frame), "duplicated": n}, n, samples, msg)]
+    return [
+        CheckResult(
+            "all shards",
+            "expect_column_values_to_be_unique(block_hash across shards)",
+            n == 0,
+            {"blocks": len(frame), "duplicated": n},
+            n,
+            samples,
+            msg,
+        )
+    ]
 
 
-def validate_packed_shards(examples_dir: Path, manifest: dict, *, max_sample_rows: int = 5,
-                           progress: bool = False) -> ValidationReport:
+def validate_packed_shards(
+    examples_dir: Path, manifest: dict, *, max_sample_rows: int = 5, progress: bool = False
+) -> ValidationReport:
     """Check every shard listed in a causal ``manifest`` (module docstring), and flag unlisted ones."""
     from tqdm import tqdm
 
@@ -179,10 +220,16 @@ def validate_packed_shards(examples_dir: Path, manifest: dict, *, max_sample_row
         return ValidationReport([failed_check(manifest_path, "manifest_readable", str(e))])
     gx = GX()
     E = gx.gxe
-    columns_suite = gx.definition("packed shard columns", [
-        E.ExpectTableColumnsToMatchSet(column_set=spec.columns, exact_match=True,
-                                       description=f"columns are exactly {spec.columns} (packed causal-LM blocks)"),
-    ])
+    columns_suite = gx.definition(
+        "packed shard columns",
+        [
+            E.ExpectTableColumnsToMatchSet(
+                column_set=spec.columns,
+                exact_match=True,
+                description=f"columns are exactly {spec.columns} (packed causal-LM blocks)",
+            ),
+        ],
+    )
     row_suite = gx.definition("packed shard blocks", _row_expectations(E, spec))
     split_suite = gx.definition("packed split totals", _split_expectations(E))
 
@@ -208,18 +255,36 @@ def validate_packed_shards(examples_dir: Path, manifest: dict, *, max_sample_row
     for split, info in manifest["splits"].items():
         target = str(examples_dir / split)
         if incomplete[split]:
-            results.append(CheckResult(target, "split_totals", True, None, 0, [],
-                                       f"skipped: {incomplete[split]} shard(s) could not be checked"))
+            results.append(
+                CheckResult(
+                    target,
+                    "split_totals",
+                    True,
+                    None,
+                    0,
+                    [],
+                    f"skipped: {incomplete[split]} shard(s) could not be checked",
+                )
+            )
             continue
         parts = per_split[split]
-        frame = pd.DataFrame({"length": np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64),
-                              "sep_count": np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)})
+        frame = pd.DataFrame(
+            {
+                "length": np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64),
+                "sep_count": np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64),
+            }
+        )
         params = {k: int(info.get(k, 0)) for k in ("rows", "tokens", "separators")}
         results += [to_check(r, target) for r in split_suite.run(frame, params=params, run_name=target)]
     results += _overlap(gx, digests, max_sample_rows)
     for path in sorted(examples_dir.rglob("*.parquet")):
         if path.resolve() not in listed:
-            results.append(failed_check(path, "shard_listed_in_manifest",
-                                 f"{path}: not listed in {manifest_path} (a stale shard from an earlier run?); "
-                                 "delete it or rerun the examples stage"))
+            results.append(
+                failed_check(
+                    path,
+                    "shard_listed_in_manifest",
+                    f"{path}: not listed in {manifest_path} (a stale shard from an earlier run?); "
+                    "delete it or rerun the examples stage",
+                )
+            )
     return ValidationReport(results, gx.kept())

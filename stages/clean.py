@@ -17,7 +17,11 @@ def main() -> None:
         run.add_input(RAW)
         run.add_upstream("download")
         stats = clean_corpus(
-            RAW, OUT, min_chars=cfg.min_chars, valid_fraction=cfg.valid_fraction, seed=cfg.seed,
+            RAW,
+            OUT,
+            min_chars=cfg.min_chars,
+            valid_fraction=cfg.valid_fraction,
+            seed=cfg.seed,
             engine=Engine.from_params(cfg, "clean"),  # workers / engine / dask_scheduler: speed only
         )
         for name in ("train.txt", "valid.txt"):

@@ -1,18 +1,18 @@
 """The ``bertrace`` command: user-facing tools around the pipeline.
 
-    bertrace validate DIR                         Great Expectations checks on a shard directory
-    bertrace validate --corpus F [F ...]          ... or on clean corpus files
-    bertrace predict TEXT... | --file F [--model P]   classify texts (JSON lines out)
-    bertrace export --hf DIR [--checkpoint P] [--tokenizer T]   Hugging Face directory
-    bertrace generate PROMPT [--checkpoint P] [--max-new-tokens N] [--temperature T] [--top-k K]
-                             [--top-p P] [--seed S]   sample text from a causal LM (streamed)
-    bertrace trace TARGET [--json] [--verify] [--root DIR]     lineage of a checkpoint, export or MLflow
-                                                  run/model back to the raw corpus; --verify rechecks it
-    bertrace scorecard record NAME [--note T] [--set k=v]   keep the last run's scorecard row as a profile row
-    bertrace scorecard render                     rewrite reports/scorecard.md from the recorded rows
-    bertrace demo [--model P] [--port N]          the model on a web page (Gradio, 127.0.0.1) beside its
-                                                  trace summary; needs pip install -e '.[demo]'
-    bertrace plots [--out reports/plots.html]     the pipeline's plots in one offline HTML file
+bertrace validate DIR                         Great Expectations checks on a shard directory
+bertrace validate --corpus F [F ...]          ... or on clean corpus files
+bertrace predict TEXT... | --file F [--model P]   classify texts (JSON lines out)
+bertrace export --hf DIR [--checkpoint P] [--tokenizer T]   Hugging Face directory
+bertrace generate PROMPT [--checkpoint P] [--max-new-tokens N] [--temperature T] [--top-k K]
+                         [--top-p P] [--seed S]   sample text from a causal LM (streamed)
+bertrace trace TARGET [--json] [--verify] [--root DIR]     lineage of a checkpoint, export or MLflow
+                                              run/model back to the raw corpus; --verify rechecks it
+bertrace scorecard record NAME [--note T] [--set k=v]   keep the last run's scorecard row as a profile row
+bertrace scorecard render                     rewrite reports/scorecard.md from the recorded rows
+bertrace demo [--model P] [--port N]          the model on a web page (Gradio, 127.0.0.1) beside its
+                                              trace summary; needs pip install -e '.[demo]'
+bertrace plots [--out reports/plots.html]     the pipeline's plots in one offline HTML file
 """
 
 from __future__ import annotations
@@ -23,24 +23,30 @@ import sys
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="bertrace", description="bertrace tools",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="bertrace",
+        description="bertrace tools",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("validate", help="validate a shard directory or corpus files", add_help=False)
     sub.add_parser("predict", help="classify texts with a fine-tuned model (JSON lines)", add_help=False)
     sub.add_parser("export", help="export a checkpoint as a Hugging Face directory", add_help=False)
-    sub.add_parser("generate", help="sample text from a causal-LM checkpoint (pretrain.objective: clm)",
-                   add_help=False)
-    sub.add_parser("trace", help="lineage of a checkpoint, export or MLflow run/model (--verify rechecks it)",
-                   add_help=False)
-    sub.add_parser("scorecard", help="record the last run's scorecard row as a profile, or render the scorecard",
-                   add_help=False)
-    sub.add_parser("demo", help="serve the model on a web page (Gradio, 127.0.0.1) with its trace summary",
-                   add_help=False)
-    sub.add_parser("plots", help="write the pipeline's plots as one self-contained HTML file (offline)",
-                   add_help=False)
-    sub.add_parser("check-tracking", help="check that the MLflow tracking store answers (make repro runs it first)",
-                   add_help=False)
+    sub.add_parser("generate", help="sample text from a causal-LM checkpoint (pretrain.objective: clm)", add_help=False)
+    sub.add_parser(
+        "trace", help="lineage of a checkpoint, export or MLflow run/model (--verify rechecks it)", add_help=False
+    )
+    sub.add_parser(
+        "scorecard", help="record the last run's scorecard row as a profile, or render the scorecard", add_help=False
+    )
+    sub.add_parser(
+        "demo", help="serve the model on a web page (Gradio, 127.0.0.1) with its trace summary", add_help=False
+    )
+    sub.add_parser("plots", help="write the pipeline's plots as one self-contained HTML file (offline)", add_help=False)
+    sub.add_parser(
+        "check-tracking", help="check that the MLflow tracking store answers (make repro runs it first)", add_help=False
+    )
     args = parser.parse_args(argv[:1])
     rest = argv[1:]
     from stages.common import run_stage

@@ -19,10 +19,10 @@ from typing import Any, Callable
 
 import yaml
 
-from pipeline.errors import BertraceError
-from pipeline.io import read_json, write_json
 from pipeline import provenance as prov
 from pipeline import tracking
+from pipeline.errors import BertraceError
+from pipeline.io import read_json, write_json
 
 PARAMS_FILE = "params.yaml"
 PROVENANCE_DIR = Path("data/provenance")
@@ -82,8 +82,15 @@ class StageRun:
     (``bertrace.reused.<stage>``).
     """
 
-    def __init__(self, stage: str, params: dict[str, Any], *, log_mlflow: bool = True, run_name: str | None = None,
-                 system_metrics: bool = False):
+    def __init__(
+        self,
+        stage: str,
+        params: dict[str, Any],
+        *,
+        log_mlflow: bool = True,
+        run_name: str | None = None,
+        system_metrics: bool = False,
+    ):
         self.stage = stage
         self.params = params
         self.log_mlflow = log_mlflow and os.environ.get("BERTRACE_NO_MLFLOW") != "1"
@@ -119,13 +126,17 @@ class StageRun:
             except BertraceError as e:
                 raise BertraceError(f"{e}{_restore_hint(self.stage)}") from None
             try:
-                self.stale_runs = tracking.close_stale_runs(mlflow.tracking.MlflowClient(), experiment_id,
-                                                            self.stage, self.run_id)
+                self.stale_runs = tracking.close_stale_runs(
+                    mlflow.tracking.MlflowClient(), experiment_id, self.stage, self.run_id
+                )
             except Exception as e:  # noqa: BLE001 - housekeeping must never stop the stage
                 print(f"{self.stage}: could not check for stale MLflow runs ({type(e).__name__}: {e})", file=sys.stderr)
             if self.stale_runs:
-                print(f"{self.stage}: marked {len(self.stale_runs)} MLflow run(s) left RUNNING by a killed earlier "
-                      f"attempt as KILLED: {', '.join(self.stale_runs[:5])}", file=sys.stderr)
+                print(
+                    f"{self.stage}: marked {len(self.stale_runs)} MLflow run(s) left RUNNING by a killed earlier "
+                    f"attempt as KILLED: {', '.join(self.stale_runs[:5])}",
+                    file=sys.stderr,
+                )
             tags = {
                 "bertrace.stage": self.stage,
                 "bertrace.pipeline_run_id": self.run_id,
@@ -145,16 +156,19 @@ class StageRun:
                 tags["mlflow.source.git.commit"] = self.git["commit"]
                 tags["bertrace.git_commit"] = self.git["commit"]
             tags.update(_system_tags())
-            run = mlflow.start_run(experiment_id=experiment_id, run_name=tracking.mlflow_name(self.run_name),
-                                   tags=tracking.mlflow_tags(tags, self._renamed),
-                                   log_system_metrics=self.system_metrics or None)
+            run = mlflow.start_run(
+                experiment_id=experiment_id,
+                run_name=tracking.mlflow_name(self.run_name),
+                tags=tracking.mlflow_tags(tags, self._renamed),
+                log_system_metrics=self.system_metrics or None,
+            )
             self.mlflow_run_id = run.info.run_id
             self._mlflow = mlflow
             try:
                 params = tracking.mlflow_params(self.params, self._renamed)
                 items = sorted(params.items())
                 for i in range(0, len(items), 100):  # MLflow takes at most 100 params per request
-                    mlflow.log_params(dict(items[i:i + 100]))
+                    mlflow.log_params(dict(items[i : i + 100]))
             except BaseException:  # __exit__ will not run: close the run here, not leave it RUNNING
                 mlflow.end_run(status="FAILED")
                 if self.parent_run_id:
@@ -164,10 +178,14 @@ class StageRun:
                 try:
                     client = mlflow.tracking.MlflowClient()
                     tracking.log_stage_on_parent(client, self.parent_run_id, self.stage, params=self.params)
-                    tracking.link_reused(client, self.parent_run_id, experiment_id, self._upstream_records(), self.run_id)
+                    tracking.link_reused(
+                        client, self.parent_run_id, experiment_id, self._upstream_records(), self.run_id
+                    )
                 except Exception as e:  # noqa: BLE001 - the parent is a convenience, never stop the stage
-                    print(f"{self.stage}: could not update the pipeline's parent MLflow run ({type(e).__name__}: {e})",
-                          file=sys.stderr)
+                    print(
+                        f"{self.stage}: could not update the pipeline's parent MLflow run ({type(e).__name__}: {e})",
+                        file=sys.stderr,
+                    )
         return self
 
     def _pipeline_parent(self, experiment_id: str, exp: dict[str, Any]) -> str | None:
@@ -179,13 +197,23 @@ class StageRun:
 
         commit = (self.git.get("commit") or "")[:8]
         name = f"pipeline {exp['name']}" if exp else f"pipeline {commit or 'no-git'} {self.run_id[:8]}"
-        tags = {"mlflow.source.git.commit": self.git.get("commit"), "bertrace.dvc_experiment": exp.get("name"),
-                "bertrace.dvc_baseline_rev": exp.get("baseline_rev")}
+        tags = {
+            "mlflow.source.git.commit": self.git.get("commit"),
+            "bertrace.dvc_experiment": exp.get("name"),
+            "bertrace.dvc_baseline_rev": exp.get("baseline_rev"),
+        }
         try:
-            return tracking.pipeline_parent(mlflow.tracking.MlflowClient(), experiment_id, self.run_id, run_name=name,
-                                            tags={k: v for k, v in tags.items() if v})
+            return tracking.pipeline_parent(
+                mlflow.tracking.MlflowClient(),
+                experiment_id,
+                self.run_id,
+                run_name=name,
+                tags={k: v for k, v in tags.items() if v},
+            )
         except Exception as e:  # noqa: BLE001
-            print(f"{self.stage}: no parent MLflow run for this pipeline run ({type(e).__name__}: {e})", file=sys.stderr)
+            print(
+                f"{self.stage}: no parent MLflow run for this pipeline run ({type(e).__name__}: {e})", file=sys.stderr
+            )
             return None
 
     def _upstream_records(self) -> dict[str, Any]:
@@ -228,8 +256,11 @@ class StageRun:
                             tracking.log_stage_on_parent(client, self.parent_run_id, self.stage, metrics=metrics)
                         client.set_terminated(self.parent_run_id, status=status)
                     except Exception as e:  # noqa: BLE001
-                        print(f"{self.stage}: could not update the pipeline's parent MLflow run "
-                              f"({type(e).__name__}: {e})", file=sys.stderr)
+                        print(
+                            f"{self.stage}: could not update the pipeline's parent MLflow run "
+                            f"({type(e).__name__}: {e})",
+                            file=sys.stderr,
+                        )
 
     @property
     def seconds(self) -> float:
@@ -300,8 +331,10 @@ class StageRun:
     def log_dict(self, obj: Any, name: str) -> None:
         """``obj`` as the JSON artifact ``name`` of the run."""
         if self._mlflow is not None:
-            self._mlflow.log_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n",
-                                  tracking.mlflow_name(name))
+            self._mlflow.log_text(
+                json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n",
+                tracking.mlflow_name(name),
+            )
 
     def _log_lists(self) -> None:
         """``files.json`` (every input and output, path → sha256) and ``names.json`` (MLflow names
@@ -309,14 +342,20 @@ class StageRun:
         try:
             if self.inputs or self.outputs:
                 self.log_dict({"inputs": self.inputs, "outputs": self.outputs}, "files.json")
-            self.set_tags({f"bertrace.{kind}s": f"{len(files)} files (path -> sha256: artifact files.json)"
-                           for kind, files in (("input", self.inputs), ("output", self.outputs))
-                           if len(files) > self._file_tags[kind]})  # some files have no tag of their own
+            self.set_tags(
+                {
+                    f"bertrace.{kind}s": f"{len(files)} files (path -> sha256: artifact files.json)"
+                    for kind, files in (("input", self.inputs), ("output", self.outputs))
+                    if len(files) > self._file_tags[kind]
+                }
+            )  # some files have no tag of their own
             if self._renamed:
                 self.log_dict(dict(sorted(self._renamed.items())), "names.json")
         except Exception as e:  # noqa: BLE001
-            print(f"{self.stage}: could not log files.json / names.json to MLflow ({type(e).__name__}: {e})",
-                  file=sys.stderr)
+            print(
+                f"{self.stage}: could not log files.json / names.json to MLflow ({type(e).__name__}: {e})",
+                file=sys.stderr,
+            )
 
     def provenance(self) -> dict[str, Any]:
         """The stage's record: code, params and input/output hashes only (:func:`pipeline.provenance.build_record`)."""
@@ -339,9 +378,16 @@ class StageRun:
 
     def run_log(self, record: dict[str, Any]) -> dict[str, Any]:
         """When, where and by which runs ``record`` was made (:func:`pipeline.provenance.build_run_log`)."""
-        return prov.build_run_log(record, git=self.git, run_id=self.run_id, mlflow_run_id=self.mlflow_run_id,
-                                  tracking=tracking.redacted_uri(tracking.tracking_uri()) if self._mlflow else None,
-                                  started=self.started, seconds=self.seconds, timings=self.timings)
+        return prov.build_run_log(
+            record,
+            git=self.git,
+            run_id=self.run_id,
+            mlflow_run_id=self.mlflow_run_id,
+            tracking=tracking.redacted_uri(tracking.tracking_uri()) if self._mlflow else None,
+            started=self.started,
+            seconds=self.seconds,
+            timings=self.timings,
+        )
 
     def log_timings(self, timings: dict[str, Any]) -> None:
         """Durations and throughput (``seconds``, ``examples_per_s`` …): MLflow metrics and the run
@@ -361,9 +407,15 @@ class StageRun:
         write_json(log_path, log)
         self.log_artifact(path, PROVENANCE_ARTIFACT_DIR)
         if self._mlflow is not None:
-            self._mlflow.log_text(json.dumps(log, indent=2, sort_keys=True) + "\n", f"{PROVENANCE_ARTIFACT_DIR}/run.json")
-        self.set_tags({"bertrace.provenance_artifact": f"{PROVENANCE_ARTIFACT_DIR}/{path.name}",
-                       prov.RECORD_TAG: log["record_sha256"]})
+            self._mlflow.log_text(
+                json.dumps(log, indent=2, sort_keys=True) + "\n", f"{PROVENANCE_ARTIFACT_DIR}/run.json"
+            )
+        self.set_tags(
+            {
+                "bertrace.provenance_artifact": f"{PROVENANCE_ARTIFACT_DIR}/{path.name}",
+                prov.RECORD_TAG: log["record_sha256"],
+            }
+        )
         self._update_chain_tags(record)
         return path
 
@@ -373,8 +425,13 @@ class StageRun:
         checkpoints … it descends from (or produced); the records of its DVC upstream stages
         fill in what the stage's own record does not embed."""
         if record is None:
-            record = {"stage": self.stage, "inputs": self.inputs, "outputs": self.outputs,
-                      "upstream": self.upstream, **self.extra}
+            record = {
+                "stage": self.stage,
+                "inputs": self.inputs,
+                "outputs": self.outputs,
+                "upstream": self.upstream,
+                **self.extra,
+            }
         if self._dag_records is None:  # the records of the stages dvc.yaml puts upstream (e.g. for validate)
             self._dag_records = {}
             for name in self.dvc_lock or {}:
@@ -403,16 +460,18 @@ class StageRun:
             return
         client = self._mlflow.tracking.MlflowClient()
         run = client.get_run(self.mlflow_run_id)
-        children = client.search_runs([run.info.experiment_id],
-                                      filter_string=f"tags.mlflow.parentRunId = '{self.mlflow_run_id}'")
+        children = client.search_runs(
+            [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{self.mlflow_run_id}'"
+        )
         inherited = {k: v for k, v in run.data.tags.items() if k.startswith(CHILD_TAGS)}
         for child in children:
             for key, value in {**inherited, **self._chain_tags}.items():
                 if child.data.tags.get(key) != value:
                     client.set_tag(child.info.run_id, key, value)
 
-    def write_metrics(self, metrics: dict[str, Any], path: str | os.PathLike | None = None, *,
-                      details: dict[str, Any] | None = None) -> Path:
+    def write_metrics(
+        self, metrics: dict[str, Any], path: str | os.PathLike | None = None, *, details: dict[str, Any] | None = None
+    ) -> Path:
         """Write the stage's DVC metrics file (``metrics/<stage>.json``) and log the numbers to MLflow.
 
         The metrics file holds only the few numbers a user compares across runs: ``dvc metrics
@@ -461,8 +520,9 @@ def _repo_url_tags_of(checkout: str) -> tuple[tuple[str, str], ...]:
     from urllib.parse import urlsplit, urlunsplit
 
     try:
-        url = subprocess.run(["git", "remote", "get-url", "origin"], capture_output=True, text=True,
-                             timeout=10, cwd=checkout).stdout.strip()
+        url = subprocess.run(
+            ["git", "remote", "get-url", "origin"], capture_output=True, text=True, timeout=10, cwd=checkout
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ()
     if not url:
@@ -471,8 +531,15 @@ def _repo_url_tags_of(checkout: str) -> tuple[tuple[str, str], ...]:
     if parts.scheme in ("", "file") and not re.match(r"^[\w.-]+@[\w.-]+:", url):  # a path, not user@host:repo
         url = "(a local directory)"
     elif parts.password or parts.username:
-        url = urlunsplit((parts.scheme, parts.hostname + (f":{parts.port}" if parts.port else ""), parts.path,
-                          parts.query, parts.fragment))
+        url = urlunsplit(
+            (
+                parts.scheme,
+                parts.hostname + (f":{parts.port}" if parts.port else ""),
+                parts.path,
+                parts.query,
+                parts.fragment,
+            )
+        )
     return (("mlflow.source.git.repoURL", url), ("mlflow.gitRepoURL", url))
 
 
@@ -502,9 +569,13 @@ def _system_tags() -> dict[str, str]:
     """Where the stage ran: host, CPUs, Python, torch and accelerator (when torch is loaded)."""
     import platform
 
-    tags = {"bertrace.host": platform.node(), "bertrace.cpus": str(os.cpu_count()),
-            "bertrace.python": platform.python_version(), "bertrace.platform": platform.platform(),
-            **source_tags()}
+    tags = {
+        "bertrace.host": platform.node(),
+        "bertrace.cpus": str(os.cpu_count()),
+        "bertrace.python": platform.python_version(),
+        "bertrace.platform": platform.platform(),
+        **source_tags(),
+    }
     torch = sys.modules.get("torch")
     if torch is not None:
         tags["bertrace.torch"] = torch.__version__
@@ -580,5 +651,7 @@ def disk_full_message(path: str | os.PathLike | None, e: BaseException) -> str:
         free = f"{shutil.disk_usage(probe).free / 2**20:,.0f} MiB free there"
     except OSError:
         free = "free space unknown"
-    return (f"{where}: no space left on the device while writing ({type(e).__name__}: {str(e).strip()[:120]}; "
-            f"{free}); free some space (or point the output elsewhere) and rerun the stage")
+    return (
+        f"{where}: no space left on the device while writing ({type(e).__name__}: {str(e).strip()[:120]}; "
+        f"{free}); free some space (or point the output elsewhere) and rerun the stage"
+    )

@@ -20,14 +20,25 @@ from pathlib import Path
 
 import torch
 
-from pipeline.errors import BertraceError
-from pipeline.evaluate import (EvaluateConfig, collapse_warnings, evaluate_logits, metrics_for_dvc, metrics_summary,
-                               plot_confusion, provenance_chain, render_report, write_confusion_csv, write_report)
-from pipeline.scorecard import SCORECARD_JSON, run_row, task_name as scorecard_task, write_run_row
+from pipeline import provenance as prov
 from pipeline.device import apply_arithmetic, resolve_device
+from pipeline.errors import BertraceError
+from pipeline.evaluate import (
+    EvaluateConfig,
+    collapse_warnings,
+    evaluate_logits,
+    metrics_for_dvc,
+    metrics_summary,
+    plot_confusion,
+    provenance_chain,
+    render_report,
+    write_confusion_csv,
+    write_report,
+)
 from pipeline.inference import Classifier
 from pipeline.io import read_json, write_json
-from pipeline import provenance as prov
+from pipeline.scorecard import SCORECARD_JSON, run_row, write_run_row
+from pipeline.scorecard import task_name as scorecard_task
 from pipeline.task_data import evaluate_roles, load_task_data
 from stages.arithmetic import compute_config
 from stages.common import DETAILS_DIR, PROVENANCE_DIR, StageRun, load_params, run_stage
@@ -81,14 +92,23 @@ def main(progress: bool = True) -> dict:
         tok_sha = run.add_input(model_path.parent / "tokenizer.json")
         run.add_upstream("finetune")
         run.set_tags({"bertrace.finetune_checkpoint_sha256": ckpt_sha, "bertrace.tokenizer_sha256": tok_sha})
-        data = load_task_data(task, clf.tokenizer, max_len=clf.max_len, truncation=clf.truncation, mirror=mirror,
-                              roles=splits, progress=progress)
+        data = load_task_data(
+            task,
+            clf.tokenizer,
+            max_len=clf.max_len,
+            truncation=clf.truncation,
+            mirror=mirror,
+            roles=splits,
+            progress=progress,
+        )
         for path, digest in data.files.items():
             run.add_input(path, digest)
         if data.label_names != clf.label_names:
-            raise BertraceError(f"params.yaml: finetune.task.label_names {data.label_names} differ from the labels "
-                                f"{clf.label_names} that {model_path} was trained with; evaluate with the task it "
-                                "was fine-tuned on (rerun dvc repro finetune)")
+            raise BertraceError(
+                f"params.yaml: finetune.task.label_names {data.label_names} differ from the labels "
+                f"{clf.label_names} that {model_path} was trained with; evaluate with the task it "
+                "was fine-tuned on (rerun dvc repro finetune)"
+            )
         if clf.task_type != "classification":  # NER / regression: pipeline/evaluate_tasks.py
             return _evaluate_task(run, cfg, clf, data, splits, model_path, ckpt_sha, tok_sha, t0, progress)
 
@@ -98,29 +118,37 @@ def main(progress: bool = True) -> dict:
             if split.labels is None:
                 notes.append(f"{role} ({split.source}) has no labels: not scored")
                 continue
-            logits = clf.logits_from_ids(split.input_ids, split.token_type_ids, batch_size=batch_size,
-                                         progress=progress)
+            logits = clf.logits_from_ids(
+                split.input_ids, split.token_type_ids, batch_size=batch_size, progress=progress
+            )
             labels = split.labels.numpy()
             results[role] = evaluate_logits(logits, labels, clf.label_names)
             predictions[role] = (labels, logits.argmax(axis=1))
             if split.truncated:
-                notes.append(f"{role}: {split.truncated} of {len(split)} examples cut to {clf.max_len} tokens "
-                             f"({clf.truncation})")
+                notes.append(
+                    f"{role}: {split.truncated} of {len(split)} examples cut to {clf.max_len} tokens ({clf.truncation})"
+                )
         if not results:
             raise BertraceError(f"params.yaml: none of evaluate.splits {splits} has labels; add a labelled split")
 
         recorded = (clf.checkpoint.get("metrics") or {}).get("validation_accuracy")
         if recorded is not None and "validation" in results:
             diff = abs(results["validation"]["accuracy"] - float(recorded))
-            notes.append(f"re-evaluated validation accuracy {results['validation']['accuracy']:.4f} vs "
-                         f"{float(recorded):.4f} recorded by fine-tuning"
-                         + (" (equal)" if diff < 1e-9 else f" (differs by {diff:.4f}: a different split or data?)"))
+            notes.append(
+                f"re-evaluated validation accuracy {results['validation']['accuracy']:.4f} vs "
+                f"{float(recorded):.4f} recorded by fine-tuning"
+                + (" (equal)" if diff < 1e-9 else f" (differs by {diff:.4f}: a different split or data?)")
+            )
 
         primary = next(iter(results))
         labels, preds = predictions[primary]
         write_confusion_csv(CONFUSION_CSV, labels, preds, clf.label_names)
-        plot_confusion(CONFUSION_PNG, results[primary]["confusion_matrix"], clf.label_names,
-                       title=f"{primary}: accuracy {results[primary]['accuracy']:.1%} (n={results[primary]['n']})")
+        plot_confusion(
+            CONFUSION_PNG,
+            results[primary]["confusion_matrix"],
+            clf.label_names,
+            title=f"{primary}: accuracy {results[primary]['accuracy']:.1%} (n={results[primary]['n']})",
+        )
         _no_scatter("classification")
 
         chain = provenance_chain(clf.checkpoint.get("provenance"), "finetune", _provenance_records())
@@ -129,19 +157,29 @@ def main(progress: bool = True) -> dict:
         task_name = scorecard_task(source)  # the scorecard compares the run with its own task's goal only
         arch = clf.model.config
         facts = {
-            "path": model_path.as_posix(), "sha256": ckpt_sha, "tokenizer_sha256": tok_sha,
-            "mode": clf.checkpoint.get("mode"), "seed": clf.checkpoint.get("seed"),
+            "path": model_path.as_posix(),
+            "sha256": ckpt_sha,
+            "tokenizer_sha256": tok_sha,
+            "mode": clf.checkpoint.get("mode"),
+            "seed": clf.checkpoint.get("seed"),
             "num_parameters": f"{sum(p.numel() for p in clf.model.parameters()):,}",
             "model": f"{arch.num_layers} layers, hidden {arch.hidden_size}, {arch.num_heads} heads, vocab {arch.vocab_size}",
             "task": f"{' + '.join(clf.text_columns)} → {', '.join(clf.label_names)} (max_len {clf.max_len}, "
-                    f"{clf.truncation} truncation)",
+            f"{clf.truncation} truncation)",
             "recorded_validation_accuracy": recorded,
         }
         warnings = collapse_warnings(results)  # one class for everything / at the majority baseline
         for w in warnings:
             print(f"evaluate: warning: {w}")
-        report = render_report(results, checkpoint=facts, chain=chain, task_name=task_name,
-                               figure=CONFUSION_PNG.name, notes=notes, warnings=warnings)
+        report = render_report(
+            results,
+            checkpoint=facts,
+            chain=chain,
+            task_name=task_name,
+            figure=CONFUSION_PNG.name,
+            notes=notes,
+            warnings=warnings,
+        )
         write_report(REPORT, report)
 
         metrics = metrics_for_dvc(results)
@@ -150,10 +188,17 @@ def main(progress: bool = True) -> dict:
 
         # This run's scorecard row; the `scorecard` stage draws it beside recorded profiles and references.
         try:
-            row = run_row(cfg.run_name, records=_provenance_records(),
-                          finetune_metrics=_metrics_file("finetune"), eval_metrics=metrics,
-                          pretrain_metrics=_metrics_file("pretrain"), model_config=clf.checkpoint.get("model_config"),
-                          task=task_name, extra_minutes=(time.perf_counter() - t0) / 60.0, warnings=warnings)
+            row = run_row(
+                cfg.run_name,
+                records=_provenance_records(),
+                finetune_metrics=_metrics_file("finetune"),
+                eval_metrics=metrics,
+                pretrain_metrics=_metrics_file("pretrain"),
+                model_config=clf.checkpoint.get("model_config"),
+                task=task_name,
+                extra_minutes=(time.perf_counter() - t0) / 60.0,
+                warnings=warnings,
+            )
         except BertraceError as why:  # e.g. a checkpoint evaluated outside a full pipeline run
             print(f"evaluate: no scorecard row for this run: {why}")
             row = None
@@ -169,8 +214,10 @@ def main(progress: bool = True) -> dict:
             run.set_tags({"bertrace.pyfunc_model_uri": info.model_uri})
         run.extra["chain"] = [e["stage"] for e in chain]
         run.write_provenance()
-        summary = ", ".join(f"{role} accuracy {m['accuracy']:.4f} (macro F1 {m['macro_f1']:.4f}, n={m['n']})"
-                            for role, m in results.items())
+        summary = ", ".join(
+            f"{role} accuracy {m['accuracy']:.4f} (macro F1 {m['macro_f1']:.4f}, n={m['n']})"
+            for role, m in results.items()
+        )
         print(f"evaluate: {summary} -> {REPORT}")
         return metrics
 
@@ -181,17 +228,40 @@ def _no_scatter(task_type: str) -> None:
     from pipeline.evaluate_tasks import plot_scatter, write_scatter_csv
 
     write_scatter_csv(SCATTER_CSV, None, None)
-    plot_scatter(SCATTER_PNG, None, None, message=f"No scatter plot: this is a {task_type.replace('_', ' ')} "
-                                                  "task (predicted vs gold is drawn for regression); see "
-                                                  "confusion.png")
+    plot_scatter(
+        SCATTER_PNG,
+        None,
+        None,
+        message=f"No scatter plot: this is a {task_type.replace('_', ' ')} "
+        "task (predicted vs gold is drawn for regression); see "
+        "confusion.png",
+    )
 
 
-def _evaluate_task(run: StageRun, cfg: EvaluateConfig, clf: Classifier, data, splits: list[str], model_path: Path,
-                   ckpt_sha: str, tok_sha: str, t0: float, progress: bool) -> dict:
+def _evaluate_task(
+    run: StageRun,
+    cfg: EvaluateConfig,
+    clf: Classifier,
+    data,
+    splits: list[str],
+    model_path: Path,
+    ckpt_sha: str,
+    tok_sha: str,
+    t0: float,
+    progress: bool,
+) -> dict:
     """The evaluate stage for ``token_classification`` and ``regression`` checkpoints: the same
     declared files as classification (see :mod:`pipeline.evaluate_tasks`)."""
-    from pipeline.evaluate_tasks import (GRADES, details_for_dvc, plot_scatter, regression_results,
-                                         render_task_report, summary_for_dvc, token_results, write_scatter_csv)
+    from pipeline.evaluate_tasks import (
+        GRADES,
+        details_for_dvc,
+        plot_scatter,
+        regression_results,
+        render_task_report,
+        summary_for_dvc,
+        token_results,
+        write_scatter_csv,
+    )
 
     task_type = clf.task_type
     results, notes, outputs = {}, [], {}
@@ -203,22 +273,30 @@ def _evaluate_task(run: StageRun, cfg: EvaluateConfig, clf: Classifier, data, sp
         if task_type == "token_classification":
             results[role], gold, pred = token_results(clf, split, cfg.batch_size, progress)
             if results[role]["predicted_entities"] == 0:
-                warning = (f"{role}: the model tags every word O (no entity predicted; entity F1 0): too few "
-                           "updates or too low finetune.lr for this model")
+                warning = (
+                    f"{role}: the model tags every word O (no entity predicted; entity F1 0): too few "
+                    "updates or too low finetune.lr for this model"
+                )
                 print(f"evaluate: warning: {warning}")
                 notes.append(f"**Warning** — {warning}")
             if split.bio_violations:
-                notes.append(f"{role}: {split.bio_violations} gold I- tags do not follow a B-/I- tag of their type "
-                             "(IOB2 violations; seqeval reads them as entity starts)")
+                notes.append(
+                    f"{role}: {split.bio_violations} gold I- tags do not follow a B-/I- tag of their type "
+                    "(IOB2 violations; seqeval reads them as entity starts)"
+                )
             if split.multi_tags:
-                notes.append(f"{role}: {split.multi_tags} words of {split.source} list several comma-separated "
-                             "tags; the first was used as gold")
+                notes.append(
+                    f"{role}: {split.multi_tags} words of {split.source} list several comma-separated "
+                    "tags; the first was used as gold"
+                )
         else:
             results[role], pred, gold = regression_results(clf, split, cfg.batch_size, progress)
         outputs[role] = (gold, pred)
         if split.truncated:
-            notes.append(f"{role}: {split.truncated} of {len(split)} examples cut to {clf.max_len} tokens"
-                         + (" (words past the cut are predicted O)" if task_type == "token_classification" else ""))
+            notes.append(
+                f"{role}: {split.truncated} of {len(split)} examples cut to {clf.max_len} tokens"
+                + (" (words past the cut are predicted O)" if task_type == "token_classification" else "")
+            )
     if not results:
         raise BertraceError(f"params.yaml: none of evaluate.splits {splits} has labels; add a labelled split")
 
@@ -226,44 +304,65 @@ def _evaluate_task(run: StageRun, cfg: EvaluateConfig, clf: Classifier, data, sp
     recorded = (clf.checkpoint.get("metrics") or {}).get(f"validation_{main}")
     if recorded is not None and "validation" in results:
         diff = abs(results["validation"][main] - float(recorded))
-        notes.append(f"re-evaluated validation {main} {results['validation'][main]:.4f} vs {float(recorded):.4f} "
-                     "recorded by fine-tuning" + (" (equal)" if diff < 1e-6 else f" (differs by {diff:.4f})"))
+        notes.append(
+            f"re-evaluated validation {main} {results['validation'][main]:.4f} vs {float(recorded):.4f} "
+            "recorded by fine-tuning" + (" (equal)" if diff < 1e-6 else f" (differs by {diff:.4f})")
+        )
 
     primary = next(iter(results))
     gold, pred = outputs[primary]
     m = results[primary]
     if task_type == "token_classification":
         write_confusion_csv(CONFUSION_CSV, gold, pred, clf.label_names)
-        plot_confusion(CONFUSION_PNG, m["confusion_matrix"], clf.label_names,
-                       title=f"{primary}: word tags, entity F1 {m['f1']:.1%} (n={m['n']} sentences)")
+        plot_confusion(
+            CONFUSION_PNG,
+            m["confusion_matrix"],
+            clf.label_names,
+            title=f"{primary}: word tags, entity F1 {m['f1']:.1%} (n={m['n']} sentences)",
+        )
         _no_scatter(task_type)
         figures = [("word-level tag confusion", CONFUSION_PNG.name)]
     else:
         from pipeline.task_metrics import score_buckets
 
         write_confusion_csv(CONFUSION_CSV, score_buckets(gold), score_buckets(pred), GRADES)
-        plot_confusion(CONFUSION_PNG, m["confusion_matrix"], GRADES,
-                       title=f"{primary}: grades rounded to 0..5 (n={m['n']})")
+        plot_confusion(
+            CONFUSION_PNG, m["confusion_matrix"], GRADES, title=f"{primary}: grades rounded to 0..5 (n={m['n']})"
+        )
         write_scatter_csv(SCATTER_CSV, pred, gold)
-        plot_scatter(SCATTER_PNG, pred, gold, title=f"{primary}: Pearson {m['pearson']:.3f}, Spearman "
-                                                     f"{m['spearman']:.3f} (n={m['n']})")
+        plot_scatter(
+            SCATTER_PNG,
+            pred,
+            gold,
+            title=f"{primary}: Pearson {m['pearson']:.3f}, Spearman {m['spearman']:.3f} (n={m['n']})",
+        )
         figures = [("predicted vs gold", SCATTER_PNG.name), ("rounded grades", CONFUSION_PNG.name)]
 
     chain = provenance_chain(clf.checkpoint.get("provenance"), "finetune", _provenance_records())
     task_name = scorecard_task((clf.checkpoint.get("task") or {}).get("source") or {})
     arch = clf.model.config
-    what = (f"{clf.text_columns[0]} → BIO tags of {', '.join(sorted({n[2:] for n in clf.label_names if n != 'O'}))}"
-            if task_type == "token_classification" else f"{' + '.join(clf.text_columns)} → score")
+    what = (
+        f"{clf.text_columns[0]} → BIO tags of {', '.join(sorted({n[2:] for n in clf.label_names if n != 'O'}))}"
+        if task_type == "token_classification"
+        else f"{' + '.join(clf.text_columns)} → score"
+    )
     facts = {
-        "path": model_path.as_posix(), "sha256": ckpt_sha, "tokenizer_sha256": tok_sha,
-        "mode": clf.checkpoint.get("mode"), "seed": clf.checkpoint.get("seed"),
+        "path": model_path.as_posix(),
+        "sha256": ckpt_sha,
+        "tokenizer_sha256": tok_sha,
+        "mode": clf.checkpoint.get("mode"),
+        "seed": clf.checkpoint.get("seed"),
         "num_parameters": f"{sum(p.numel() for p in clf.model.parameters()):,}",
         "model": f"{arch.num_layers} layers, hidden {arch.hidden_size}, {arch.num_heads} heads, vocab {arch.vocab_size}",
         "task": f"{what} (max_len {clf.max_len})",
         "recorded": None if recorded is None else f"validation {main} {float(recorded):.4f}",
     }
-    write_report(REPORT, render_task_report(task_type, results, checkpoint=facts, chain=chain, task_name=task_name,
-                                            figures=figures, notes=notes))
+    write_report(
+        REPORT,
+        render_task_report(
+            task_type, results, checkpoint=facts, chain=chain, task_name=task_name, figures=figures, notes=notes
+        ),
+    )
     details = details_for_dvc(results)
     write_json(DETAILS, details)
     metrics = summary_for_dvc(task_type, results)
@@ -283,11 +382,15 @@ def _evaluate_task(run: StageRun, cfg: EvaluateConfig, clf: Classifier, data, sp
     run.extra["chain"] = [e["stage"] for e in chain]
     run.write_provenance()
     if task_type == "token_classification":
-        summary = ", ".join(f"{role} entity F1 {r['f1']:.4f} (P {r['precision']:.4f}, R {r['recall']:.4f}, "
-                            f"n={r['n']})" for role, r in results.items())
+        summary = ", ".join(
+            f"{role} entity F1 {r['f1']:.4f} (P {r['precision']:.4f}, R {r['recall']:.4f}, n={r['n']})"
+            for role, r in results.items()
+        )
     else:
-        summary = ", ".join(f"{role} Pearson {r['pearson']:.4f} (Spearman {r['spearman']:.4f}, MSE {r['mse']:.4f}, "
-                            f"n={r['n']})" for role, r in results.items())
+        summary = ", ".join(
+            f"{role} Pearson {r['pearson']:.4f} (Spearman {r['spearman']:.4f}, MSE {r['mse']:.4f}, n={r['n']})"
+            for role, r in results.items()
+        )
     print(f"evaluate: {summary} -> {REPORT}")
     return metrics
 

@@ -25,15 +25,23 @@ def main() -> None:
             run.add_input(path, manifest["inputs"][path.name])
         manifest_sha = sha256_file(OUT / "manifest.json")
         run.add_output(OUT / "manifest.json", manifest_sha)
-        run.set_tags({"bertrace.examples_manifest_sha256": manifest_sha,
-                      "bertrace.tokenizer_sha256": manifest["tokenizer_sha256"]})
+        run.set_tags(
+            {
+                "bertrace.examples_manifest_sha256": manifest_sha,
+                "bertrace.tokenizer_sha256": manifest["tokenizer_sha256"],
+            }
+        )
         metrics = {}
         for split, info in manifest["splits"].items():
             metrics[split] = {k: v for k, v in info.items() if k != "shards"}
             metrics[split]["shards"] = len(info["shards"])
         run.write_details(metrics)  # reports/examples.json (data prep: no DVC metrics)
-        run.log_timings({"seconds": round(run.seconds, 2),
-                         "examples_per_s": round(metrics["train"]["rows"] / max(run.seconds, 1e-9), 1)})
+        run.log_timings(
+            {
+                "seconds": round(run.seconds, 2),
+                "examples_per_s": round(metrics["train"]["rows"] / max(run.seconds, 1e-9), 1),
+            }
+        )
         run.log_artifact(OUT / "manifest.json")
         run.write_provenance()
         print(f"examples: train {metrics['train']['rows']} rows / valid {metrics['valid']['rows']} rows -> {OUT}")

@@ -34,8 +34,18 @@ import torch
 
 from pipeline.device import apply_arithmetic
 from pipeline.errors import BertraceError
-from pipeline.finetune import (FinetuneConfig, architecture, check_tokenizer, checkpoint_metrics, finetune,
-                               headline_metrics, load_pretrained, resolve_checkpoint, save_finetuned, variant_params)
+from pipeline.finetune import (
+    FinetuneConfig,
+    architecture,
+    check_tokenizer,
+    checkpoint_metrics,
+    finetune,
+    headline_metrics,
+    load_pretrained,
+    resolve_checkpoint,
+    save_finetuned,
+    variant_params,
+)
 from pipeline.hf_import import describe, import_checkpoint, is_hf_source, write_tokenizer
 from pipeline.io import atomic_path, sha256_bytes
 from pipeline.task_data import load_task_data
@@ -55,8 +65,10 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
     if variant is not None:
         variants = load_params("finetune_variants") or {}
         if variant not in variants:
-            raise BertraceError(f"params.yaml: finetune_variants has no {variant!r} (it has {sorted(variants)}); "
-                                "add it, or run `dvc repro` to run the variants dvc.yaml expands from it")
+            raise BertraceError(
+                f"params.yaml: finetune_variants has no {variant!r} (it has {sorted(variants)}); "
+                "add it, or run `dvc repro` to run the variants dvc.yaml expands from it"
+            )
         overrides = variants[variant]
         params = variant_params(params, overrides, variant)
         stage, out = f"finetune_variant@{variant}", VARIANTS_OUT / variant
@@ -74,7 +86,8 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
         raise BertraceError(
             f"params.yaml: finetune.checkpoint {cfg.checkpoint} is a Hugging Face checkpoint, which brings its own "
             f"tokenizer (converted from its vocab.txt / tokenizer.json), but finetune.tokenizer is {cfg.tokenizer}; "
-            f"set finetune.tokenizer: {cfg.checkpoint} too")
+            f"set finetune.tokenizer: {cfg.checkpoint} too"
+        )
     ckpt_path = Path(cfg.checkpoint) if imported else resolve_checkpoint(cfg.checkpoint)
     tokenizer_path = out / "tokenizer.json" if imported else Path(cfg.tokenizer)
 
@@ -87,11 +100,16 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
             ckpt = load_pretrained(ckpt_path)
         tokenizer_sha = check_tokenizer(ckpt, ckpt_path, tokenizer_path)
         if max_len > int(ckpt["model_config"]["max_position"]):
-            raise BertraceError(f"params.yaml: finetune.max_len {max_len} exceeds the pre-trained model's "
-                                f"max_position {ckpt['model_config']['max_position']} ({ckpt_path}); lower it")
+            raise BertraceError(
+                f"params.yaml: finetune.max_len {max_len} exceeds the pre-trained model's "
+                f"max_position {ckpt['model_config']['max_position']} ({ckpt_path}); lower it"
+            )
         if imported:  # the directory (or pointer file); an inline hf:<id> is no file: its files' hashes
-            ckpt_sha = (run.add_input(ckpt_path) if ckpt_path.exists()
-                        else run.add_input(ckpt_path, sha256_bytes(repr(ckpt["provenance"]["inputs"]).encode())))
+            ckpt_sha = (
+                run.add_input(ckpt_path)
+                if ckpt_path.exists()
+                else run.add_input(ckpt_path, sha256_bytes(repr(ckpt["provenance"]["inputs"]).encode()))
+            )
             run.upstream["imported"] = ckpt["provenance"]
             run.set_tags({"bertrace.imported_from": describe(ckpt["provenance"])})
         else:
@@ -99,17 +117,30 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
             run.add_input(tokenizer_path, tokenizer_sha)
             if run.add_upstream("pretrain") is None and ckpt.get("provenance"):
                 run.upstream["pretrain"] = ckpt["provenance"]
-        data = load_task_data(cfg.task, load_tokenizer(tokenizer_path), max_len=max_len,
-                              truncation=truncation, mirror=mirror, roles=("train", "validation"), progress=progress)
+        data = load_task_data(
+            cfg.task,
+            load_tokenizer(tokenizer_path),
+            max_len=max_len,
+            truncation=truncation,
+            mirror=mirror,
+            roles=("train", "validation"),
+            progress=progress,
+        )
         for path, digest in data.files.items():
             run.add_input(path, digest)
         if mirror:
             run.extra["mirror"] = str(mirror)
-        common_tags = {"bertrace.stage": stage, "bertrace.mode": cfg.mode,
-                       "bertrace.pretrain_checkpoint_sha256": ckpt_sha, "bertrace.tokenizer_sha256": tokenizer_sha}
+        common_tags = {
+            "bertrace.stage": stage,
+            "bertrace.mode": cfg.mode,
+            "bertrace.pretrain_checkpoint_sha256": ckpt_sha,
+            "bertrace.tokenizer_sha256": tokenizer_sha,
+        }
         run.set_tags({**common_tags, "bertrace.seeds": ",".join(map(str, cfg.seeds))})
-        print(f"finetune: {cfg.mode} from {ckpt_path}, train {len(data.splits['train'])} / validation "
-              f"{len(data.splits['validation'])} examples, labels {data.label_names}, seeds {cfg.seeds}")
+        print(
+            f"finetune: {cfg.mode} from {ckpt_path}, train {len(data.splits['train'])} / validation "
+            f"{len(data.splits['validation'])} examples, labels {data.label_names}, seeds {cfg.seeds}"
+        )
 
         @contextlib.contextmanager
         def seed_run(seed: int):
@@ -120,13 +151,21 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
             import mlflow
 
             parent = mlflow.active_run()
-            with mlflow.start_run(run_name=f"finetune-seed-{seed}", nested=True,
-                                  experiment_id=parent.info.experiment_id,
-                                  tags={**source_tags(), **common_tags, "bertrace.seed": str(seed),
-                                        "bertrace.pipeline_run_id": run.run_id}):
+            with mlflow.start_run(
+                run_name=f"finetune-seed-{seed}",
+                nested=True,
+                experiment_id=parent.info.experiment_id,
+                tags={
+                    **source_tags(),
+                    **common_tags,
+                    "bertrace.seed": str(seed),
+                    "bertrace.pipeline_run_id": run.run_id,
+                },
+            ):
                 mlflow.log_params({"seed": seed, "mode": cfg.mode})
                 yield lambda metrics, step: mlflow.log_metrics(
-                    {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+                    {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}, step=step
+                )
 
         summary, best = finetune(ckpt, data, cfg, progress=progress, seed_context=seed_run, source=str(ckpt_path))
 
@@ -143,21 +182,31 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
             metrics["bio_violations"] = {role: s.bio_violations for role, s in data.splits.items()}
             metrics["multi_tags"] = {role: s.multi_tags for role, s in data.splits.items()}
         provenance = {k: v for k, v in run.checkpoint_provenance().items() if k not in ("outputs", "upstream")}
-        provenance.update({
-            "task_files": data.files,
-            "tokenizer_sha256": tokenizer_sha,
-            "pretrain_checkpoint": ckpt_path.as_posix(),
-            "pretrain_checkpoint_sha256": ckpt_sha,
-            # docs/formats.md: None for scratch (only the architecture came from the checkpoint).
-            "pretrain": None if cfg.mode == "scratch" else ckpt.get("provenance"),
-        })
+        provenance.update(
+            {
+                "task_files": data.files,
+                "tokenizer_sha256": tokenizer_sha,
+                "pretrain_checkpoint": ckpt_path.as_posix(),
+                "pretrain_checkpoint_sha256": ckpt_sha,
+                # docs/formats.md: None for scratch (only the architecture came from the checkpoint).
+                "pretrain": None if cfg.mode == "scratch" else ckpt.get("provenance"),
+            }
+        )
         if variant is not None:
             metrics = {"variant": variant, "overrides": overrides, "mode": cfg.mode, **metrics}
         save_finetuned(
-            out / "model.pt", state_dict=best.state_dict, model_config=ckpt["model_config"],
-            label_names=data.label_names, task=data.task_info(), tokenizer_sha256=tokenizer_sha, mode=cfg.mode,
-            seed=best.seed, metrics=checkpoint_metrics(summary, best, cfg.seeds), provenance=provenance,
-            num_labels=data.num_labels, architecture=architecture(ckpt),
+            out / "model.pt",
+            state_dict=best.state_dict,
+            model_config=ckpt["model_config"],
+            label_names=data.label_names,
+            task=data.task_info(),
+            tokenizer_sha256=tokenizer_sha,
+            mode=cfg.mode,
+            seed=best.seed,
+            metrics=checkpoint_metrics(summary, best, cfg.seeds),
+            provenance=provenance,
+            num_labels=data.num_labels,
+            architecture=architecture(ckpt),
         )
         if tokenizer_path != out / "tokenizer.json":
             with atomic_path(out / "tokenizer.json") as tmp:
@@ -168,7 +217,8 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
         # metrics/finetune.json: the selection metric's dev mean ± std over the seeds (classification:
         # dev_acc; token classification: dev_f1, entity level; regression: dev_pearson)
         main, short = {"token_classification": ("f1", "f1"), "regression": ("pearson", "pearson")}.get(
-            data.task_type, ("accuracy", "acc"))
+            data.task_type, ("accuracy", "acc")
+        )
         acc = summary[f"validation_{main}"]
         if variant is None:
             run.write_metrics({f"dev_{short}": acc["mean"], "dev_std": acc["std"]}, details=metrics)  # all: reports/
@@ -177,8 +227,10 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
             run.parent_metrics = {f"dev_{short}": acc["mean"], "dev_std": acc["std"]}
         run.write_provenance()
         what = {"accuracy": "accuracy", "f1": "entity F1", "pearson": "Pearson r"}[main]
-        print(f"finetune: validation {what} {acc['mean']:.4f} ± {acc['std']:.4f} over {len(cfg.seeds)} seed(s); "
-              f"best seed {best.seed} ({best.score:.4f}) -> {out / 'model.pt'}")
+        print(
+            f"finetune: validation {what} {acc['mean']:.4f} ± {acc['std']:.4f} over {len(cfg.seeds)} seed(s); "
+            f"best seed {best.seed} ({best.score:.4f}) -> {out / 'model.pt'}"
+        )
         return metrics
 
 

@@ -46,11 +46,17 @@ def main(progress: bool = True) -> dict:
     column = "pretrain_steps" if unit == "steps" else "pretrain_minutes"
 
     # reference names are free text, not valid MLflow param names: one list value
-    run_params = {**params, "reference": [[k, v] for k, v in reference.items()],
-                  "finetune": ft_params}
+    run_params = {**params, "reference": [[k, v] for k, v in reference.items()], "finetune": ft_params}
     with StageRun("learning_curve", run_params) as run:
-        data = load_task_data(ft_params.get("task"), load_tokenizer(tokenizer_path), max_len=max_len,
-                              truncation=truncation, mirror=mirror, roles=("train", "validation"), progress=progress)
+        data = load_task_data(
+            ft_params.get("task"),
+            load_tokenizer(tokenizer_path),
+            max_len=max_len,
+            truncation=truncation,
+            mirror=mirror,
+            roles=("train", "validation"),
+            progress=progress,
+        )
         final = points[-1].checkpoint
         final_ckpt = load_pretrained(final)
 
@@ -66,8 +72,10 @@ def main(progress: bool = True) -> dict:
             return summary
 
         def on_point(row):
-            print(f"learning curve: {row[column]:g} {unit} -> {100 * row['dev_accuracy']:.2f} "
-                  f"± {100 * row['dev_std']:.2f} %")
+            print(
+                f"learning curve: {row[column]:g} {unit} -> {100 * row['dev_accuracy']:.2f} "
+                f"± {100 * row['dev_std']:.2f} %"
+            )
             # MLflow steps are integers: pre-training updates, or seconds for a minutes axis
             x = row["pretrain_steps"] if unit == "steps" else int(round(row["pretrain_minutes"] * 60))
             run.log_metrics({"dev_accuracy": row["dev_accuracy"]}, step=x)
@@ -79,18 +87,37 @@ def main(progress: bool = True) -> dict:
         objective = checkpoint_objective(final_ckpt)
         label = str(params.get("label") or objective)
         tokenizer_sha = sha256_file(tokenizer_path)
-        series_path = save_series(SERIES_DIR, label, {
-            "objective": objective, "tokenizer_sha256": tokenizer_sha, "pretrain_sha256": final_sha256,
-            "unit": unit, "points": rows})
+        series_path = save_series(
+            SERIES_DIR,
+            label,
+            {
+                "objective": objective,
+                "tokenizer_sha256": tokenizer_sha,
+                "pretrain_sha256": final_sha256,
+                "unit": unit,
+                "points": rows,
+            },
+        )
         run.add_output(series_path)
         series = read_series(SERIES_DIR, tokenizer_sha)  # this run's and earlier runs' on the same corpus
         if len(series) > 1:  # objectives differ in cost per update: compare them per minute of pre-training
             unit = "minutes"
         task = ft_params["task"].get("hub", {}).get("config") or "task"
-        plot_curve(PNG, series, reference=ref, unit=unit,
-                   title=f"{task} validation accuracy vs pre-training {unit} ({len(ft_params['seeds'])} seed(s) per point)")
-        metrics = {"unit": unit, "pretrain_checkpoint": {"path": final.as_posix(), "sha256": final_sha256},
-                   "label": label, "objective": objective, "points": rows, "plotted": sorted(series)}
+        plot_curve(
+            PNG,
+            series,
+            reference=ref,
+            unit=unit,
+            title=f"{task} validation accuracy vs pre-training {unit} ({len(ft_params['seeds'])} seed(s) per point)",
+        )
+        metrics = {
+            "unit": unit,
+            "pretrain_checkpoint": {"path": final.as_posix(), "sha256": final_sha256},
+            "label": label,
+            "objective": objective,
+            "points": rows,
+            "plotted": sorted(series),
+        }
         write_json(METRICS, metrics)
         for path in (CSV, PNG, METRICS):
             run.add_output(path)

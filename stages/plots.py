@@ -19,10 +19,12 @@ from pipeline.plots_report import REPORT, write_report
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="bertrace plots", description=__doc__.split("\n\n")[1].replace("\n", " "))
-    ap.add_argument("--out", type=Path, default=REPORT,
-                    help=f"HTML file to write, relative to --root (default {REPORT})")
-    ap.add_argument("--root", type=Path, default=Path("."),
-                    help="repository whose dvc.yaml and plots/ to read (default .)")
+    ap.add_argument(
+        "--out", type=Path, default=REPORT, help=f"HTML file to write, relative to --root (default {REPORT})"
+    )
+    ap.add_argument(
+        "--root", type=Path, default=Path("."), help="repository whose dvc.yaml and plots/ to read (default .)"
+    )
     args = ap.parse_args(argv)
     summary = write_report(args.out, args.root)
     for p in summary["plots"]:

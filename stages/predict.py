@@ -1,13 +1,13 @@
 """``bertrace predict`` and ``bertrace export``: the fine-tuned model outside the pipeline.
 
-    bertrace predict "a gripping film" "dull"    one JSON line per text on stdout
-    bertrace predict --file reviews.txt          one JSON line per input line ("-" = stdin);
-                                                 sentence-pair models: "text_a<TAB>text_b" lines
-        classification: {text, label, label_id, probabilities}; regression: {text, score};
-        token classification (NER): {text, entities: [{type, text, start, end}]} (character offsets)
-    bertrace export --hf DIR                     Hugging Face directory (model + tokenizer) of
-        [--checkpoint data/finetune/model.pt]    a fine-tuned model.pt or a pre-training best.pt
-        [--tokenizer PATH]                       (pre-training: default data/tokenizer/tokenizer.json)
+bertrace predict "a gripping film" "dull"    one JSON line per text on stdout
+bertrace predict --file reviews.txt          one JSON line per input line ("-" = stdin);
+                                             sentence-pair models: "text_a<TAB>text_b" lines
+    classification: {text, label, label_id, probabilities}; regression: {text, score};
+    token classification (NER): {text, entities: [{type, text, start, end}]} (character offsets)
+bertrace export --hf DIR                     Hugging Face directory (model + tokenizer) of
+    [--checkpoint data/finetune/model.pt]    a fine-tuned model.pt or a pre-training best.pt
+    [--tokenizer PATH]                       (pre-training: default data/tokenizer/tokenizer.json)
 """
 
 from __future__ import annotations
@@ -25,11 +25,16 @@ CHUNK = 4096  # lines classified (and printed) at a time with --file
 
 
 def _predict_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bertrace predict", description="classify texts with a fine-tuned model; "
-                                "prints one JSON object per text: {text, label, label_id, probabilities}")
+    p = argparse.ArgumentParser(
+        prog="bertrace predict",
+        description="classify texts with a fine-tuned model; "
+        "prints one JSON object per text: {text, label, label_id, probabilities}",
+    )
     p.add_argument("texts", nargs="*", help="texts to classify (sentence-pair models: 'text_a<TAB>text_b')")
     p.add_argument("--file", "-f", help="read one text per line from this file ('-' = stdin)")
-    p.add_argument("--model", "-m", type=Path, default=DEFAULT_MODEL, help=f"fine-tuned checkpoint (default {DEFAULT_MODEL})")
+    p.add_argument(
+        "--model", "-m", type=Path, default=DEFAULT_MODEL, help=f"fine-tuned checkpoint (default {DEFAULT_MODEL})"
+    )
     p.add_argument("--batch-size", type=int, default=64)
     return p
 
@@ -73,8 +78,10 @@ def main_predict(argv: list[str] | None = None) -> None:
         if clf.is_pair:
             bad = [i for i, t in enumerate(chunk) if t.count("\t") != 1]
             if bad:
-                raise BertraceError(f"the model classifies sentence pairs ({' + '.join(clf.text_columns)}); "
-                                    f"write each input as 'text_a<TAB>text_b' ({len(bad)} inputs are not)")
+                raise BertraceError(
+                    f"the model classifies sentence pairs ({' + '.join(clf.text_columns)}); "
+                    f"write each input as 'text_a<TAB>text_b' ({len(bad)} inputs are not)"
+                )
             inputs = [tuple(t.split("\t")) for t in chunk]
         else:
             inputs = chunk
@@ -87,14 +94,30 @@ def main_predict(argv: list[str] | None = None) -> None:
 
 def _export_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bertrace export", description="export a checkpoint for use outside bertrace")
-    p.add_argument("--hf", type=Path, required=True, metavar="DIR",
-                   help="write a Hugging Face transformers directory (config, weights, tokenizer) here")
-    p.add_argument("--checkpoint", type=Path, default=DEFAULT_MODEL,
-                   help=f"fine-tuned model.pt or pre-training best.pt / last.pt (default {DEFAULT_MODEL})")
-    p.add_argument("--tokenizer", type=Path, default=None,
-                   help="tokenizer.json (default: next to the checkpoint, else data/tokenizer/tokenizer.json)")
-    p.add_argument("--no-verify", action="store_true",
-                   help="skip loading the export back with transformers to compare tokens and logits")
+    p.add_argument(
+        "--hf",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="write a Hugging Face transformers directory (config, weights, tokenizer) here",
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=DEFAULT_MODEL,
+        help=f"fine-tuned model.pt or pre-training best.pt / last.pt (default {DEFAULT_MODEL})",
+    )
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="tokenizer.json (default: next to the checkpoint, else data/tokenizer/tokenizer.json)",
+    )
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip loading the export back with transformers to compare tokens and logits",
+    )
     return p
 
 
@@ -104,7 +127,14 @@ def main_export(argv: list[str] | None = None) -> None:
 
     info = export_hf(args.checkpoint, args.hf, tokenizer_path=args.tokenizer, verify=not args.no_verify)
     check = info.get("verification")
-    checked = (f"; checked with transformers {info['transformers_version']}: same token ids, max |logit diff| "
-               f"{check['max_abs_logit_diff']:.2g}") if check else ""
-    print(f"export: {info['architecture']} from {args.checkpoint} -> {info['path']} "
-          f"({', '.join(info['files'])}){checked}")
+    checked = (
+        (
+            f"; checked with transformers {info['transformers_version']}: same token ids, max |logit diff| "
+            f"{check['max_abs_logit_diff']:.2g}"
+        )
+        if check
+        else ""
+    )
+    print(
+        f"export: {info['architecture']} from {args.checkpoint} -> {info['path']} ({', '.join(info['files'])}){checked}"
+    )

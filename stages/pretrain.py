@@ -50,8 +50,11 @@ def _init_distributed(cfg: PretrainConfig) -> tuple[int, int]:
         if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > gpus:  # NCCL refuses two ranks on one GPU
             backend = "gloo"
             if rank == 0:
-                print(f"pretrain: {os.environ['LOCAL_WORLD_SIZE']} processes share {gpus} GPU(s): gloo instead of "
-                      "NCCL (a test setup; for speed run one process per GPU)", flush=True)
+                print(
+                    f"pretrain: {os.environ['LOCAL_WORLD_SIZE']} processes share {gpus} GPU(s): gloo instead of "
+                    "NCCL (a test setup; for speed run one process per GPU)",
+                    flush=True,
+                )
     dist.init_process_group(backend)
     return rank, world
 
@@ -68,7 +71,8 @@ def check_tokenizer(manifest: dict, tokenizer: Path = TOKENIZER, examples: Path 
         raise BertraceError(
             f"{tokenizer}: sha256 {now}, but {examples / 'manifest.json'} was made with tokenizer "
             f"{manifest['tokenizer_sha256']}; the tokenizer changed after the examples stage, rerun it "
-            "(dvc repro examples)")
+            "(dvc repro examples)"
+        )
 
 
 def check_shards(cfg: PretrainConfig, manifest: dict, rank: int, world: int, examples: Path = EXAMPLES) -> bool:
@@ -76,8 +80,10 @@ def check_shards(cfg: PretrainConfig, manifest: dict, rank: int, world: int, exa
     whether they were verified. Rank 0 hashes; every rank raises the same error."""
     if not getattr(cfg, "verify_shards", True):
         if rank == 0:
-            print(f"pretrain: pretrain.verify_shards is false: the shards in {examples} are not checked "
-                  "against their manifest (recorded as shards_verified: false)")
+            print(
+                f"pretrain: pretrain.verify_shards is false: the shards in {examples} are not checked "
+                "against their manifest (recorded as shards_verified: false)"
+            )
         return False
     error = None
     if rank == 0:
@@ -111,23 +117,43 @@ def main(argv: list[str] | None = None) -> None:
     rank, world = _init_distributed(cfg)
     main_rank = rank == 0
     try:
-        with StageRun("pretrain", {**params, "compute": compute.to_dict()}, log_mlflow=main_rank, system_metrics=True) as run:
+        with StageRun(
+            "pretrain", {**params, "compute": compute.to_dict()}, log_mlflow=main_rank, system_metrics=True
+        ) as run:
             manifest = load_manifest(EXAMPLES)  # a clear error when the examples stage has not run
             manifest_sha = run.add_input(EXAMPLES / "manifest.json")
             run.add_upstream("examples")
             check_tokenizer(manifest)
             verified = check_shards(cfg, manifest, rank, world)
-            run.extra.update({"tokenizer_sha256": manifest["tokenizer_sha256"],
-                              "examples_manifest_sha256": manifest_sha, "world_size": world,
-                              "shards_verified": verified, "objective": cfg.objective})
-            run.set_tags({"bertrace.objective": cfg.objective, "bertrace.tokenizer_sha256": manifest["tokenizer_sha256"],
-                          "bertrace.examples_manifest_sha256": manifest_sha, "bertrace.world_size": world,
-                          "bertrace.shards_verified": verified})
+            run.extra.update(
+                {
+                    "tokenizer_sha256": manifest["tokenizer_sha256"],
+                    "examples_manifest_sha256": manifest_sha,
+                    "world_size": world,
+                    "shards_verified": verified,
+                    "objective": cfg.objective,
+                }
+            )
+            run.set_tags(
+                {
+                    "bertrace.objective": cfg.objective,
+                    "bertrace.tokenizer_sha256": manifest["tokenizer_sha256"],
+                    "bertrace.examples_manifest_sha256": manifest_sha,
+                    "bertrace.world_size": world,
+                    "bertrace.shards_verified": verified,
+                }
+            )
 
             metrics = pretrain(
-                cfg, examples_dir=EXAMPLES, out_dir=OUT, provenance=run.checkpoint_provenance(), resume=resume,
-                on_log=lambda step, m: run.log_metrics(m, step=step), progress=main_rank,
-                tokenizer_json=TOKENIZER if TOKENIZER.exists() else None, curves_dir=PLOTS,
+                cfg,
+                examples_dir=EXAMPLES,
+                out_dir=OUT,
+                provenance=run.checkpoint_provenance(),
+                resume=resume,
+                on_log=lambda step, m: run.log_metrics(m, step=step),
+                progress=main_rank,
+                tokenizer_json=TOKENIZER if TOKENIZER.exists() else None,
+                curves_dir=PLOTS,
             )
             if not main_rank:
                 return
@@ -137,22 +163,33 @@ def main(argv: list[str] | None = None) -> None:
             run.set_tags({"bertrace.model_sha256": metrics["model_sha256"]})
             run.extra.update({k: metrics[k] for k in ("budget", "deterministic", "num_threads") if k in metrics})
             write_json(DETAILS_DIR / "pretrain.json", metrics)  # every number
-            write_json(METRICS_DIR / "pretrain.json", metrics_summary(metrics))  # the DVC metrics file: the few compared
+            write_json(
+                METRICS_DIR / "pretrain.json", metrics_summary(metrics)
+            )  # the DVC metrics file: the few compared
             run.log_metrics({"final": metrics}, step=metrics["step"])  # final.* (per-step curves stay clean)
             run.log_artifact(PLOTS / TRAIN_CURVE, "plots")
             run.log_artifact(PLOTS / VAL_CURVE, "plots")
             run.log_artifact(OUT / "last.pt", "checkpoint")
             run.write_provenance()
-            val = f", val MLM loss {metrics['val_mlm_loss']:.4f} (ppl {metrics['val_perplexity']:.1f})" \
-                if "val_mlm_loss" in metrics else ""
+            val = (
+                f", val MLM loss {metrics['val_mlm_loss']:.4f} (ppl {metrics['val_perplexity']:.1f})"
+                if "val_mlm_loss" in metrics
+                else ""
+            )
             if "val_disc_loss" in metrics:  # electra
-                val = (f", val discriminator loss {metrics['val_disc_loss']:.4f} (acc {metrics['val_disc_acc']:.3f}), "
-                       f"generator MLM loss {metrics['val_gen_loss']:.4f}")
+                val = (
+                    f", val discriminator loss {metrics['val_disc_loss']:.4f} (acc {metrics['val_disc_acc']:.3f}), "
+                    f"generator MLM loss {metrics['val_gen_loss']:.4f}"
+                )
             if "val_bits_per_byte" in metrics:  # clm
-                val = (f", val loss {metrics['val_loss']:.4f} (ppl {metrics['val_perplexity']:.1f}, "
-                       f"{metrics['val_bits_per_byte']:.3f} bits/byte; unigram {metrics['val_unigram_loss']:.4f})")
-            print(f"pretrain: step {metrics['step']}, {metrics['tokens_seen']:,} tokens, "
-                  f"{metrics['train_seconds'] / 60:.1f} min{val} -> {OUT}")
+                val = (
+                    f", val loss {metrics['val_loss']:.4f} (ppl {metrics['val_perplexity']:.1f}, "
+                    f"{metrics['val_bits_per_byte']:.3f} bits/byte; unigram {metrics['val_unigram_loss']:.4f})"
+                )
+            print(
+                f"pretrain: step {metrics['step']}, {metrics['tokens_seen']:,} tokens, "
+                f"{metrics['train_seconds'] / 60:.1f} min{val} -> {OUT}"
+            )
     finally:
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
@@ -162,10 +199,15 @@ def metrics_summary(metrics: dict) -> dict:
     """The numbers ``metrics/pretrain.json`` holds (``dvc exp show`` columns): tokens seen, validation
     loss and each objective's validation accuracy (``val_mlm_acc`` → ``mlm_acc``), throughput."""
     out = {"tokens": metrics.get("tokens_seen"), "val_loss": metrics.get("val_loss")}
-    out.update({k[len("val_"):]: v for k, v in sorted(metrics.items())
-                if k.startswith("val_") and k.endswith("_acc") and v is not None})
+    out.update(
+        {
+            k[len("val_") :]: v
+            for k, v in sorted(metrics.items())
+            if k.startswith("val_") and k.endswith("_acc") and v is not None
+        }
+    )
     for k in ("val_bits_per_byte", "val_unigram_bits_per_byte"):  # clm: comparable across tokenizers
-        out[k[len("val_"):]] = metrics.get(k)
+        out[k[len("val_") :]] = metrics.get(k)
     out["tok_per_s"] = metrics.get("tokens_per_s")
     return {k: v for k, v in out.items() if v is not None}
 

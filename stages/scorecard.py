@@ -20,8 +20,17 @@ import yaml
 
 from pipeline.errors import BertraceError
 from pipeline.io import read_json, write_json
-from pipeline.scorecard import (PROFILES_DIR, ROW_KEYS, SCORECARD_JSON, SCORECARD_MD, read_profiles,
-                                read_references, read_variants, with_variants, write_scorecard)
+from pipeline.scorecard import (
+    PROFILES_DIR,
+    ROW_KEYS,
+    SCORECARD_JSON,
+    SCORECARD_MD,
+    read_profiles,
+    read_references,
+    read_variants,
+    with_variants,
+    write_scorecard,
+)
 
 
 def record(name: str, note: str | None = None, sets: list[str] = ()) -> Path:
@@ -29,8 +38,9 @@ def record(name: str, note: str | None = None, sets: list[str] = ()) -> Path:
         raise BertraceError(f"{SCORECARD_JSON}: not found; run the pipeline (dvc repro) first")
     row = read_json(SCORECARD_JSON).get("this_run")
     if not row:
-        raise BertraceError(f"{SCORECARD_JSON}: the last evaluate run made no row of its own; run the whole "
-                            "pipeline (dvc repro) first")
+        raise BertraceError(
+            f"{SCORECARD_JSON}: the last evaluate run made no row of its own; run the whole pipeline (dvc repro) first"
+        )
     row = {**row, "name": name}
     if variants := read_variants(names=declared_variants()):  # the finetune_variant stages' table travels with the row
         row = with_variants(row, variants)
@@ -50,10 +60,16 @@ def render() -> list[dict]:
     """Rewrite the scorecard from ``reports/scorecard.json``'s own row (if any) and ``reports/profiles``."""
     row = read_json(SCORECARD_JSON).get("this_run") if SCORECARD_JSON.exists() else None
     if row is None and not read_profiles(PROFILES_DIR):
-        raise BertraceError(f"no rows: {SCORECARD_JSON} has no run of its own and {PROFILES_DIR}/ records none; "
-                            "run the pipeline (dvc repro) or record a row first")
-    return write_scorecard(row, references=read_references(), task=(row or {}).get("task"),
-                           variants=read_variants(names=declared_variants()) if row else None)
+        raise BertraceError(
+            f"no rows: {SCORECARD_JSON} has no run of its own and {PROFILES_DIR}/ records none; "
+            "run the pipeline (dvc repro) or record a row first"
+        )
+    return write_scorecard(
+        row,
+        references=read_references(),
+        task=(row or {}).get("task"),
+        variants=read_variants(names=declared_variants()) if row else None,
+    )
 
 
 def declared_variants() -> list[str] | None:
@@ -72,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("name")
     rec.add_argument("--note")
     rec.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    sub.add_parser("render", help="write reports/scorecard.md from the evaluated run, the recorded rows and "
-                                  "reports/references.yaml")
+    sub.add_parser(
+        "render",
+        help="write reports/scorecard.md from the evaluated run, the recorded rows and reports/references.yaml",
+    )
     args = ap.parse_args(argv)
     try:
         if args.command == "render":

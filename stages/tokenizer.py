@@ -34,25 +34,34 @@ def main() -> None:
             limit_alphabet=cfg.limit_alphabet,
         )
         stats = tokenizer_stats(OUT / "tokenizer.json", CLEAN / "valid.txt")
-        norm = {**info["normalizer"],  # letters altered: counted on train; words: on valid
-                **words_altered(OUT / "tokenizer.json", CLEAN / "valid.txt", info["normalizer"]["altered_chars"])}
+        norm = {
+            **info["normalizer"],  # letters altered: counted on train; words: on valid
+            **words_altered(OUT / "tokenizer.json", CLEAN / "valid.txt", info["normalizer"]["altered_chars"]),
+        }
         run.add_output(OUT / "tokenizer.json", info["tokenizer_sha256"])
         run.add_output(OUT / "vocab.txt", info["vocab_sha256"])
         run.set_tags({"bertrace.tokenizer_sha256": info["tokenizer_sha256"]})
         run.extra["normalizer"] = {"lowercase": cfg.lowercase, "strip_accents": cfg.strip_accents, **norm}
-        numbers = {k: norm[k] for k in ("chars_altered", "chars_removed", "chars_changed", "words_altered") if k in norm}
+        numbers = {
+            k: norm[k] for k in ("chars_altered", "chars_removed", "chars_changed", "words_altered") if k in norm
+        }
         run.write_details({**stats, "vocab_size": info["vocab_size"], "normalizer": numbers})  # no DVC metrics
         run.log_artifact(OUT / "vocab.txt")
         run.write_provenance()
-        print(f"tokenizer: vocab {info['vocab_size']}, valid UNK rate {stats['unk_rate']:.4%}, "
-              f"{stats['tokens_per_word']:.3f} tokens/word, normaliser alters {norm['chars_altered']:.2%} of letters")
+        print(
+            f"tokenizer: vocab {info['vocab_size']}, valid UNK rate {stats['unk_rate']:.4%}, "
+            f"{stats['tokens_per_word']:.3f} tokens/word, normaliser alters {norm['chars_altered']:.2%} of letters"
+        )
         if norm["chars_altered"] > cfg.warn_chars_altered:
             keep = "auto (or false)" if cfg.strip_accents is True else "false"
-            print(f"tokenizer: warning: {describe_alterations(norm, CLEAN / 'train.txt')}; above "
-                  f"tokenizer.warn_chars_altered {cfg.warn_chars_altered} (tokenizer.lowercase: "
-                  f"{str(cfg.lowercase).lower()}, strip_accents: {str(cfg.strip_accents).lower()}). To keep those "
-                  f"characters set tokenizer.strip_accents: {keep}, or lowercase: false (cased); the validate stage "
-                  "fails above validate.max_chars_altered", file=sys.stderr)
+            print(
+                f"tokenizer: warning: {describe_alterations(norm, CLEAN / 'train.txt')}; above "
+                f"tokenizer.warn_chars_altered {cfg.warn_chars_altered} (tokenizer.lowercase: "
+                f"{str(cfg.lowercase).lower()}, strip_accents: {str(cfg.strip_accents).lower()}). To keep those "
+                f"characters set tokenizer.strip_accents: {keep}, or lowercase: false (cased); the validate stage "
+                "fails above validate.max_chars_altered",
+                file=sys.stderr,
+            )
 
 
 if __name__ == "__main__":

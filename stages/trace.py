@@ -30,9 +30,12 @@ from pipeline import trace
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bertrace trace", description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="bertrace trace",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("target", help="checkpoint, provenance record, exported directory, MLflow run id or URI")
     parser.add_argument("--json", action="store_true", help="print the lineage (and verification) as JSON")
     parser.add_argument("--verify", action="store_true", help="recompute the recorded hashes under --root")

@@ -16,10 +16,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.errors import BertraceError
-from pipeline.io import write_json
 from pipeline.check_report import ValidationReport
+from pipeline.errors import BertraceError
 from pipeline.gx_suites import build_data_docs
+from pipeline.io import write_json
 from pipeline.validate import ValidateConfig, validate_corpus, validate_normalizer, validate_shards
 from stages.common import METRICS_DIR, StageRun, load_params, run_stage
 
@@ -38,8 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nsp-tolerance", type=float, default=None)
     p.add_argument("--mask-rate-tolerance", type=float, default=None)
     p.add_argument("--report", type=Path, default=None, help="write the JSON report here")
-    p.add_argument("--data-docs", type=Path, default=None,
-                   help=f"build the Great Expectations Data Docs site here (pipeline: {DATA_DOCS})")
+    p.add_argument(
+        "--data-docs",
+        type=Path,
+        default=None,
+        help=f"build the Great Expectations Data Docs site here (pipeline: {DATA_DOCS})",
+    )
     return p
 
 
@@ -48,8 +52,9 @@ def main(argv: list[str] | None = None) -> None:
     standalone = bool(args.shards or args.corpus)
     params = {} if standalone else load_params("validate")
     cfg = ValidateConfig.from_params(params)  # standalone: the defaults (= params.yaml's)
-    min_chars = args.min_chars if args.min_chars is not None else (
-        0 if standalone else load_params("clean")["min_chars"])  # checked by the clean stage, which ran first
+    min_chars = (
+        args.min_chars if args.min_chars is not None else (0 if standalone else load_params("clean")["min_chars"])
+    )  # checked by the clean stage, which ran first
     nsp_tol = args.nsp_tolerance if args.nsp_tolerance is not None else cfg.nsp_tolerance
     mask_tol = args.mask_rate_tolerance if args.mask_rate_tolerance is not None else cfg.mask_rate_tolerance
     corpus_files = args.corpus if standalone else [CLEAN / "train.txt", CLEAN / "valid.txt"]
@@ -87,8 +92,9 @@ def main(argv: list[str] | None = None) -> None:
         if report_path:
             write_json(report_path, full)
         if not standalone:  # DVC metrics: pass/fail counts (per expectation, every check: REPORT)
-            write_json(METRICS_DIR / "validate.json", {"passed": full["checks"] - full["failures"],
-                                                       "failed": full["failures"]})
+            write_json(
+                METRICS_DIR / "validate.json", {"passed": full["checks"] - full["failures"], "failed": full["failures"]}
+            )
         run.log_metrics({"checks": len(report.results), "failures": len(report.failures)})
         run.set_tags({"bertrace.validation": "passed" if report.success else "failed"})
         if report_path:

@@ -38,10 +38,17 @@ def other_deps() -> list[str]:
     from pipeline.provenance import dvc_paths, dvc_stages
 
     stages = dvc_stages(REPO)  # foreach stages expanded
-    outs = {o for spec in stages.values()
-            for o in dvc_paths((spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or []))}
-    deps = {dep for spec in stages.values() for dep in dvc_paths(spec.get("deps"))
-            if dep not in outs and not dep.startswith("data/") and (REPO / dep).exists()}
+    outs = {
+        o
+        for spec in stages.values()
+        for o in dvc_paths((spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or []))
+    }
+    deps = {
+        dep
+        for spec in stages.values()
+        for dep in dvc_paths(spec.get("deps"))
+        if dep not in outs and not dep.startswith("data/") and (REPO / dep).exists()
+    }
     # a folder stages write into (reports/variants): its .gitkeep only
     return sorted(f"{d}/.gitkeep" if any(o.startswith(d + "/") for o in outs) else d for d in deps)
 
@@ -55,8 +62,19 @@ def tiny_params(params: dict) -> dict:
     params["validate"]["nsp_tolerance"] = 0.1
     p = params["pretrain"]
     p["model"] = {"preset": "tiny", "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
-    p.update(num_threads=1, max_steps=8, epochs=None, time_minutes=None, snapshot_minutes=[], batch_size=8, eval_every=4,
-             eval_batches=2, log_every=1, checkpoint_every=4, checkpoint_minutes=None)
+    p.update(
+        num_threads=1,
+        max_steps=8,
+        epochs=None,
+        time_minutes=None,
+        snapshot_minutes=[],
+        batch_size=8,
+        eval_every=4,
+        eval_batches=2,
+        log_every=1,
+        checkpoint_every=4,
+        checkpoint_minutes=None,
+    )
     if "snapshot_steps" in p:
         p["snapshot_steps"] = []
     f = params["finetune"]
@@ -69,9 +87,17 @@ def tiny_params(params: dict) -> dict:
 def template_repo(root: Path) -> Path:
     """One snapshot of the working tree (so both copies run the same code even while it is being
     edited), committed with a fixed author and date: both copies then report the same commit."""
-    for item in ["pipeline", "stages", "mirrors", "params.yaml", "dvc.yaml", ".gitignore", "pyproject.toml",
-                 "scripts/ci-data-checks.sh",
-                 *other_deps()]:
+    for item in [
+        "pipeline",
+        "stages",
+        "mirrors",
+        "params.yaml",
+        "dvc.yaml",
+        ".gitignore",
+        "pyproject.toml",
+        "scripts/ci-data-checks.sh",
+        *other_deps(),
+    ]:
         src, dst = REPO / item, root / item
         dst.parent.mkdir(parents=True, exist_ok=True)
         if src.is_dir():
@@ -86,9 +112,15 @@ def template_repo(root: Path) -> Path:
     (root / "data" / "sources" / "wiki.raw").write_text("".join(lines[:1500]), encoding="utf-8")
     params = tiny_params(yaml.safe_load((root / "params.yaml").read_text()))
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    git_env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-               "GIT_COMMITTER_EMAIL": "t@t", "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
-               "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000"}
+    git_env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+        "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+    }
     run(["git", "init", "-q"], root, git_env)
     run(["git", "add", "-A"], root, git_env)
     run(["git", "commit", "-qm", "init"], root, git_env)

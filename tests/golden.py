@@ -32,15 +32,23 @@ import json  # noqa: E402
 import tempfile  # noqa: E402
 
 import torch  # noqa: E402
+from test_pretrain_data import make_examples  # noqa: E402
 
 from pipeline.device import apply_arithmetic, arithmetic_state, cpu_model  # noqa: E402
 from pipeline.finetune import FinetuneConfig, build_model, load_pretrained, task_loss  # noqa: E402
 from pipeline.train import PretrainConfig, pretrain  # noqa: E402
-from test_pretrain_data import make_examples  # noqa: E402
 
 GOLDEN = REPO / "tests" / "golden" / "weights.json"
-MODEL = {"preset": "tiny", "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
-         "max_position": 64, "dropout": 0.1, "attention_dropout": 0.1}
+MODEL = {
+    "preset": "tiny",
+    "hidden_size": 32,
+    "num_layers": 1,
+    "num_heads": 2,
+    "intermediate_size": 64,
+    "max_position": 64,
+    "dropout": 0.1,
+    "attention_dropout": 0.1,
+}
 
 
 def tensor_sha256(t: torch.Tensor) -> str:
@@ -51,14 +59,34 @@ def tensor_sha256(t: torch.Tensor) -> str:
 def golden_run(work: Path) -> dict:
     """``{"pretrain/<tensor>": sha256, ..., "finetune/<tensor>": sha256, ...}`` plus losses."""
     apply_arithmetic(ComputeConfig())
-    examples = make_examples(work / "examples", masking="static", train_rows=512, valid_rows=64,
-                             rows_per_shard=128, row_group_size=32)
-    cfg = PretrainConfig(objective="mlm_nsp", model=dict(MODEL), batch_size=16, lr=3e-3, warmup=0.1, max_steps=30,
-                         eval_every=0, eval_batches=None, log_every=10, checkpoint_every=None,
-                         checkpoint_minutes=None, snapshot_steps=[], shuffle_buffer=64, seed=0, device="cpu",
-                         embedding_init={"method": "skipgram", "epochs": 0.25, "batch_rows": 64})
-    metrics = pretrain(cfg, examples_dir=examples, out_dir=work / "pretrain", progress=False,
-                       provenance={"git": {"commit": "golden", "dirty": False}})
+    examples = make_examples(
+        work / "examples", masking="static", train_rows=512, valid_rows=64, rows_per_shard=128, row_group_size=32
+    )
+    cfg = PretrainConfig(
+        objective="mlm_nsp",
+        model=dict(MODEL),
+        batch_size=16,
+        lr=3e-3,
+        warmup=0.1,
+        max_steps=30,
+        eval_every=0,
+        eval_batches=None,
+        log_every=10,
+        checkpoint_every=None,
+        checkpoint_minutes=None,
+        snapshot_steps=[],
+        shuffle_buffer=64,
+        seed=0,
+        device="cpu",
+        embedding_init={"method": "skipgram", "epochs": 0.25, "batch_rows": 64},
+    )
+    metrics = pretrain(
+        cfg,
+        examples_dir=examples,
+        out_dir=work / "pretrain",
+        progress=False,
+        provenance={"git": {"commit": "golden", "dirty": False}},
+    )
     ckpt = load_pretrained(work / "pretrain" / "last.pt")
     hashes = {f"pretrain/{k}": tensor_sha256(v) for k, v in ckpt["model"].items()}
 
@@ -68,8 +96,9 @@ def golden_run(work: Path) -> dict:
     try:
         model = build_model(ckpt, 2, dropout=ft.dropout, encoder_dropout=ft.encoder_dropout, seed=0)
         model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=ft.lr, betas=tuple(ft.betas), eps=ft.eps,
-                                      weight_decay=ft.weight_decay)
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=ft.lr, betas=tuple(ft.betas), eps=ft.eps, weight_decay=ft.weight_decay
+        )
         g = torch.Generator().manual_seed(0)
         losses = []
         for _ in range(6):
@@ -86,9 +115,15 @@ def golden_run(work: Path) -> dict:
         torch.set_num_threads(threads)
     hashes.update({f"finetune/{k}": tensor_sha256(v) for k, v in model.state_dict().items()})
     state = arithmetic_state(torch.device("cpu"), "fp32", threads_fixed=True)
-    return {"torch": torch.__version__, "kernels": state["kernels"], "cpu_capability": state["cpu_capability"],
-            "threads": cfg.num_threads, "pretrain_loss": metrics.get("loss"), "finetune_losses": losses,
-            "tensors": hashes}
+    return {
+        "torch": torch.__version__,
+        "kernels": state["kernels"],
+        "cpu_capability": state["cpu_capability"],
+        "threads": cfg.num_threads,
+        "pretrain_loss": metrics.get("loss"),
+        "finetune_losses": losses,
+        "tensors": hashes,
+    }
 
 
 def main() -> None:

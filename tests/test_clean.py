@@ -25,14 +25,14 @@ WIKITEXT = (
     " = = History = = \n"
     " \n"
     " It began . \n"
-    " = x = \n"                       # formula fragment inside a paragraph: not a heading
+    " = x = \n"  # formula fragment inside a paragraph: not a heading
     " more text \n"
     " \n"
     " = = = Later years = = = \n"
     " \n"
     " Ended in 1990 \n"
     " \n"
-    " = Who Framed It ? = \n"        # already ends a sentence: no extra "."
+    " = Who Framed It ? = \n"  # already ends a sentence: no extra "."
     " \n"
     " Gamma\ttext\u2028with   odd  whitespace . \n"
     " \n"
@@ -129,8 +129,9 @@ def test_wikiextractor_articles_exact(tmp_path):
 
 
 def test_documents_br_tags_and_whitespace(tmp_path):
-    raw = raw_from_docs(tmp_path, ["Great film.<br /><br />Loved it.<BR>The end.", "Tabs\tand\nnew\r\nlines\u2029here ",
-                                   "   ", ""])
+    raw = raw_from_docs(
+        tmp_path, ["Great film.<br /><br />Loved it.<BR>The end.", "Tabs\tand\nnew\r\nlines\u2029here ", "   ", ""]
+    )
     stats = clean(raw, tmp_path / "clean")
     assert sorted(all_lines(tmp_path / "clean")) == ["Great film. Loved it. The end.", "Tabs and new lines here"]
     assert stats["documents"] == 4 and stats["dropped_short"] == 2  # the empty ones (min_chars=0 keeps nothing empty)
@@ -258,15 +259,24 @@ def test_missing_raw_and_bad_params(tmp_path):
 def test_real_wikitext2_test_split_has_60_articles(tmp_path, monkeypatch):
     shared_file("wikitext-2-raw", "wiki.test.raw")
     monkeypatch.chdir(REPO)
-    params = {"source": "hub", "hub": {"dataset": "Salesforce/wikitext", "config": "wikitext-2-raw-v1",
-                                       "splits": ["test"], "format": "wikitext"}}
+    params = {
+        "source": "hub",
+        "hub": {
+            "dataset": "Salesforce/wikitext",
+            "config": "wikitext-2-raw-v1",
+            "splits": ["test"],
+            "format": "wikitext",
+        },
+    }
     download_corpus(params, tmp_path / "raw", mirror="mirrors/shared-data.yaml", progress=False)
     stats = clean(tmp_path / "raw", tmp_path / "clean", min_chars=200, valid_fraction=0.05)
     assert stats["documents"] == 60  # WikiText-2's test split is 60 Wikipedia articles
     text = all_lines(tmp_path / "clean")
     first = next(t for t in text if t.startswith("Robert Boulter."))
-    assert first.startswith("Robert Boulter. Robert Boulter is an English film , television and theatre actor . "
-                            "He had a guest-starring role on the television series The Bill in 2000 .")
+    assert first.startswith(
+        "Robert Boulter. Robert Boulter is an English film , television and theatre actor . "
+        "He had a guest-starring role on the television series The Bill in 2000 ."
+    )
     assert " Career. " in first and " @-@ " not in "".join(text)
 
 
@@ -286,12 +296,22 @@ def test_real_wikiextractor_file(tmp_path):
 # -- parallel cleaning: same bytes for any number of workers and any chunking --------------------------
 def test_chunks_cut_only_between_articles(tmp_path):
     """chunk_chars=1 cuts at every point the chunker thinks safe; the articles must not change."""
-    for name, content, expected in (("wiki.test.raw", WIKITEXT, WIKITEXT_ARTICLES),
-                                    ("wiki_00", WIKIEXTRACTOR, WIKIEXTRACTOR_ARTICLES)):
+    for name, content, expected in (
+        ("wiki.test.raw", WIKITEXT, WIKITEXT_ARTICLES),
+        ("wiki_00", WIKIEXTRACTOR, WIKIEXTRACTOR_ARTICLES),
+    ):
         (tmp_path / name).mkdir()
         raw = raw_from_file(tmp_path / name, name, content)
-        stats = clean_corpus(raw, tmp_path / name / "clean", min_chars=0, valid_fraction=0.0, seed=0, workers=1,
-                             chunk_chars=1, progress=False)
+        stats = clean_corpus(
+            raw,
+            tmp_path / name / "clean",
+            min_chars=0,
+            valid_fraction=0.0,
+            seed=0,
+            workers=1,
+            chunk_chars=1,
+            progress=False,
+        )
         assert sorted(all_lines(tmp_path / name / "clean")) == sorted(expected)
         assert stats["documents"] == len(expected)
 
@@ -317,8 +337,16 @@ def test_workers_and_chunking_write_identical_bytes(tmp_path, source):
     runs = {}
     for workers, chunk_chars in ((1, 1 << 40), (1, 20_000), (2, 20_000)):  # (1, 1 << 40): one chunk, no cut
         out = tmp_path / f"clean-{workers}-{chunk_chars}"
-        stats = clean_corpus(raw, out, min_chars=200, valid_fraction=0.1, seed=0, workers=workers,
-                             chunk_chars=chunk_chars, progress=False)
+        stats = clean_corpus(
+            raw,
+            out,
+            min_chars=200,
+            valid_fraction=0.1,
+            seed=0,
+            workers=workers,
+            chunk_chars=chunk_chars,
+            progress=False,
+        )
         runs[workers, chunk_chars] = (stats, sha256_file(out / "train.txt"), sha256_file(out / "valid.txt"))
     (first, *others) = runs.values()
     assert all(r == first for r in others), runs
@@ -330,10 +358,18 @@ def test_workers_and_chunking_write_identical_bytes(tmp_path, source):
 def test_dask_engine_writes_the_same_bytes(tmp_path):
     pytest.importorskip("distributed", reason="pip install 'bertrace[dask]'")
     raw = _real_slice(tmp_path, "enwiki")
-    local = clean_corpus(raw, tmp_path / "local", min_chars=200, valid_fraction=0.1, seed=0, workers=1,
-                         progress=False)
-    dask = clean_corpus(raw, tmp_path / "dask", min_chars=200, valid_fraction=0.1, seed=0, workers=2,
-                        engine="dask", chunk_chars=50_000, progress=False)  # no address: a 2-worker LocalCluster
+    local = clean_corpus(raw, tmp_path / "local", min_chars=200, valid_fraction=0.1, seed=0, workers=1, progress=False)
+    dask = clean_corpus(
+        raw,
+        tmp_path / "dask",
+        min_chars=200,
+        valid_fraction=0.1,
+        seed=0,
+        workers=2,
+        engine="dask",
+        chunk_chars=50_000,
+        progress=False,
+    )  # no address: a 2-worker LocalCluster
     assert dask == local
     for name in ("train.txt", "valid.txt"):
         assert sha256_file(tmp_path / "dask" / name) == sha256_file(tmp_path / "local" / name)

@@ -22,15 +22,23 @@ def shards(tmp_path_factory):
     (root / "valid.txt").write_text("\n".join(docs[32:]) + "\n", encoding="utf-8")
     train_wordpiece(root / "train.txt", root / "tok", vocab_size=3000, lowercase=True, min_frequency=2, progress=False)
     cfg = ExamplesConfig(dupe_factor=1, docs_per_shard=12)
-    generate_examples(root / "train.txt", root / "valid.txt", root / "tok" / "tokenizer.json", root / "ex", cfg,
-                      workers=1, progress=False)
+    generate_examples(
+        root / "train.txt",
+        root / "valid.txt",
+        root / "tok" / "tokenizer.json",
+        root / "ex",
+        cfg,
+        workers=1,
+        progress=False,
+    )
     return root / "ex"
 
 
 def _bertrace(*args):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "stages.cli", *args], env=env, capture_output=True, text=True,
-                          cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "stages.cli", *args], env=env, capture_output=True, text=True, cwd=REPO
+    )
 
 
 def test_cli_passes_good_shards(shards):

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from test_finetune import synthetic_rows, train_tokenizer, write_csv
+from test_pretrain_data import make_examples
 
 from pipeline.checkpoint import save_checkpoint
 from pipeline.errors import BertraceError
@@ -29,20 +31,33 @@ from pipeline.pretrain_data import PretrainingData, collate_packed
 from pipeline.task_data import load_task_data
 from pipeline.tokenizer import load_tokenizer
 from pipeline.train import PretrainConfig, pretrain
-from test_finetune import synthetic_rows, train_tokenizer, write_csv
-from test_pretrain_data import make_examples
 from tests.conftest import REPO, shared_file
 
-MODEL = {"preset": "tiny", "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64,
-         "max_position": 64, "dropout": 0.0, "attention_dropout": 0.0}
+MODEL = {
+    "preset": "tiny",
+    "hidden_size": 32,
+    "num_layers": 2,
+    "num_heads": 2,
+    "intermediate_size": 64,
+    "max_position": 64,
+    "dropout": 0.0,
+    "attention_dropout": 0.0,
+}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models, one torch thread
 
 
-TEMPLATES = ["the cat sat on the mat .", "a dog ran to the park and back .", "she reads a book every night .",
-             "we walked along the river in the rain .", "the old man fed the birds .", "he plays the piano well .",
-             "they built a house near the sea .", "my sister paints the sky at dawn ."]
+TEMPLATES = [
+    "the cat sat on the mat .",
+    "a dog ran to the park and back .",
+    "she reads a book every night .",
+    "we walked along the river in the rain .",
+    "the old man fed the birds .",
+    "he plays the piano well .",
+    "they built a house near the sea .",
+    "my sister paints the sky at dawn .",
+]
 
 
 @pytest.fixture(scope="module")
@@ -61,26 +76,52 @@ def packed(tmp_path_factory):
         docs = [" ".join(rng.choice(TEMPLATES) for _ in range(rng.randint(20, 40))) for _ in range(n)]
         (root / f"{split}.txt").write_text("".join(d + "\n" for d in docs), encoding="utf-8")
     tok = build_tokenizer(lowercase=True)
-    tok.train([str(root / "train.txt")], trainers.WordPieceTrainer(
-        vocab_size=200, special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##", show_progress=False))
+    tok.train(
+        [str(root / "train.txt")],
+        trainers.WordPieceTrainer(
+            vocab_size=200, special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##", show_progress=False
+        ),
+    )
     (root / "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
     out = root / "examples"
     cfg = ExamplesConfig(mode="causal", max_seq_len=32, docs_per_shard=16, row_group_size=16, seed=3)
-    generate_examples(root / "train.txt", root / "valid.txt", root / "tokenizer.json", out, cfg, workers=1,
-                      progress=False)
+    generate_examples(
+        root / "train.txt", root / "valid.txt", root / "tokenizer.json", out, cfg, workers=1, progress=False
+    )
     return out
 
 
 def clm_cfg(**kw) -> PretrainConfig:
-    base = dict(objective="clm", embedding_init={"method": "random"}, model=MODEL, batch_size=8, lr=3e-3, warmup=2, max_steps=30, eval_every=10,
-                eval_batches=0, log_every=5, checkpoint_every=10, snapshot_steps=[], seed=0, shuffle_buffer=64)
+    base = dict(
+        objective="clm",
+        embedding_init={"method": "random"},
+        model=MODEL,
+        batch_size=8,
+        lr=3e-3,
+        warmup=2,
+        max_steps=30,
+        eval_every=10,
+        eval_batches=0,
+        log_every=5,
+        checkpoint_every=10,
+        snapshot_steps=[],
+        seed=0,
+        shuffle_buffer=64,
+    )
     return PretrainConfig(**{**base, **kw})
 
 
 def run(cfg, examples, out, **kw):
     logs: list[tuple[int, dict]] = []
-    metrics = pretrain(cfg, examples_dir=examples, out_dir=out, provenance={"git": {"commit": "abc", "dirty": False}},
-                       on_log=lambda step, m: logs.append((step, m)), progress=False, **kw)
+    metrics = pretrain(
+        cfg,
+        examples_dir=examples,
+        out_dir=out,
+        provenance={"git": {"commit": "abc", "dirty": False}},
+        on_log=lambda step, m: logs.append((step, m)),
+        progress=False,
+        **kw,
+    )
     return metrics, logs
 
 
@@ -148,12 +189,29 @@ def test_exact_resume_matches_an_uninterrupted_run(packed, tmp_path):
 
 def test_objective_and_examples_mode_must_agree(packed, tmp_path):
     mlm = make_examples(tmp_path / "mlm", masking="static", train_rows=64, valid_rows=16, rows_per_shard=32)
-    with pytest.raises(BertraceError, match=r"pretrain.objective is 'clm'.*MLM/NSP examples \(examples.mode: "
-                                            r"mlm_nsp\); set examples.mode: causal"):
+    with pytest.raises(
+        BertraceError,
+        match=r"pretrain.objective is 'clm'.*MLM/NSP examples \(examples.mode: "
+        r"mlm_nsp\); set examples.mode: causal",
+    ):
         run(clm_cfg(max_steps=1), mlm, tmp_path / "a")
-    with pytest.raises(BertraceError, match=r"pretrain.objective is 'mlm_nsp'.*packed causal-LM blocks "
-                                            r"\(examples.mode: causal\).*or set pretrain.objective: clm"):
-        run(PretrainConfig(objective="mlm_nsp", embedding_init={"method": "random"}, model=MODEL, batch_size=8, max_steps=1, snapshot_steps=[]), packed, tmp_path / "b")
+    with pytest.raises(
+        BertraceError,
+        match=r"pretrain.objective is 'mlm_nsp'.*packed causal-LM blocks "
+        r"\(examples.mode: causal\).*or set pretrain.objective: clm",
+    ):
+        run(
+            PretrainConfig(
+                objective="mlm_nsp",
+                embedding_init={"method": "random"},
+                model=MODEL,
+                batch_size=8,
+                max_steps=1,
+                snapshot_steps=[],
+            ),
+            packed,
+            tmp_path / "b",
+        )
 
 
 # ----------------------------------------------------------------------------- fine-tuning
@@ -166,18 +224,40 @@ def task(tmp_path_factory):
     tok_path = train_tokenizer(root / "tokenizer.json", [])
     tok = load_tokenizer(tok_path)
     torch.manual_seed(1234)
-    config = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_layers=2, num_heads=2,
-                        intermediate_size=64, max_position=64)
+    config = BertConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        max_position=64,
+    )
     provenance = {"stage": "pretrain", "params": {"objective": "clm"}, "tokenizer_sha256": sha256_file(tok_path)}
-    ckpt_path = save_checkpoint(root / "best.pt", {"model": GPT(config).state_dict(), "model_config": config.to_dict(),
-                                                   "train_config": {"objective": "clm"}, "step": 0,
-                                                   "provenance": provenance})
+    ckpt_path = save_checkpoint(
+        root / "best.pt",
+        {
+            "model": GPT(config).state_dict(),
+            "model_config": config.to_dict(),
+            "train_config": {"objective": "clm"},
+            "step": 0,
+            "provenance": provenance,
+        },
+    )
     train = write_csv(root / "train.csv", ["text", "label"], synthetic_rows(200, 1))
     valid = write_csv(root / "valid.csv", ["text", "label"], synthetic_rows(100, 2))
-    spec = {"source": "local", "local": {"train": str(train), "validation": str(valid)}, "text_columns": ["text"],
-            "label_column": "label", "label_names": ["neg", "pos"]}
-    return {"root": root, "tok_path": tok_path, "data": load_task_data(spec, tok, max_len=32),
-            "ckpt": load_pretrained(ckpt_path)}
+    spec = {
+        "source": "local",
+        "local": {"train": str(train), "validation": str(valid)},
+        "text_columns": ["text"],
+        "label_column": "label",
+        "label_names": ["neg", "pos"],
+    }
+    return {
+        "root": root,
+        "tok_path": tok_path,
+        "data": load_task_data(spec, tok, max_len=32),
+        "ckpt": load_pretrained(ckpt_path),
+    }
 
 
 def test_a_causal_checkpoint_builds_the_gpt_classifier_in_every_mode(task):
@@ -195,16 +275,30 @@ def test_a_causal_checkpoint_builds_the_gpt_classifier_in_every_mode(task):
 
 def test_fine_tune_frozen_and_full_then_classify_with_the_saved_model(task):
     ckpt, data = task["ckpt"], task["data"]
-    frozen = train_seed(ckpt, data, FinetuneConfig(mode="frozen", epochs=1, batch_size=32, lr=1e-2, seeds=[0],
-                                                    patience=0), 0, progress=False)
+    frozen = train_seed(
+        ckpt,
+        data,
+        FinetuneConfig(mode="frozen", epochs=1, batch_size=32, lr=1e-2, seeds=[0], patience=0),
+        0,
+        progress=False,
+    )
     assert all(torch.equal(frozen.state_dict[f"gpt.{k}"], v) for k, v in ckpt["model"].items())  # decoder untouched
     cfg = FinetuneConfig(epochs=3, batch_size=16, lr=2e-3, seeds=[0], patience=0)
     result = train_seed(ckpt, data, cfg, 0, progress=False)
     assert result.validation_accuracy > 0.8  # 'good' vs 'bad' anywhere in the text: last-token pooling learns it
-    path = save_finetuned(task["root"] / "model.pt", state_dict=result.state_dict, model_config=ckpt["model_config"],
-                          label_names=data.label_names, task=data.task_info(),
-                          tokenizer_sha256=sha256_file(task["tok_path"]),
-                          mode="full", seed=0, metrics={}, provenance={}, architecture="gpt")
+    path = save_finetuned(
+        task["root"] / "model.pt",
+        state_dict=result.state_dict,
+        model_config=ckpt["model_config"],
+        label_names=data.label_names,
+        task=data.task_info(),
+        tokenizer_sha256=sha256_file(task["tok_path"]),
+        mode="full",
+        seed=0,
+        metrics={},
+        provenance={},
+        architecture="gpt",
+    )
     clf = Classifier.load(path)
     assert isinstance(clf.model, GPTForSequenceClassification)
     preds = clf.predict(["the movie was good very good", "the film was bad quite bad"])
@@ -216,7 +310,7 @@ def test_fine_tune_frozen_and_full_then_classify_with_the_saved_model(task):
     assert np.allclose(together, alone, atol=1e-5)
 
 
-DDP_WORKER = r'''
+DDP_WORKER = r"""
 import json, sys
 from pathlib import Path
 import torch.distributed as dist
@@ -228,7 +322,7 @@ cfg = PretrainConfig(objective="clm", embedding_init={"method": "random"}, model
 m = pretrain(cfg, examples_dir=examples, out_dir=out / "run", provenance={}, progress=False)
 (out / f"report{dist.get_rank()}.json").write_text(json.dumps(m))
 dist.destroy_process_group()
-'''
+"""
 
 
 @pytest.mark.slow
@@ -237,11 +331,31 @@ def test_ddp_two_cpu_ranks(packed, tmp_path):
     metrics (bits per byte and the unigram baseline included) on both, the baseline exactly one process's."""
     script = tmp_path / "worker.py"
     script.write_text(DDP_WORKER)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1",
-           "BERTRACE_NO_MLFLOW": "1"}
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        str(script), str(packed), str(tmp_path), json.dumps(MODEL)],
-                       env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "TQDM_DISABLE": "1",
+        "BERTRACE_NO_MLFLOW": "1",
+    }
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+            str(packed),
+            str(tmp_path),
+            json.dumps(MODEL),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r0, r1 = (json.loads((tmp_path / f"report{r}.json").read_text()) for r in (0, 1))
     assert r0["model_sha256"] == r1["model_sha256"] and r0["world_size"] == 2 and r0["step"] == 6
@@ -275,8 +389,9 @@ def test_the_gpt_profile_is_the_default_budget_with_the_causal_objective():
 @pytest.mark.slow
 def test_the_causal_dag_runs_end_to_end_under_dvc(tmp_path):
     """`dvc repro` of every stage with the gpt profile's params on a slice of WikiText-2 (tiny model)."""
-    from pipeline.profiles import apply_overrides, flatten_overrides, load_profile
     from test_dvc_pipeline import _run, _tiny_finetune, _tiny_pretrain, copy_repo
+
+    from pipeline.profiles import apply_overrides, flatten_overrides, load_profile
 
     root = tmp_path / "repo"
     copy_repo(root)
@@ -292,9 +407,13 @@ def test_the_causal_dag_runs_end_to_end_under_dvc(tmp_path):
     params["finetune"] = _tiny_finetune(params["finetune"])
     params["finetune_variants"] = {}  # the frozen / scratch stages: tests/test_dvc_pipeline.py
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": str(root), "BERTRACE_HUB_MIRROR": str(REPO / "mirrors" / "shared-data.yaml"),
-           "TQDM_DISABLE": "1"}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(root),
+        "BERTRACE_HUB_MIRROR": str(REPO / "mirrors" / "shared-data.yaml"),
+        "TQDM_DISABLE": "1",
+    }
     env.pop("MLFLOW_TRACKING_URI", None)
     _run(["git", "init", "-q"], root)
     _run(["git", "add", "-A"], root)

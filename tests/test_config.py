@@ -25,16 +25,25 @@ def _sections():
     from pipeline.train import PretrainConfig
     from pipeline.validate import ValidateConfig
 
-    return {"download": DownloadConfig, "clean": CleanConfig, "tokenizer": TokenizerConfig, "examples": ExamplesConfig,
-            "validate": ValidateConfig, "pretrain": PretrainConfig, "finetune": FinetuneConfig,
-            "evaluate": EvaluateConfig, "compute": ComputeConfig}
+    return {
+        "download": DownloadConfig,
+        "clean": CleanConfig,
+        "tokenizer": TokenizerConfig,
+        "examples": ExamplesConfig,
+        "validate": ValidateConfig,
+        "pretrain": PretrainConfig,
+        "finetune": FinetuneConfig,
+        "evaluate": EvaluateConfig,
+        "compute": ComputeConfig,
+    }
 
 
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("section", ["download", "clean", "tokenizer", "examples", "validate", "compute", "pretrain",
-                                     "finetune", "evaluate"])
+@pytest.mark.parametrize(
+    "section", ["download", "clean", "tokenizer", "examples", "validate", "compute", "pretrain", "finetune", "evaluate"]
+)
 def test_code_defaults_equal_params_yaml(section):
     """Deleting a line of params.yaml must not change the run: the code's default is the same value."""
     cls = _sections()[section]
@@ -45,18 +54,21 @@ def test_code_defaults_equal_params_yaml(section):
     assert set(PARAMS[section]) == set(from_file), "params.yaml should list every key of the section"
 
 
-@pytest.mark.parametrize("section, key, value, message", [
-    ("clean", "min_chars", "x", "clean.min_chars = 'x': must be an integer"),
-    ("clean", "valid_fraction", 1.5, "clean.valid_fraction = 1.5: input should be less than 1"),
-    ("tokenizer", "vocab_size", "16k", "tokenizer.vocab_size = '16k': must be an integer"),
-    ("tokenizer", "lowercase", "false", "tokenizer.lowercase = 'false': must be true or false (no quotes)"),
-    ("tokenizer", "min_frequency", True, "tokenizer.min_frequency = True: must be an integer, not true/false"),
-    ("evaluate", "batch_size", 0, "evaluate.batch_size = 0: input should be greater than or equal to 1"),
-    ("evaluate", "splits", ["dev"], "evaluate.splits.0 = 'dev': input should be 'train', 'validation' or 'test'"),
-    ("finetune", "seeds", [], "finetune.seeds = []: list should have at least 1 item"),
-    ("download", "source", "ftp", "download.source = 'ftp': input should be 'hub' or 'local'"),
-    ("validate", "nsp_tolerance", "wide", "validate.nsp_tolerance = 'wide': must be a number"),
-])
+@pytest.mark.parametrize(
+    "section, key, value, message",
+    [
+        ("clean", "min_chars", "x", "clean.min_chars = 'x': must be an integer"),
+        ("clean", "valid_fraction", 1.5, "clean.valid_fraction = 1.5: input should be less than 1"),
+        ("tokenizer", "vocab_size", "16k", "tokenizer.vocab_size = '16k': must be an integer"),
+        ("tokenizer", "lowercase", "false", "tokenizer.lowercase = 'false': must be true or false (no quotes)"),
+        ("tokenizer", "min_frequency", True, "tokenizer.min_frequency = True: must be an integer, not true/false"),
+        ("evaluate", "batch_size", 0, "evaluate.batch_size = 0: input should be greater than or equal to 1"),
+        ("evaluate", "splits", ["dev"], "evaluate.splits.0 = 'dev': input should be 'train', 'validation' or 'test'"),
+        ("finetune", "seeds", [], "finetune.seeds = []: list should have at least 1 item"),
+        ("download", "source", "ftp", "download.source = 'ftp': input should be 'hub' or 'local'"),
+        ("validate", "nsp_tolerance", "wide", "validate.nsp_tolerance = 'wide': must be a number"),
+    ],
+)
 def test_wrong_types_name_the_key_the_value_and_the_fix(section, key, value, message):
     cls = _sections()[section]
     with pytest.raises(BertraceError) as e:
@@ -67,8 +79,11 @@ def test_wrong_types_name_the_key_the_value_and_the_fix(section, key, value, mes
 def test_unknown_keys_list_the_valid_ones():
     from pipeline.tokenizer_training import TokenizerConfig
 
-    with pytest.raises(BertraceError, match=r"tokenizer.vocab: unknown key; valid keys: limit_alphabet, lowercase, "
-                                            r"min_frequency, strip_accents, vocab_size, warn_chars_altered"):
+    with pytest.raises(
+        BertraceError,
+        match=r"tokenizer.vocab: unknown key; valid keys: limit_alphabet, lowercase, "
+        r"min_frequency, strip_accents, vocab_size, warn_chars_altered",
+    ):
         TokenizerConfig.from_params({"vocab": 100})
 
 
@@ -83,8 +98,9 @@ def test_a_bad_param_stops_the_stage_with_one_line_and_exit_2(tmp_path):
     params = {**PARAMS, "clean": {**PARAMS["clean"], "min_chars": "x"}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(REPO), "BERTRACE_NO_MLFLOW": "1"}
-    r = subprocess.run([sys.executable, "-m", "stages.clean"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "stages.clean"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 2, out
     assert "params.yaml: clean.min_chars = 'x': must be an integer; fix it in params.yaml" in out

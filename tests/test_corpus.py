@@ -15,8 +15,8 @@ import pytest
 
 from pipeline import corpus
 from pipeline.corpus import download_corpus, list_source_files
-from pipeline.hub import is_network_error, resolve_mirror
 from pipeline.errors import BertraceError
+from pipeline.hub import is_network_error, resolve_mirror
 from pipeline.io import sha256_file
 from tests.conftest import REPO, shared_file
 
@@ -53,10 +53,20 @@ def local(path, fmt="auto", text_column="text") -> dict:
     return {"source": "local", "local": {"path": str(path), "format": fmt, "text_column": text_column}}
 
 
-def hub(splits=("train", "validation", "test"), dataset="Salesforce/wikitext", config="wikitext-2-raw-v1",
-        fmt="wikitext") -> dict:
-    return {"source": "hub", "hub": {"dataset": dataset, "config": config, "revision": "main",
-                                     "splits": list(splits), "text_column": "text", "format": fmt}}
+def hub(
+    splits=("train", "validation", "test"), dataset="Salesforce/wikitext", config="wikitext-2-raw-v1", fmt="wikitext"
+) -> dict:
+    return {
+        "source": "hub",
+        "hub": {
+            "dataset": dataset,
+            "config": config,
+            "revision": "main",
+            "splits": list(splits),
+            "text_column": "text",
+            "format": fmt,
+        },
+    }
 
 
 def read_rows(out: Path) -> list[tuple[str, str]]:
@@ -77,8 +87,9 @@ def test_local_wikitext_file_rows_manifest_and_identical_reruns(tmp_path):
 
     assert m1["format"] == "wikitext"
     assert m1["total_rows"] == WIKITEXT.count("\n") == 12
-    assert m1["source"]["files"] == [{"path": src.as_posix(), "sha256": sha256_file(src),
-                                      "bytes": src.stat().st_size, "rows": 12}]
+    assert m1["source"]["files"] == [
+        {"path": src.as_posix(), "sha256": sha256_file(src), "bytes": src.stat().st_size, "rows": 12}
+    ]
     assert m1["rows"] == {src.as_posix(): 12}
     rows = read_rows(tmp_path / "raw1")
     # raw lines without their line ending; blank lines stored as "" (Hugging Face's WikiText rows)
@@ -89,7 +100,9 @@ def test_local_wikitext_file_rows_manifest_and_identical_reruns(tmp_path):
         assert sha256_file(tmp_path / "raw1" / name) == sha256_file(tmp_path / "raw2" / name)
     assert m1["parts"][0]["sha256"] == sha256_file(tmp_path / "raw1" / "part-00000.parquet")
     assert m2 == m1
-    assert pq.ParquetFile(tmp_path / "raw1" / "part-00000.parquet").metadata.row_group(0).column(0).compression == "ZSTD"
+    assert (
+        pq.ParquetFile(tmp_path / "raw1" / "part-00000.parquet").metadata.row_group(0).column(0).compression == "ZSTD"
+    )
 
 
 def test_local_directory_recursive_sorted_hidden_and_unsupported_skipped(tmp_path):
@@ -128,13 +141,17 @@ def test_local_glob(tmp_path):
 
 
 def test_documents_parquet_jsonl_and_blank_line_txt(tmp_path):
-    pq.write_table(pa.table({"review": ["Great film.<br /><br />Loved it.", None, "Bad."], "label": [1, 0, 0]}),
-                   tmp_path / "imdb.parquet")
+    pq.write_table(
+        pa.table({"review": ["Great film.<br /><br />Loved it.", None, "Bad."], "label": [1, 0, 0]}),
+        tmp_path / "imdb.parquet",
+    )
     m = download_corpus(local(tmp_path / "imdb.parquet", text_column="review"), tmp_path / "raw_pq", progress=False)
     assert m["format"] == "documents"
     assert [t for t, _ in read_rows(tmp_path / "raw_pq")] == ["Great film.<br /><br />Loved it.", "", "Bad."]
 
-    (tmp_path / "docs.jsonl").write_text('{"text": "first doc", "id": 1}\n\n{"text": "second\\ndoc"}\n', encoding="utf-8")
+    (tmp_path / "docs.jsonl").write_text(
+        '{"text": "first doc", "id": 1}\n\n{"text": "second\\ndoc"}\n', encoding="utf-8"
+    )
     download_corpus(local(tmp_path / "docs.jsonl"), tmp_path / "raw_jl", progress=False)
     assert [t for t, _ in read_rows(tmp_path / "raw_jl")] == ["first doc", "second\ndoc"]
 
@@ -144,12 +161,15 @@ def test_documents_parquet_jsonl_and_blank_line_txt(tmp_path):
     assert [t for t, _ in read_rows(tmp_path / "raw_txt")] == ["Para one line one\nline two", "Para two"]
 
 
-@pytest.mark.parametrize("name, content, expected", [
-    ("wiki_00", WIKIEXTRACTOR, "wikiextractor"),
-    ("corpus.txt", WIKITEXT, "wikitext"),
-    ("wiki.valid.raw", "plain words without headings\n", "wikitext"),   # .raw is WikiText's own extension
-    ("notes.txt", "Just some text.\n\nAnother document.\n", "documents"),
-])
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        ("wiki_00", WIKIEXTRACTOR, "wikiextractor"),
+        ("corpus.txt", WIKITEXT, "wikitext"),
+        ("wiki.valid.raw", "plain words without headings\n", "wikitext"),  # .raw is WikiText's own extension
+        ("notes.txt", "Just some text.\n\nAnother document.\n", "documents"),
+    ],
+)
 def test_auto_format_detection(tmp_path, name, content, expected):
     (tmp_path / name).write_text(content, encoding="utf-8")
     assert download_corpus(local(tmp_path / name), tmp_path / "raw", progress=False)["format"] == expected
@@ -160,7 +180,12 @@ def test_auto_detects_wikitext_rows_in_parquet(tmp_path):
     pq.write_table(pa.table({"text": rows}), tmp_path / "test-00000-of-00001.parquet")
     m = download_corpus(local(tmp_path), tmp_path / "raw", progress=False)
     assert m["format"] == "wikitext"
-    assert [t for t, _ in read_rows(tmp_path / "raw")] == ["", " = Valkyria Chronicles III = ", "", " Senjō no Valkyria 3 . "]
+    assert [t for t, _ in read_rows(tmp_path / "raw")] == [
+        "",
+        " = Valkyria Chronicles III = ",
+        "",
+        " Senjō no Valkyria 3 . ",
+    ]
 
 
 def test_explicit_format_overrides_detection_and_is_checked(tmp_path):
@@ -260,7 +285,9 @@ def test_bad_params(tmp_path):
         download_corpus({"source": "ftp"}, tmp_path / "raw", progress=False)
     with pytest.raises(BertraceError, match=r"download\.local\.format = 'xml': input should be 'auto', 'wikitext'"):
         download_corpus(local(tmp_path, fmt="xml"), tmp_path / "raw", progress=False)
-    with pytest.raises(BertraceError, match=r"download\.local\.pth: unknown key; valid keys: format, path, text_column"):
+    with pytest.raises(
+        BertraceError, match=r"download\.local\.pth: unknown key; valid keys: format, path, text_column"
+    ):
         download_corpus({"source": "local", "local": {"pth": "x"}}, tmp_path / "raw", progress=False)
 
 
@@ -280,7 +307,9 @@ def write_mirror_yaml(tmp_path: Path) -> Path:
         "    test: ../copies/wiki.test.raw\n"
         "stanfordnlp/imdb:\n"
         "  plain_text:\n"
-        "    test: ../copies/wiki.test.raw\n", encoding="utf-8")
+        "    test: ../copies/wiki.test.raw\n",
+        encoding="utf-8",
+    )
     return index
 
 
@@ -294,17 +323,23 @@ def test_resolve_mirror_yaml_paths_relative_to_index(tmp_path, caplog):
 
 def test_resolve_mirror_yaml_errors(tmp_path):
     index = write_mirror_yaml(tmp_path)
-    with pytest.raises(BertraceError, match=r"no entry for dataset 'glue' \(it has: \['Salesforce/wikitext', 'stanfordnlp/imdb'\]\)"):
+    with pytest.raises(
+        BertraceError, match=r"no entry for dataset 'glue' \(it has: \['Salesforce/wikitext', 'stanfordnlp/imdb'\]\)"
+    ):
         resolve_mirror(index, "glue", "sst2", ["train"])
     with pytest.raises(BertraceError, match=r"has no config 'wikitext-103-raw-v1' \(it has: \['wikitext-2-raw-v1'\]\)"):
         resolve_mirror(index, "Salesforce/wikitext", "wikitext-103-raw-v1", ["train"])
-    with pytest.raises(BertraceError, match=r"none of the requested splits \['validation'\].*it has: \['test', 'train'\]"):
+    with pytest.raises(
+        BertraceError, match=r"none of the requested splits \['validation'\].*it has: \['test', 'train'\]"
+    ):
         resolve_mirror(index, "Salesforce/wikitext", "wikitext-2-raw-v1", ["validation"])
     with pytest.raises(BertraceError, match=r"not found"):
         resolve_mirror(tmp_path / "absent.yaml", "Salesforce/wikitext", "wikitext-2-raw-v1", ["test"])
     broken = tmp_path / "mirrors" / "broken.yaml"
     broken.write_text("Salesforce/wikitext:\n  wikitext-2-raw-v1:\n    test: ../copies/gone.raw\n", encoding="utf-8")
-    with pytest.raises(BertraceError, match=r"broken\.yaml: Salesforce/wikitext/wikitext-2-raw-v1/test points at .*gone\.raw"):
+    with pytest.raises(
+        BertraceError, match=r"broken\.yaml: Salesforce/wikitext/wikitext-2-raw-v1/test points at .*gone\.raw"
+    ):
         resolve_mirror(broken, "Salesforce/wikitext", "wikitext-2-raw-v1", ["test"])
 
 
@@ -313,9 +348,14 @@ def test_resolve_mirror_directory_layout(tmp_path):
     folder.mkdir(parents=True)
     for name in ("wiki.train.raw", "wiki.valid.raw", "test.parquet", ".wiki.test.raw.swp", "README.md"):
         (folder / name).write_text("x", encoding="utf-8")
-    found = resolve_mirror(tmp_path / "hub", "Salesforce/wikitext", "wikitext-2-raw-v1", ["train", "validation", "test"])
-    assert {s: p.name for s, p in found.items()} == {"train": "wiki.train.raw", "validation": "wiki.valid.raw",
-                                                      "test": "test.parquet"}
+    found = resolve_mirror(
+        tmp_path / "hub", "Salesforce/wikitext", "wikitext-2-raw-v1", ["train", "validation", "test"]
+    )
+    assert {s: p.name for s, p in found.items()} == {
+        "train": "wiki.train.raw",
+        "validation": "wiki.valid.raw",
+        "test": "test.parquet",
+    }
     # a dataset without configs: <mirror>/<dataset>/<split>.<ext>
     (tmp_path / "hub" / "imdb").mkdir()
     (tmp_path / "hub" / "imdb" / "train.jsonl").write_text("{}", encoding="utf-8")
@@ -341,7 +381,8 @@ def test_hub_source_through_mirror_records_missing_splits(tmp_path, caplog):
     assert m["rows"] == {"train": 12, "test": 12} and m["total_rows"] == 24
     assert [(f["split"], f["sha256"]) for f in m["source"]["files"]] == [
         ("train", sha256_file(tmp_path / "copies" / "wiki.train.raw")),
-        ("test", sha256_file(tmp_path / "copies" / "wiki.test.raw"))]
+        ("test", sha256_file(tmp_path / "copies" / "wiki.test.raw")),
+    ]
     assert {s for _, s in read_rows(tmp_path / "raw")} == {"train", "test"}  # source = hub split name
 
 
@@ -378,10 +419,21 @@ def test_hub_unreachable_error_explains_local_and_mirror_options(tmp_path):
         "except BertraceError as e:\n"
         "    print(e); sys.exit(2)\n"
     )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
-           "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "raw")], capture_output=True, text=True,
-                       env=env, cwd=tmp_path, timeout=120)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "PYTHONPATH": str(REPO),
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "raw")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr
     msg = r.stdout
     assert "cannot reach the Hugging Face hub for dataset 'Salesforce/wikitext'" in msg
@@ -417,10 +469,16 @@ def test_hub_loading_path_with_a_local_dataset_folder(tmp_path):
         "    except BertraceError as e:\n"
         "        print(e)\n"
     )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
-           "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True, text=True, env=env,
-                       cwd=tmp_path, timeout=120)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "PYTHONPATH": str(REPO),
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", script, str(folder)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
     assert out[0] == "['', ' = T = ', '', ' body . ']"

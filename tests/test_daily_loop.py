@@ -35,7 +35,17 @@ WIDTH = 160
 # --only-changed: the params and metrics that differ between the rows; --drop: the creation time and
 # the deps' hashes (every dep is a path with a "/"; params and metrics keys have none); --keep: the
 # dev / test metrics even when they are equal.
-EXP_SHOW = ["dvc", "exp", "show", "--no-pager", "--only-changed", "--drop", "Created|Executor|.*/", "--keep", "dev_|test_"]
+EXP_SHOW = [
+    "dvc",
+    "exp",
+    "show",
+    "--no-pager",
+    "--only-changed",
+    "--drop",
+    "Created|Executor|.*/",
+    "--keep",
+    "dev_|test_",
+]
 
 
 def _git(root: Path, *args: str) -> str:
@@ -87,8 +97,10 @@ def test_mirror_paths_resolve_from_the_original_repo_in_a_dvc_temp_workspace(tmp
     monkeypatch.chdir(repo)  # a plain `dvc repro`: DVC_ROOT is the working directory, nothing moves
     monkeypatch.setenv("DVC_ROOT", str(repo))
     assert repo_path("../shared/data/sst2/dev.tsv") == Path("../shared/data/sst2/dev.tsv")
-    assert resolve_mirror_entries("mirrors/m.yaml", "nyu-mll/glue", "sst2", ["validation"])["validation"][0].resolve() \
+    assert (
+        resolve_mirror_entries("mirrors/m.yaml", "nyu-mll/glue", "sst2", ["validation"])["validation"][0].resolve()
         == dev.resolve()
+    )
 
 
 def test_mlflow_store_of_a_temp_workspace_is_the_original_repos(tmp_path, monkeypatch):
@@ -111,11 +123,15 @@ def test_git_state_and_trace_of_a_dvc_experiment(tmp_path, monkeypatch):
     from pipeline.provenance import git_state
     from pipeline.trace import format_tree
 
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"finetune": {"lr": 0.001, "epochs": 3}, "clean": {"seed": 1}}))
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump({"finetune": {"lr": 0.001, "epochs": 3}, "clean": {"seed": 1}})
+    )
     (tmp_path / ".gitignore").write_text(Path(REPO / ".gitignore").read_text())
     _git_repo(tmp_path)
     base = _git(tmp_path, "rev-parse", "HEAD").strip()
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"finetune": {"lr": 0.0005, "epochs": 3}, "clean": {"seed": 1}}))
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump({"finetune": {"lr": 0.0005, "epochs": 3}, "clean": {"seed": 1}})
+    )
     (tmp_path / "dvc_plots").mkdir()  # `dvc plots show` output: ignored, never "dirty"
     (tmp_path / "dvc_plots" / "index.html").write_text("<html/>")
     monkeypatch.delenv("DVC_EXP_NAME", raising=False)
@@ -128,14 +144,35 @@ def test_git_state_and_trace_of_a_dvc_experiment(tmp_path, monkeypatch):
     state = git_state(tmp_path)
     assert state["dirty"] is False and state["dirty_paths"] == []
     exp = state["experiment"]
-    assert exp == {"name": "lean-pita", "baseline_rev": base, "ref": f"refs/exps/{base[:2]}/{base[2:]}/lean-pita",
-                   "params_diff": {"finetune.lr": [0.001, 0.0005]}, "changed_paths": ["params.yaml"]}
+    assert exp == {
+        "name": "lean-pita",
+        "baseline_rev": base,
+        "ref": f"refs/exps/{base[:2]}/{base[2:]}/lean-pita",
+        "params_diff": {"finetune.lr": [0.001, 0.0005]},
+        "changed_paths": ["params.yaml"],
+    }
 
     record = {"stage": "finetune", "git": state, "params_hash": "p" * 64, "finished": "2026-01-01T00:00:00+00:00"}
-    lin = {"target": "data/finetune/model.pt", "kind": "checkpoint", "target_sha256": "a" * 64, "checks": [],
-           "chain": [{"stage": "finetune", "git_commit": base, "git_dirty": False, "dirty_paths": [],
-                      "experiment": exp, "params_hash": "p" * 64, "finished": record["finished"], "inputs": {},
-                      "outputs": {}, "dvc_outs": {}}]}
+    lin = {
+        "target": "data/finetune/model.pt",
+        "kind": "checkpoint",
+        "target_sha256": "a" * 64,
+        "checks": [],
+        "chain": [
+            {
+                "stage": "finetune",
+                "git_commit": base,
+                "git_dirty": False,
+                "dirty_paths": [],
+                "experiment": exp,
+                "params_hash": "p" * 64,
+                "finished": record["finished"],
+                "inputs": {},
+                "outputs": {},
+                "dvc_outs": {},
+            }
+        ],
+    }
     text = format_tree(lin)
     assert f"DVC experiment lean-pita (baseline {base[:10]}): finetune.lr 0.001 -> 0.0005" in text
     assert "(dirty)" not in text and "uncommitted" not in text
@@ -154,15 +191,18 @@ def test_collapsed_predictions_warn_in_the_report_and_mark_the_scorecard_row():
     one_class = np.tile([2.0, -1.0], (100, 1))  # always "negative"
     results = {"validation": evaluate_logits(one_class, labels, ["negative", "positive"])}
     warnings = collapse_warnings(results)
-    assert warnings == ["validation: every prediction is 'negative' (predictions collapsed to one class; "
-                        "accuracy 55.0 %, macro F1 35.5 %)"]
+    assert warnings == [
+        "validation: every prediction is 'negative' (predictions collapsed to one class; "
+        "accuracy 55.0 %, macro F1 35.5 %)"
+    ]
     # not collapsed, but no better than the majority class (55 %): 55.5 % is within 1 point
     near = np.where(np.arange(100)[:, None] < 99, one_class, one_class[:, ::-1])
     near[-1] = [-1.0, 2.0]  # one "positive" prediction, on a positive example
     res = {"test": evaluate_logits(near, labels, ["negative", "positive"])}
     assert res["test"]["accuracy"] == pytest.approx(0.56)
-    assert collapse_warnings(res) == ["test: accuracy 56.0 % is within 1 point of always predicting the majority "
-                                      "class (55.0 %)"]
+    assert collapse_warnings(res) == [
+        "test: accuracy 56.0 % is within 1 point of always predicting the majority class (55.0 %)"
+    ]
     good = np.where(labels[:, None] == 0, one_class, one_class[:, ::-1])
     assert collapse_warnings({"validation": evaluate_logits(good, labels, ["negative", "positive"])}) == []
 
@@ -184,11 +224,28 @@ def test_metrics_summaries_hold_the_few_numbers_a_user_compares():
     from pipeline.evaluate import metrics_summary
     from stages.pretrain import metrics_summary as pretrain_summary
 
-    details = {"tokens_seen": 1000, "val_loss": 6.8, "val_mlm_acc": 0.15, "val_nsp_acc": 0.76, "val_mlm_loss": 6.3,
-               "tokens_per_s": 19535.2, "step": 10, "lr": 1e-4, "model_sha256": "x" * 64}
-    assert pretrain_summary(details) == {"tokens": 1000, "val_loss": 6.8, "mlm_acc": 0.15, "nsp_acc": 0.76,
-                                         "tok_per_s": 19535.2}
-    results = {"validation": {"accuracy": 0.83, "macro_f1": 0.82, "n": 872}, "test": {"accuracy": 0.81, "macro_f1": 0.8}}
+    details = {
+        "tokens_seen": 1000,
+        "val_loss": 6.8,
+        "val_mlm_acc": 0.15,
+        "val_nsp_acc": 0.76,
+        "val_mlm_loss": 6.3,
+        "tokens_per_s": 19535.2,
+        "step": 10,
+        "lr": 1e-4,
+        "model_sha256": "x" * 64,
+    }
+    assert pretrain_summary(details) == {
+        "tokens": 1000,
+        "val_loss": 6.8,
+        "mlm_acc": 0.15,
+        "nsp_acc": 0.76,
+        "tok_per_s": 19535.2,
+    }
+    results = {
+        "validation": {"accuracy": 0.83, "macro_f1": 0.82, "n": 872},
+        "test": {"accuracy": 0.81, "macro_f1": 0.8},
+    }
     assert metrics_summary(results) == {"dev_f1": 0.82, "test_acc": 0.81, "test_f1": 0.8}
 
 
@@ -214,13 +271,23 @@ def test_one_parent_run_per_pipeline_run_with_stage_runs_nested_and_reused_stage
     from pipeline import tracking
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
-        "a": {"cmd": "a", "outs": ["data/a.txt"], "metrics": [{"metrics/a.json": {"cache": False}}]},
-        "b": {"cmd": "b", "deps": ["data/a.txt"], "metrics": [{"metrics/b.json": {"cache": False}}]}}}))
+    (tmp_path / "dvc.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "stages": {
+                    "a": {"cmd": "a", "outs": ["data/a.txt"], "metrics": [{"metrics/a.json": {"cache": False}}]},
+                    "b": {"cmd": "b", "deps": ["data/a.txt"], "metrics": [{"metrics/b.json": {"cache": False}}]},
+                }
+            }
+        )
+    )
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.txt").write_text("a")
-    (tmp_path / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": {
-        "a": {"cmd": "a", "outs": [{"path": "data/a.txt", "md5": "0" * 32}]}}}))
+    (tmp_path / "dvc.lock").write_text(
+        yaml.safe_dump(
+            {"schema": "2.0", "stages": {"a": {"cmd": "a", "outs": [{"path": "data/a.txt", "md5": "0" * 32}]}}}
+        )
+    )
     # pipeline run 1: both stages; pipeline run 2: DVC skipped `a` (its outputs are from run 1)
     a1 = _stage("a", "pipe-1", {"rows": 10}, monkeypatch)
     b1 = _stage("b", "pipe-1", {"dev_acc": 0.5}, monkeypatch)
@@ -228,8 +295,10 @@ def test_one_parent_run_per_pipeline_run_with_stage_runs_nested_and_reused_stage
 
     client = mlflow.MlflowClient()
     exp = client.get_experiment_by_name("bertrace").experiment_id
-    parents = {r.data.tags[tracking.PIPELINE_TAG]: r for r in client.search_runs(
-        [exp], filter_string=f"tags.`{tracking.KIND_TAG}` = 'pipeline'")}
+    parents = {
+        r.data.tags[tracking.PIPELINE_TAG]: r
+        for r in client.search_runs([exp], filter_string=f"tags.`{tracking.KIND_TAG}` = 'pipeline'")
+    }
     assert set(parents) == {"pipe-1", "pipe-2"}
     p1, p2 = parents["pipe-1"], parents["pipe-2"]
     for rid, parent in ((a1, p1), (b1, p1), (b2, p2)):
@@ -277,8 +346,11 @@ def test_data_docs_page_of_a_corrupted_shard_shows_the_failing_expectation_and_i
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", failing[0].read_text(encoding="utf-8")))
     assert "Status: Failed" in text
     # the failing expectation (column max_token_id, "all input ids" in range) and the sampled bad value
-    assert re.search(rf"max_token_id Status Expectation Observed Value all input ids 1 unexpected values found\. "
-                     rf".* Unexpected Value Count {VOCAB + 5} 1", text), text[:3000]
+    assert re.search(
+        rf"max_token_id Status Expectation Observed Value all input ids 1 unexpected values found\. "
+        rf".* Unexpected Value Count {VOCAB + 5} 1",
+        text,
+    ), text[:3000]
     # passing shards add no page of their own: failures plus one page per suite
     assert len(pages) == len({p.parts[-4] for p in pages}) + 1
     assert "shard-00000.parquet" in index.read_text(encoding="utf-8")
@@ -355,8 +427,9 @@ def test_metrics_show_and_exp_show_fit_160_columns(repo):
     import mlflow
 
     client = mlflow.MlflowClient(f"sqlite:///{root}/mlflow.db")
-    (validate,) = client.search_runs([client.get_experiment_by_name("bertrace").experiment_id],
-                                     filter_string="tags.`bertrace.stage` = 'validate'")
+    (validate,) = client.search_runs(
+        [client.get_experiment_by_name("bertrace").experiment_id], filter_string="tags.`bertrace.stage` = 'validate'"
+    )
     assert "data_docs/index.html" in {a.path for a in client.list_artifacts(validate.info.run_id, "data_docs")}
 
     table = _run(EXP_SHOW, root, env).stdout
@@ -390,7 +463,9 @@ def test_queued_sweep_runs_in_temp_workspaces_and_compares_in_exp_show(repo):
             break
         time.sleep(3)
     _run(["dvc", "queue", "stop"], root, env, check=False)
-    assert "Failed" not in status, status + "\n" + _run(["dvc", "queue", "logs", "lr-high"], root, env, check=False).stdout
+    assert "Failed" not in status, (
+        status + "\n" + _run(["dvc", "queue", "logs", "lr-high"], root, env, check=False).stdout
+    )
 
     rows = list(csv.DictReader(io.StringIO(_run(["dvc", "exp", "show", "--csv"], root, env).stdout)))
     by_name = {r["Experiment"]: r for r in rows if r["Experiment"] in ("lr-low", "lr-high")}
@@ -405,20 +480,26 @@ def test_queued_sweep_runs_in_temp_workspaces_and_compares_in_exp_show(repo):
 
     client = mlflow.MlflowClient(f"sqlite:///{root}/mlflow.db")  # the repo's store, not the temp copies'
     exp = client.get_experiment_by_name("bertrace").experiment_id
-    parents = client.search_runs([exp], filter_string="tags.`bertrace.dvc_experiment` = 'lr-high' and "
-                                                      "tags.`bertrace.run_kind` = 'pipeline'")
+    parents = client.search_runs(
+        [exp], filter_string="tags.`bertrace.dvc_experiment` = 'lr-high' and tags.`bertrace.run_kind` = 'pipeline'"
+    )
     assert len(parents) == 1
     parent = parents[0]
     stages = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert sorted(r.data.tags["bertrace.stage"] for r in stages) == ["evaluate", "finetune"]
-    assert {"bertrace.reused.pretrain", "bertrace.reused.tokenizer", "bertrace.reused.examples"} <= set(parent.data.tags)
+    assert {"bertrace.reused.pretrain", "bertrace.reused.tokenizer", "bertrace.reused.examples"} <= set(
+        parent.data.tags
+    )
     assert parent.data.params["finetune.lr"] == "0.003" and "finetune.dev_acc" in parent.data.metrics
     assert parent.data.metrics["pretrain.mlm_acc"] == pytest.approx(float(high["mlm_acc"]))  # a reused stage's numbers
     # the learning rate shows in training (the tiny model's dev predictions may well be one class in both)
     losses = {}
     for name in ("lr-low", "lr-high"):
-        (run,) = client.search_runs([exp], filter_string=f"tags.`bertrace.dvc_experiment` = '{name}' and "
-                                                         "tags.`bertrace.stage` = 'finetune' and tags.`bertrace.run_kind` = 'stage'")
+        (run,) = client.search_runs(
+            [exp],
+            filter_string=f"tags.`bertrace.dvc_experiment` = '{name}' and "
+            "tags.`bertrace.stage` = 'finetune' and tags.`bertrace.run_kind` = 'stage'",
+        )
         losses[name] = run.data.metrics["per_seed.0.train_loss"]
     assert losses["lr-low"] != losses["lr-high"], losses
 

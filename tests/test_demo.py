@@ -41,8 +41,9 @@ def _has(module: str) -> bool:
 
 def chromium() -> tuple[str | None, str | None]:
     """(browser, chromedriver) paths of Debian's chromium / chromium-driver, or Nones."""
-    browser = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
-                   None)
+    browser = next(
+        (shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None
+    )
     return browser, shutil.which("chromedriver")
 
 
@@ -70,8 +71,14 @@ def free_port() -> int:
 def start_demo(model: Path, port: int, cwd: Path, timeout: float = 120.0) -> subprocess.Popen:
     """``bertrace demo --model MODEL --port PORT`` in a subprocess, once the page answers."""
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "demo", "--model", str(model), "--port", str(port)],
-                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stages.cli", "demo", "--model", str(model), "--port", str(port)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -103,8 +110,14 @@ def open_browser(width: int = 1280, height: int = 820):
     browser, driver = chromium()
     opts = webdriver.ChromeOptions()
     opts.binary_location = browser
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                f"--window-size={width},{height}", "--hide-scrollbars"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--window-size={width},{height}",
+        "--hide-scrollbars",
+    ):
         opts.add_argument(arg)
     return webdriver.Chrome(options=opts, service=Service(executable_path=driver))
 
@@ -164,8 +177,13 @@ def test_outputs_match_the_classifier_and_trace_summary_names_the_chain(model_pt
 def test_a_sentence_pair_model_gets_two_text_boxes(tmp_path):
     from pipeline import demo
 
-    m = demo.load_model(make_finetuned(tmp_path / "pair", text_columns=("sentence1", "sentence2"),
-                                       label_names=("entailment", "neutral", "contradiction")))
+    m = demo.load_model(
+        make_finetuned(
+            tmp_path / "pair",
+            text_columns=("sentence1", "sentence2"),
+            label_names=("entailment", "neutral", "contradiction"),
+        )
+    )
     probs = demo.classify(m, "a man is playing", "nobody plays")
     assert list(probs) == ["entailment", "neutral", "contradiction"]
     assert sum(probs.values()) == pytest.approx(1.0, abs=1e-9)
@@ -203,9 +221,18 @@ def test_without_gradio_the_command_says_how_to_install(model_pt, monkeypatch, c
 
     with pytest.raises(BertraceError, match=r"pip install -e '\.\[demo\]'"):
         demo_stage.main(["--model", str(model_pt)])
-    out = subprocess.run([sys.executable, "-c", "import sys; sys.modules['gradio'] = None; "
-                          "from stages.cli import main; main(['demo', '--model', sys.argv[1]])", str(model_pt)],
-                         cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.modules['gradio'] = None; "
+            "from stages.cli import main; main(['demo', '--model', sys.argv[1]])",
+            str(model_pt),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2 and "pip install -e '.[demo]'" in out.stderr
 
 
@@ -222,10 +249,19 @@ def _save_head(out_dir: Path, head, label_names: list[str], task_type: str, num_
     config = tiny_config(Tokenizer.from_file(str(tok)).get_vocab_size())
     torch.manual_seed(0)
     model = head(config, num_labels)
-    return save_finetuned(out_dir / "model.pt", state_dict=model.state_dict(), model_config=config.to_dict(),
-                          label_names=label_names, num_labels=num_labels,
-                          task={"type": task_type, "text_columns": ["sentence"], "max_len": 32, "truncation": "head"},
-                          tokenizer_sha256=sha256_file(tok), mode="full", seed=0, metrics={}, provenance=fake_chain())
+    return save_finetuned(
+        out_dir / "model.pt",
+        state_dict=model.state_dict(),
+        model_config=config.to_dict(),
+        label_names=label_names,
+        num_labels=num_labels,
+        task={"type": task_type, "text_columns": ["sentence"], "max_len": 32, "truncation": "head"},
+        tokenizer_sha256=sha256_file(tok),
+        mode="full",
+        seed=0,
+        metrics={},
+        provenance=fake_chain(),
+    )
 
 
 def test_each_kind_of_model_gets_its_output(tmp_path):
@@ -246,8 +282,9 @@ def test_each_kind_of_model_gets_its_output(tmp_path):
         BertForTokenClassification = None
     if BertForTokenClassification is not None:
         labels = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
-        ner = demo.load_model(_save_head(tmp_path / "ner", BertForTokenClassification, labels,
-                                         "token_classification", len(labels)))
+        ner = demo.load_model(
+            _save_head(tmp_path / "ner", BertForTokenClassification, labels, "token_classification", len(labels))
+        )
         assert ner.kind == "token_classification"
         value = demo.tag(ner, "alice moved to paris")
         assert value["text"] == "alice moved to paris"
@@ -267,8 +304,10 @@ def test_each_kind_of_model_gets_its_output(tmp_path):
         tok = train_tiny_tokenizer(tmp_path / "lm" / "tokenizer.json")
         config = tiny_config(Tokenizer.from_file(str(tok)).get_vocab_size())
         torch.manual_seed(0)
-        torch.save({"model": GPT(config).state_dict(), "model_config": config.to_dict(),
-                    "tokenizer_sha256": sha256_file(tok)}, tmp_path / "lm" / "best.pt")
+        torch.save(
+            {"model": GPT(config).state_dict(), "model_config": config.to_dict(), "tokenizer_sha256": sha256_file(tok)},
+            tmp_path / "lm" / "best.pt",
+        )
         lm = demo.load_model(tmp_path / "lm" / "best.pt")
         assert lm.kind == "causal_lm"
         texts = list(demo.stream(lm, "the film", max_new_tokens=8, temperature=1.0, seed=3))

@@ -101,7 +101,8 @@ def test_code_deps_equal_the_import_closure(stage):
         f"dvc.yaml stage {stage!r} (python -m {module}): "
         + (f"imports but does not list {missing}; " if missing else "")
         + (f"lists but never imports {extra}; " if extra else "")
-        + "update its deps (python tests/test_dvc_deps.py --write)")
+        + "update its deps (python tests/test_dvc_deps.py --write)"
+    )
 
 
 def test_closure_follows_lazy_and_package_imports(tmp_path, monkeypatch):
@@ -117,19 +118,35 @@ def test_closure_follows_lazy_and_package_imports(tmp_path, monkeypatch):
     (tmp_path / "pipeline" / "c.py").write_text("X = 1\n")
     (tmp_path / "pipeline" / "unused.py").write_text("")
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
-    assert closure("stages.s") == {"stages/__init__.py", "stages/s.py", "pipeline/__init__.py", "pipeline/a.py",
-                                   "pipeline/b.py", "pipeline/c.py"}
+    assert closure("stages.s") == {
+        "stages/__init__.py",
+        "stages/s.py",
+        "pipeline/__init__.py",
+        "pipeline/a.py",
+        "pipeline/b.py",
+        "pipeline/c.py",
+    }
 
 
 def test_pipeline_modules_of_no_stage_are_the_tools_ones():
     """Modules no stage imports are the CLI/export/bench side; a new module lands in a stage or here."""
     used = set().union(*(closure(m) for m in stage_modules().values()))
-    unused = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "pipeline").rglob("*.py")
-                    if p.relative_to(REPO).as_posix() not in used)
-    assert unused == ["pipeline/demo.py", "pipeline/export.py", "pipeline/export_gpt.py", "pipeline/export_writer.py",
-                      "pipeline/generate.py",
-                      "pipeline/hf_gpt.py", "pipeline/learning_curve.py", "pipeline/profiles.py",
-                      "pipeline/trace.py"], unused
+    unused = sorted(
+        p.relative_to(REPO).as_posix()
+        for p in (REPO / "pipeline").rglob("*.py")
+        if p.relative_to(REPO).as_posix() not in used
+    )
+    assert unused == [
+        "pipeline/demo.py",
+        "pipeline/export.py",
+        "pipeline/export_gpt.py",
+        "pipeline/export_writer.py",
+        "pipeline/generate.py",
+        "pipeline/hf_gpt.py",
+        "pipeline/learning_curve.py",
+        "pipeline/profiles.py",
+        "pipeline/trace.py",
+    ], unused
 
 
 def write_code_deps(dvc_yaml: Path) -> None:

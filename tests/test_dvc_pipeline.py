@@ -129,8 +129,11 @@ def _copy_other_deps(root: Path) -> None:
     from pipeline.provenance import dvc_paths, dvc_stages
 
     stages = dvc_stages(REPO)
-    outs = {o for spec in stages.values()
-            for o in dvc_paths((spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or []))}
+    outs = {
+        o
+        for spec in stages.values()
+        for o in dvc_paths((spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or []))
+    }
     for spec in stages.values():
         for dep in dvc_paths(spec.get("deps")):
             src, dst = REPO / dep, root / dep
@@ -149,8 +152,18 @@ def _tiny_pretrain(p: dict) -> dict:
     """Shrink the pre-training stage so the end-to-end run stays fast on 2 cores."""
     p = dict(p)
     p["model"] = {"preset": "tiny", "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
-    p.update(max_steps=6, epochs=None, time_minutes=None, batch_size=8, eval_every=3, eval_batches=2,
-             log_every=1, checkpoint_every=3, checkpoint_minutes=None, num_threads=1)  # two test workers share the cores
+    p.update(
+        max_steps=6,
+        epochs=None,
+        time_minutes=None,
+        batch_size=8,
+        eval_every=3,
+        eval_batches=2,
+        log_every=1,
+        checkpoint_every=3,
+        checkpoint_minutes=None,
+        num_threads=1,
+    )  # two test workers share the cores
     return p
 
 
@@ -167,7 +180,13 @@ def test_first_repro_runs_every_stage_and_writes_outputs(repo):
     assert _ran(out) == set(_stages(root)), out
     assert set(VARIANTS) <= _ran(out)
     assert (root / "data/clean/train.txt").stat().st_size > 0
-    assert (root / "data/tokenizer/vocab.txt").read_text().splitlines()[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert (root / "data/tokenizer/vocab.txt").read_text().splitlines()[:5] == [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+    ]
     manifest = yaml.safe_load((root / "data/examples/manifest.json").read_text())
     assert manifest["splits"]["train"]["rows"] > 0 and manifest["splits"]["valid"]["rows"] > 0
     assert (root / "metrics/validate.json").exists()
@@ -185,8 +204,10 @@ def test_provenance_chains_back_to_the_source(repo):
     assert examples["inputs"]["data/clean/train.txt"] == clean["outputs"]["data/clean/train.txt"]
     assert examples["upstream"]["tokenizer"]["upstream"]["clean"]["upstream"]["download"]["stage"] == "download"
     download = examples["upstream"]["clean"]["upstream"]["download"]
-    assert download["inputs"]["data/sources/wiki.raw"] == __import__("hashlib").sha256(
-        (root / "data/sources/wiki.raw").read_bytes()).hexdigest()
+    assert (
+        download["inputs"]["data/sources/wiki.raw"]
+        == __import__("hashlib").sha256((root / "data/sources/wiki.raw").read_bytes()).hexdigest()
+    )
     head = _run(["git", "rev-parse", "HEAD"], root).stdout.strip()
     assert json.loads((root / "runs/examples.json").read_text())["git"]["commit"] == head
     assert "git" not in examples and "started" not in examples  # run fields live in the run log
@@ -241,20 +262,33 @@ def test_every_run_carries_the_chain_ids(repo):
     exp = client.get_experiment_by_name("bertrace").experiment_id
     tok = json.loads((root / "data/provenance/tokenizer.json").read_text())["outputs"]["data/tokenizer/tokenizer.json"]
     best = json.loads((root / "data/provenance/pretrain.json").read_text())["outputs"]["data/pretrain/best.pt"]
-    examples = json.loads((root / "data/provenance/examples.json").read_text())["outputs"]["data/examples/manifest.json"]
+    examples = json.loads((root / "data/provenance/examples.json").read_text())["outputs"][
+        "data/examples/manifest.json"
+    ]
 
     def stages(filter_string):
         runs = client.search_runs([exp], filter_string=filter_string, max_results=100)
-        return sorted(r.data.tags["bertrace.stage"] + ("/seed" if "bertrace.seed" in r.data.tags else "")
-                      for r in runs)
+        return sorted(r.data.tags["bertrace.stage"] + ("/seed" if "bertrace.seed" in r.data.tags else "") for r in runs)
 
     variants = sorted(VARIANTS + [f"{v}/seed" for v in VARIANTS])
     downstream = ["evaluate", "examples", "finetune", "finetune/seed", *variants, "pretrain", "tokenizer", "validate"]
     assert stages(f"tags.`bertrace.chain.tokenizer_sha256` = '{tok}'") == downstream
     assert stages(f"tags.`bertrace.chain.examples_sha256` = '{examples}'") == [
-        "evaluate", "examples", "finetune", "finetune/seed", *variants, "pretrain", "validate"]
+        "evaluate",
+        "examples",
+        "finetune",
+        "finetune/seed",
+        *variants,
+        "pretrain",
+        "validate",
+    ]
     assert stages(f"tags.`bertrace.chain.pretrain_checkpoint_sha256` = '{best}'") == [
-        "evaluate", "finetune", "finetune/seed", *variants, "pretrain"]
+        "evaluate",
+        "finetune",
+        "finetune/seed",
+        *variants,
+        "pretrain",
+    ]
     assert stages("tags.`bertrace.git_dirty` = 'True'") == []  # committed tree: clean
 
 
@@ -288,16 +322,29 @@ def test_trace_verifies_the_pipeline_checkpoint_from_disk_mlflow_and_export(repo
         assert "0 changed, 0 not present" in out
 
     # a Hugging Face export made outside the repo
-    _run([sys.executable, "-m", "stages.cli", "export", "--hf", str(tmp_path / "hf"), "--checkpoint",
-          "data/finetune/model.pt"], root, env)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "stages.cli",
+            "export",
+            "--hf",
+            str(tmp_path / "hf"),
+            "--checkpoint",
+            "data/finetune/model.pt",
+        ],
+        root,
+        env,
+    )
     out = _trace(root, env, str(tmp_path / "hf"), "--verify").stdout
     assert "exported from: data/finetune/model.pt" in out and "0 changed" in out
 
     # the checkpoint alone, on a machine without data/: the chain is complete, files not present
     shutil.copy(root / "data/finetune/model.pt", tmp_path / "model.pt")
     proc = _trace(root, env, str(tmp_path / "model.pt"), "--verify", "--root", str(tmp_path))
-    assert [n["stage"] for n in json.loads(_trace(root, env, str(tmp_path / "model.pt"), "--json").stdout)["chain"]] \
-        == CHAIN_STAGES[1:]
+    assert [
+        n["stage"] for n in json.loads(_trace(root, env, str(tmp_path / "model.pt"), "--json").stdout)["chain"]
+    ] == CHAIN_STAGES[1:]
     assert "0 changed" in proc.stdout and "not present" in proc.stdout
 
 
@@ -352,12 +399,12 @@ def _set_param(root: Path, section: str, key: str, value) -> None:
 def _stages_from(root: Path, first: str) -> set[str]:
     """``first`` and every stage after it in dvc.yaml order (the DAG is a chain)."""
     order = _stages(root)
-    return set(order[order.index(first):])
+    return set(order[order.index(first) :])
 
 
 def _unchanged_upstream(before: dict, after: dict, first: str, root: Path) -> None:
     order = _stages(root)
-    for stage in order[:order.index(first)]:
+    for stage in order[: order.index(first)]:
         assert after[stage] == before[stage], stage
 
 
@@ -371,7 +418,6 @@ def test_examples_param_reruns_examples_and_downstream_only(repo):
     _unchanged_upstream(before, _lock(root), "examples", root)
     assert _lock(root)["examples"]["data/examples"] != before["examples"]["data/examples"]
 
-    examples = json.loads((root / "data/provenance/examples.json").read_text())
     runs = {s: json.loads((root / f"runs/{s}.json").read_text()) for s in ("examples", "tokenizer")}
     assert runs["examples"]["git"]["dirty"] is True and runs["examples"]["git"]["dirty_paths"] == ["params.yaml"]
     assert runs["tokenizer"]["git"]["dirty"] is False  # not rerun
@@ -444,20 +490,23 @@ def test_a_tokenizer_param_makes_the_tokenizer_stage_stale(repo):
         (root / "params.yaml").write_text(text)
 
 
-@pytest.mark.parametrize("path, expected", [
-    # the pre-training loop: pre-training (and so what follows it), nothing upstream
-    ("pipeline/train.py", {"pretrain"}),
-    # export is used by `bertrace export` only: no stage; the Hugging Face name maps also convert a
-    # published checkpoint (finetune.checkpoint, pretrain.init: pipeline/hf_import.py)
-    ("pipeline/hf.py", {"pretrain", "finetune", *VARIANTS}),
-    ("pipeline/export.py", set()),
-    # masking: the examples stage (static masks) and pre-training (dynamic masks) both import it
-    ("pipeline/masking.py", {"examples", "pretrain"}),
-    # device resolution: the stages that run a model, not the data stages
-    ("pipeline/device.py", {"pretrain", "finetune", *VARIANTS, "evaluate"}),
-    # a reference number is not a param: only the scorecard is redrawn
-    ("reports/references.yaml", {"scorecard"}),
-])
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        # the pre-training loop: pre-training (and so what follows it), nothing upstream
+        ("pipeline/train.py", {"pretrain"}),
+        # export is used by `bertrace export` only: no stage; the Hugging Face name maps also convert a
+        # published checkpoint (finetune.checkpoint, pretrain.init: pipeline/hf_import.py)
+        ("pipeline/hf.py", {"pretrain", "finetune", *VARIANTS}),
+        ("pipeline/export.py", set()),
+        # masking: the examples stage (static masks) and pre-training (dynamic masks) both import it
+        ("pipeline/masking.py", {"examples", "pretrain"}),
+        # device resolution: the stages that run a model, not the data stages
+        ("pipeline/device.py", {"pretrain", "finetune", *VARIANTS, "evaluate"}),
+        # a reference number is not a param: only the scorecard is redrawn
+        ("reports/references.yaml", {"scorecard"}),
+    ],
+)
 def test_a_code_edit_reruns_exactly_the_stages_that_import_it(repo, path, expected):
     """`dvc repro --dry` after a harmless edit (a trailing comment) names the stages whose own deps
     changed (their downstream stages follow when their outputs change, as the param tests show)."""

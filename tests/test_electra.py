@@ -6,29 +6,44 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_pretrain import TINY, run, tiny_cfg, train_logs
+from test_pretrain_data import make_examples
 
 from pipeline import checkpoint as ckpt_lib
+from pipeline.electra import ElectraForPreTraining, generator_config, sample_tokens, uniform_noise
 from pipeline.errors import BertraceError
 from pipeline.model import BertConfig, BertForSequenceClassification
-from pipeline.electra import ElectraForPreTraining, generator_config, sample_tokens, uniform_noise
 from pipeline.objectives import OBJECTIVES, ElectraPretraining
 from pipeline.objectives.electra import electra_losses
 from pipeline.train import PretrainConfig
-from test_pretrain import TINY, run, tiny_cfg, train_logs
-from test_pretrain_data import make_examples
 
 V = 100
 
 
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory):
-    return make_examples(tmp_path_factory.mktemp("ex"), masking="static", train_rows=512, valid_rows=64,
-                         rows_per_shard=256, row_group_size=64)
+    return make_examples(
+        tmp_path_factory.mktemp("ex"),
+        masking="static",
+        train_rows=512,
+        valid_rows=64,
+        rows_per_shard=256,
+        row_group_size=64,
+    )
 
 
 def small_config(**kw) -> BertConfig:
-    base = dict(vocab_size=V, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position=64,
-                embedding_size=16, gelu="exact", pooler_activation="gelu")
+    base = dict(
+        vocab_size=V,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        max_position=64,
+        embedding_size=16,
+        gelu="exact",
+        pooler_activation="gelu",
+    )
     base.update(kw)
     return BertConfig(**base)
 
@@ -52,8 +67,9 @@ def toy_batch(seed: int = 0):
 
 
 def test_generator_config_follows_electra():
-    c = BertConfig(vocab_size=V, hidden_size=256, num_layers=12, num_heads=4, intermediate_size=1024,
-                   embedding_size=128)
+    c = BertConfig(
+        vocab_size=V, hidden_size=256, num_layers=12, num_heads=4, intermediate_size=1024, embedding_size=128
+    )
     g = generator_config(c)  # ELECTRA-Small: 1/4 width, same depth, embeddings of the discriminator
     assert (g.hidden_size, g.num_layers, g.num_heads, g.intermediate_size, g.embedding_dim) == (64, 12, 1, 256, 128)
     assert generator_config(c, 0.5, 0.5).hidden_size == 128 and generator_config(c, 0.5, 0.5).num_layers == 6
@@ -69,8 +85,12 @@ def test_embeddings_are_shared_and_the_discriminator_is_the_bert_encoder():
     assert m.gen_head.decoder.weight is m.bert.embeddings.word.weight
     keys = set(m.state_dict())
     assert not any(k.startswith("generator.embeddings.") for k in keys)  # saved once, under bert.*
-    assert {"bert.embeddings_project.weight", "generator.embeddings_project.weight", "disc_head.prediction.weight",
-            "bert.pooler.weight"} <= keys
+    assert {
+        "bert.embeddings_project.weight",
+        "generator.embeddings_project.weight",
+        "disc_head.prediction.weight",
+        "bert.pooler.weight",
+    } <= keys
     assert not any(p.requires_grad for p in m.bert.pooler.parameters())  # unused in pre-training
     clf = BertForSequenceClassification(c, 2)
     clf.load_pretrained_encoder(m.state_dict())  # fine-tuning takes the discriminator as it is
@@ -104,12 +124,13 @@ def test_sampling_replaces_only_masked_positions_and_labels_what_changed():
     freq = torch.bincount(draws, minlength=5).float() / 20000
     torch.testing.assert_close(freq, probs[0], atol=0.015, rtol=0)
     assert freq[4] == 0  # p ~ 1e-14: drawn with probability 2^-40 at most
-    top = torch.tensor([[0.0, 0.0], [1.0 - 2.0 ** -53] * 2], dtype=torch.float64)
+    top = torch.tensor([[0.0, 0.0], [1.0 - 2.0**-53] * 2], dtype=torch.float64)
     assert sample_tokens(probs.expand(2, 5), top).tolist() == [0, 4]  # the first id; the last with p > 0
     # two levels over a vocabulary of several blocks (and a partial last one): the same distribution
     logits = torch.randn(1, 300, generator=torch.Generator().manual_seed(3)) * 2
-    draws = sample_tokens(logits.softmax(-1).expand(40000, 300),
-                          uniform_noise(40000, "cpu", torch.Generator().manual_seed(4)))
+    draws = sample_tokens(
+        logits.softmax(-1).expand(40000, 300), uniform_noise(40000, "cpu", torch.Generator().manual_seed(4))
+    )
     freq = torch.bincount(draws, minlength=300).float() / 40000
     torch.testing.assert_close(freq, logits.softmax(-1)[0], atol=0.01, rtol=0)
     assert draws.max() < 300
@@ -154,8 +175,7 @@ def test_logits_and_losses_match_transformers_electra():
         corrupted = ids.clone().reshape(-1)
         corrupted[positions] = out.sampled
         corrupted = corrupted.view_as(ids)
-        hf_disc = disc(input_ids=corrupted, token_type_ids=types, attention_mask=mask,
-                       labels=out.disc_labels.long())
+        hf_disc = disc(input_ids=corrupted, token_type_ids=types, attention_mask=mask, labels=out.disc_labels.long())
         valid = mask.bool()
         torch.testing.assert_close(out.disc_logits[valid], hf_disc.logits[valid], atol=1e-5, rtol=0)
         losses = electra_losses(out, labels, mask, disc_weight=50.0)
@@ -166,8 +186,9 @@ def test_logits_and_losses_match_transformers_electra():
     disc.load_state_dict(to_hf_electra_state_dict(ours, "discriminator"), strict=False)
     missing = disc.load_state_dict(to_hf_electra_state_dict(ours, "discriminator"), strict=False).missing_keys
     assert not [k for k in missing if not k.endswith(("position_ids", "token_type_ids"))]
-    assert set(to_hf_electra_state_dict(ours, "generator")) >= {k for k in gen.state_dict()
-                                                                  if not k.endswith(("position_ids", "token_type_ids"))}
+    assert set(to_hf_electra_state_dict(ours, "generator")) >= {
+        k for k in gen.state_dict() if not k.endswith(("position_ids", "token_type_ids"))
+    }
 
 
 def test_electra_state_dict_from_hf_imports_a_discriminator():
@@ -190,9 +211,11 @@ def test_electra_state_dict_from_hf_imports_a_discriminator():
     assert sd["disc_head.prediction.weight"].shape == (1, 32)
     again = electra_state_dict_from_hf(disc.state_dict(), disc.config.to_dict())[1]
     assert torch.equal(again["bert.pooler.weight"], sd["bert.pooler.weight"])  # the same bytes every time
-    bare = {k[len("electra."):]: v for k, v in disc.electra.state_dict(prefix="electra.").items()}
-    assert torch.equal(electra_state_dict_from_hf(bare, disc.config)[1]["bert.layers.1.attn.qkv.weight"],
-                       sd["bert.layers.1.attn.qkv.weight"])
+    bare = {k[len("electra.") :]: v for k, v in disc.electra.state_dict(prefix="electra.").items()}
+    assert torch.equal(
+        electra_state_dict_from_hf(bare, disc.config)[1]["bert.layers.1.attn.qkv.weight"],
+        sd["bert.layers.1.attn.qkv.weight"],
+    )
     broken = {k: v for k, v in disc.state_dict().items() if "layer.1.output.dense" not in k}
     with pytest.raises(BertraceError, match="missing"):
         electra_state_dict_from_hf(broken, disc.config)
@@ -230,8 +253,7 @@ def test_a_checkpoint_from_before_the_rename_resumes(examples, tmp_path):
         ckpt_lib.save_checkpoint(out / "last.pt", {k: v for k, v in state.items() if k not in ("format", "version")})
         if objective == "mlm_nsp":  # it was trained with NSP weighted 1 (the only weight then)
             with pytest.raises(BertraceError, match=r"'mlm_nsp': \(\{'nsp_weight': 1.0\}, \{'nsp_weight': 2.0\}\)"):
-                run(tiny_cfg(objective=objective, max_steps=4, resume=True, mlm_nsp={"nsp_weight": 2.0}), examples,
-                    out)
+                run(tiny_cfg(objective=objective, max_steps=4, resume=True, mlm_nsp={"nsp_weight": 2.0}), examples, out)
         metrics, logs = run(tiny_cfg(objective=objective, max_steps=4, resume=True), examples, out)
         assert metrics["step"] == 4 and [s for s, _ in train_logs(logs)] == [3, 4]
 
@@ -295,10 +317,13 @@ def test_electra_resume_is_exact(examples, tmp_path):
     run(cfg, examples, tmp_path / "parts", stop_at_step=3)
     resumed, logs_resumed = run(cfg, examples, tmp_path / "parts")
     assert resumed["model_sha256"] == full["model_sha256"] and resumed["step"] == 8
-    strip = lambda rows: [(s, {k: v for k, v in m.items() if k not in ("tokens_per_s",)}) for s, m in rows]
+    strip = lambda rows: [(s, {k: v for k, v in m.items() if k not in ("tokens_per_s",)}) for s, m in rows]  # noqa: E731
     assert strip(train_logs(logs_resumed)) == strip(train_logs(logs_full))[3:]
-    other, _ = run(electra_cfg(max_steps=8, checkpoint_every=4, model={**TINY, "dropout": 0.1}, seed=1),
-                   examples, tmp_path / "seed1")
+    other, _ = run(
+        electra_cfg(max_steps=8, checkpoint_every=4, model={**TINY, "dropout": 0.1}, seed=1),
+        examples,
+        tmp_path / "seed1",
+    )
     assert other["model_sha256"] != full["model_sha256"]
 
 
@@ -331,10 +356,16 @@ def test_hf_export_of_electra_pretraining_and_finetuned(tmp_path):
     model = ElectraForPreTraining(c, generator_config(c)).eval()
     with torch.no_grad():
         model.disc_head.prediction.weight.mul_(30)  # logits of some size
-    save_checkpoint(data / "pretrain" / "best.pt", {
-        "model": model.state_dict(), "model_config": c.to_dict(), "step": 10,
-        "train_config": {"objective": "electra", "electra": {"generator_size": 0.25, "generator_layers": 1.0}},
-        "provenance": {"tokenizer_sha256": sha256_file(tok_path), "examples_manifest_sha256": "0" * 64}})
+    save_checkpoint(
+        data / "pretrain" / "best.pt",
+        {
+            "model": model.state_dict(),
+            "model_config": c.to_dict(),
+            "step": 10,
+            "train_config": {"objective": "electra", "electra": {"generator_size": 0.25, "generator_layers": 1.0}},
+            "provenance": {"tokenizer_sha256": sha256_file(tok_path), "examples_manifest_sha256": "0" * 64},
+        },
+    )
     info = export_hf(data / "pretrain" / "best.pt", tmp_path / "hf-pre")
     assert info["architecture"] == "ElectraForPreTraining" and info["verification"]["max_abs_logit_diff"] < 1e-5
     hf = transformers.ElectraForPreTraining.from_pretrained(tmp_path / "hf-pre").eval()
@@ -343,8 +374,9 @@ def test_hf_export_of_electra_pretraining_and_finetuned(tmp_path):
     batch = collate([(i, t, 0) for i, t in zip(ids, types)])
     with torch.no_grad():
         ours = model.discriminator_logits(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        theirs = hf(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                    attention_mask=batch["attention_mask"]).logits
+        theirs = hf(
+            input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"]
+        ).logits
     valid = batch["attention_mask"].bool()
     assert ours[valid].abs().max() > 0.1
     torch.testing.assert_close(theirs[valid], ours[valid], atol=1e-5, rtol=0)
@@ -358,11 +390,18 @@ def test_hf_export_of_electra_pretraining_and_finetuned(tmp_path):
     ft = tmp_path / "ft"
     ft.mkdir()
     (ft / "tokenizer.json").write_bytes(tok_path.read_bytes())
-    save_finetuned(ft / "model.pt", state_dict=clf.state_dict(), model_config=c.to_dict(),
-                   label_names=["a", "b", "c"], task={"text_columns": ["sentence"], "max_len": 32,
-                                                      "truncation": "head", "source": {"type": "local"}},
-                   tokenizer_sha256=sha256_file(tok_path), mode="full", seed=0,
-                   metrics={"validation_accuracy": 0.5}, provenance=fake_chain())
+    save_finetuned(
+        ft / "model.pt",
+        state_dict=clf.state_dict(),
+        model_config=c.to_dict(),
+        label_names=["a", "b", "c"],
+        task={"text_columns": ["sentence"], "max_len": 32, "truncation": "head", "source": {"type": "local"}},
+        tokenizer_sha256=sha256_file(tok_path),
+        mode="full",
+        seed=0,
+        metrics={"validation_accuracy": 0.5},
+        provenance=fake_chain(),
+    )
     info = export_hf(ft / "model.pt", tmp_path / "hf-clf")
     assert info["architecture"] == "ElectraForSequenceClassification"
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf-clf").eval()
@@ -371,8 +410,9 @@ def test_hf_export_of_electra_pretraining_and_finetuned(tmp_path):
     batch = collate([(i, t, 0) for i, t in zip(ids, types)])
     with torch.no_grad():
         ours = clf(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        theirs = hf(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                    attention_mask=batch["attention_mask"]).logits
+        theirs = hf(
+            input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"]
+        ).logits
     assert ours.abs().max() > 0.1
     torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=0)
 
@@ -397,11 +437,18 @@ def test_cpu_precision_auto_is_bf16_where_native_and_deterministic(examples, tmp
     assert not cpu_bf16_native() and resolve_precision("auto", cpu) == (None, False)
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")  # native kernels: bf16 where the CPU has bf16 instructions
     caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
-    assert cpu_bf16_native() == bool(caps.get("avx512_bf16") or caps.get("amx_bf16") or caps.get("bf16")
-                                     or caps.get("sve_bf16"))
+    assert cpu_bf16_native() == bool(
+        caps.get("avx512_bf16") or caps.get("amx_bf16") or caps.get("bf16") or caps.get("sve_bf16")
+    )
     for objective in ("mlm_nsp", "electra"):
-        runs = [run(tiny_cfg(objective=objective, precision=p, max_steps=4, model={**TINY, "dropout": 0.1}),
-                    examples, tmp_path / f"{objective}-{p}-{i}")[0] for p, i in (("bf16", 0), ("bf16", 1), ("fp32", 0))]
+        runs = [
+            run(
+                tiny_cfg(objective=objective, precision=p, max_steps=4, model={**TINY, "dropout": 0.1}),
+                examples,
+                tmp_path / f"{objective}-{p}-{i}",
+            )[0]
+            for p, i in (("bf16", 0), ("bf16", 1), ("fp32", 0))
+        ]
         assert runs[0]["precision"] == "bf16" and runs[0]["model_sha256"] == runs[1]["model_sha256"]
         assert runs[2]["model_sha256"] != runs[0]["model_sha256"]
         assert abs(runs[2]["loss"] - runs[0]["loss"]) < 0.05 * runs[2]["loss"]

@@ -19,8 +19,16 @@ import torch
 import yaml
 
 from pipeline.errors import BertraceError
-from pipeline.evaluate import (classification_metrics, confusion_matrix, evaluate_logits, metrics_for_dvc,
-                               plot_confusion, provenance_chain, render_report, write_confusion_csv)
+from pipeline.evaluate import (
+    classification_metrics,
+    confusion_matrix,
+    evaluate_logits,
+    metrics_for_dvc,
+    plot_confusion,
+    provenance_chain,
+    render_report,
+    write_confusion_csv,
+)
 from pipeline.io import sha256_file
 
 try:  # scikit-learn is a test extra; the helpers below are also used by tests/test_export.py
@@ -32,14 +40,18 @@ needs_sklearn = pytest.mark.skipif(sklearn_metrics is None, reason="scikit-learn
 # --------------------------------------------------------------------------------------------
 # Shared helpers: a tiny tokenizer and a tiny fine-tuned checkpoint (SPEC format)
 
-WORDS = ("the a movie film story plot actor scene was is very quite rather this that good bad great dull "
-         "funny boring gripping pointless best worst year café naïve résumé").split()
+WORDS = (
+    "the a movie film story plot actor scene was is very quite rather this that good bad great dull "
+    "funny boring gripping pointless best worst year café naïve résumé"
+).split()
 
 
 def sentences(n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
-    return [" ".join(rng.choices(WORDS, k=rng.randint(3, 12))) + rng.choice([" .", " !", "", " , really ?"])
-            for _ in range(n)]
+    return [
+        " ".join(rng.choices(WORDS, k=rng.randint(3, 12))) + rng.choice([" .", " !", "", " , really ?"])
+        for _ in range(n)
+    ]
 
 
 def train_tiny_tokenizer(path: Path, vocab_size: int = 300) -> Path:
@@ -49,9 +61,15 @@ def train_tiny_tokenizer(path: Path, vocab_size: int = 300) -> Path:
     from pipeline.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
     tok = build_tokenizer(lowercase=True)
-    tok.train_from_iterator(sentences(300, 0), trainer=trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##",
-        show_progress=False))
+    tok.train_from_iterator(
+        sentences(300, 0),
+        trainer=trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(SPECIAL_TOKENS),
+            continuing_subword_prefix="##",
+            show_progress=False,
+        ),
+    )
     assert [tok.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tok.to_str(), encoding="utf-8")
@@ -61,33 +79,77 @@ def train_tiny_tokenizer(path: Path, vocab_size: int = 300) -> Path:
 def tiny_config(vocab_size: int):
     from pipeline.model import BertConfig
 
-    return BertConfig(vocab_size=vocab_size, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                      max_position=64)
+    return BertConfig(
+        vocab_size=vocab_size, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position=64
+    )
 
 
 def fake_chain() -> dict:
     """A fine-tuning provenance record embedding pre-training → examples → tokenizer → clean → download."""
     h = lambda c: c * 64  # noqa: E731 - a recognisable fake sha256
     git = lambda c: {"commit": c * 40, "dirty": False}  # noqa: E731
-    download = {"stage": "download", "git": git("1"), "params_hash": h("a"), "inputs": {},
-                "outputs": {"data/raw": h("b")}, "upstream": {}}
-    clean = {"stage": "clean", "git": git("2"), "params_hash": h("c"), "inputs": {"data/raw": h("b")},
-             "outputs": {"data/clean/train.txt": h("d")}, "upstream": {"download": download}}
-    tokenizer = {"stage": "tokenizer", "git": git("3"), "params_hash": h("e"),
-                 "inputs": {"data/clean/train.txt": h("d")}, "outputs": {"data/tokenizer/tokenizer.json": h("f")},
-                 "upstream": {"clean": clean}}
-    examples = {"stage": "examples", "git": git("4"), "params_hash": h("0"),
-                "inputs": {"data/clean/train.txt": h("d"), "data/tokenizer/tokenizer.json": h("f")},
-                "outputs": {"data/examples/manifest.json": h("9")}, "upstream": {"clean": clean, "tokenizer": tokenizer}}
-    pretrain = {"stage": "pretrain", "git": git("5"), "params_hash": h("8"), "tokenizer_sha256": h("f"),
-                "examples_manifest_sha256": h("9"), "upstream": {"examples": examples}}
-    return {"stage": "finetune", "git": git("6"), "params_hash": h("7"), "inputs": {"data/pretrain/best.pt": h("6")},
-            "task_files": {"sst2/dev.tsv": h("5")}, "tokenizer_sha256": h("f"), "pretrain": pretrain}
+    download = {
+        "stage": "download",
+        "git": git("1"),
+        "params_hash": h("a"),
+        "inputs": {},
+        "outputs": {"data/raw": h("b")},
+        "upstream": {},
+    }
+    clean = {
+        "stage": "clean",
+        "git": git("2"),
+        "params_hash": h("c"),
+        "inputs": {"data/raw": h("b")},
+        "outputs": {"data/clean/train.txt": h("d")},
+        "upstream": {"download": download},
+    }
+    tokenizer = {
+        "stage": "tokenizer",
+        "git": git("3"),
+        "params_hash": h("e"),
+        "inputs": {"data/clean/train.txt": h("d")},
+        "outputs": {"data/tokenizer/tokenizer.json": h("f")},
+        "upstream": {"clean": clean},
+    }
+    examples = {
+        "stage": "examples",
+        "git": git("4"),
+        "params_hash": h("0"),
+        "inputs": {"data/clean/train.txt": h("d"), "data/tokenizer/tokenizer.json": h("f")},
+        "outputs": {"data/examples/manifest.json": h("9")},
+        "upstream": {"clean": clean, "tokenizer": tokenizer},
+    }
+    pretrain = {
+        "stage": "pretrain",
+        "git": git("5"),
+        "params_hash": h("8"),
+        "tokenizer_sha256": h("f"),
+        "examples_manifest_sha256": h("9"),
+        "upstream": {"examples": examples},
+    }
+    return {
+        "stage": "finetune",
+        "git": git("6"),
+        "params_hash": h("7"),
+        "inputs": {"data/pretrain/best.pt": h("6")},
+        "task_files": {"sst2/dev.tsv": h("5")},
+        "tokenizer_sha256": h("f"),
+        "pretrain": pretrain,
+    }
 
 
-def make_finetuned(out_dir: Path, *, label_names=("negative", "positive"), text_columns=("sentence",),
-                   max_len: int = 32, seed: int = 0, scale: float = 30.0, provenance: dict | None = None,
-                   tokenizer: Path | None = None) -> Path:
+def make_finetuned(
+    out_dir: Path,
+    *,
+    label_names=("negative", "positive"),
+    text_columns=("sentence",),
+    max_len: int = 32,
+    seed: int = 0,
+    scale: float = 30.0,
+    provenance: dict | None = None,
+    tokenizer: Path | None = None,
+) -> Path:
     """``out_dir/model.pt`` + ``out_dir/tokenizer.json`` as the finetune stage writes them, with a random
     tiny BertForSequenceClassification (classifier weights scaled so predictions vary)."""
     from pipeline.finetune import save_finetuned
@@ -116,12 +178,22 @@ def make_finetuned(out_dir: Path, *, label_names=("negative", "positive"), text_
         logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         model.classifier.bias.sub_(logits.mean(0))
     return save_finetuned(
-        out_dir / "model.pt", state_dict=model.state_dict(), model_config=config.to_dict(),
+        out_dir / "model.pt",
+        state_dict=model.state_dict(),
+        model_config=config.to_dict(),
         label_names=list(label_names),
-        task={"text_columns": list(text_columns), "max_len": max_len, "truncation": "head",
-              "source": {"type": "local"}},
-        tokenizer_sha256=sha256_file(tok_path), mode="full", seed=seed,
-        metrics={"validation_accuracy": 0.5}, provenance=provenance if provenance is not None else fake_chain())
+        task={
+            "text_columns": list(text_columns),
+            "max_len": max_len,
+            "truncation": "head",
+            "source": {"type": "local"},
+        },
+        tokenizer_sha256=sha256_file(tok_path),
+        mode="full",
+        seed=seed,
+        metrics={"validation_accuracy": 0.5},
+        provenance=provenance if provenance is not None else fake_chain(),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,7 +223,9 @@ def test_metrics_equal_sklearn_with_a_class_never_predicted(seed):
     p, r, f, s = sklearn_metrics.precision_recall_fscore_support(y_true, y_pred, labels=labels, zero_division=0)
     for i, name in enumerate(names):
         c = m["per_class"][name]
-        assert (c["precision"], c["recall"], c["f1"], c["support"]) == pytest.approx((p[i], r[i], f[i], s[i]), abs=1e-12)
+        assert (c["precision"], c["recall"], c["f1"], c["support"]) == pytest.approx(
+            (p[i], r[i], f[i], s[i]), abs=1e-12
+        )
     assert m["per_class"]["c"]["precision"] == 0.0 and m["per_class"]["c"]["f1"] == 0.0
     assert m["macro_precision"] == pytest.approx(p.mean(), abs=1e-12)
     assert m["confusion_matrix"] == sklearn_metrics.confusion_matrix(y_true, y_pred, labels=labels).tolist()
@@ -168,7 +242,8 @@ def test_metrics_with_a_class_absent_from_the_labels():
     ref = sklearn_metrics.f1_score(y_true, y_pred, labels=[0, 1, 2, 3], average="macro", zero_division=0)
     assert m["macro_f1"] == pytest.approx(ref, abs=1e-12)
     assert m["weighted_f1"] == pytest.approx(
-        sklearn_metrics.f1_score(y_true, y_pred, labels=[0, 1, 2, 3], average="weighted", zero_division=0), abs=1e-12)
+        sklearn_metrics.f1_score(y_true, y_pred, labels=[0, 1, 2, 3], average="weighted", zero_division=0), abs=1e-12
+    )
     assert m["per_class"]["z"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 0}
 
 
@@ -248,29 +323,43 @@ def test_report_has_numbers_baselines_and_provenance():
     results = {"validation": evaluate_logits(logits, labels, ["negative", "positive"])}
     m = results["validation"]
     text = render_report(
-        results, checkpoint={"path": "data/finetune/model.pt", "sha256": "ab" * 32, "mode": "full", "seed": 7},
+        results,
+        checkpoint={"path": "data/finetune/model.pt", "sha256": "ab" * 32, "mode": "full", "seed": 7},
         baselines={"BERT-base (Devlin et al. 2019, GLUE test)": 93.5, "BERT-Tiny 2/128 (Turc et al. 2019)": 83.2},
-        chain=provenance_chain(fake_chain()), task_name="nyu-mll/glue/sst2", figure="confusion.png",
-        notes=["test has no labels: not scored"])
+        chain=provenance_chain(fake_chain()),
+        task_name="nyu-mll/glue/sst2",
+        figure="confusion.png",
+        notes=["test has no labels: not scored"],
+    )
     assert text.startswith("# Evaluation: nyu-mll/glue/sst2")
-    assert f"| validation | 300 | {100 * m['accuracy']:.2f} | {100 * m['macro_f1']:.2f} | {100 * m['weighted_f1']:.2f} |" in text
+    assert (
+        f"| validation | 300 | {100 * m['accuracy']:.2f} | {100 * m['macro_f1']:.2f} | {100 * m['weighted_f1']:.2f} |"
+        in text
+    )
     pc = m["per_class"]["positive"]
-    assert f"| positive | {100 * pc['precision']:.2f} | {100 * pc['recall']:.2f} | {100 * pc['f1']:.2f} | {pc['support']} |" in text
+    assert (
+        f"| positive | {100 * pc['precision']:.2f} | {100 * pc['recall']:.2f} | {100 * pc['f1']:.2f} | {pc['support']} |"
+        in text
+    )
     cm = m["confusion_matrix"]
     assert f"| **negative** | {cm[0][0]} | {cm[0][1]} |" in text
     assert "| BERT-base (Devlin et al. 2019, GLUE test) | 93.5 |" in text
     assert f"| majority class (validation, computed) | {100 * m['majority_accuracy']:.1f} |" in text
     assert "finetune → pretrain → examples → tokenizer → clean → download" in text
-    assert "`" + "6" * 10 + "`" in text                      # finetune's git commit (short)
+    assert "`" + "6" * 10 + "`" in text  # finetune's git commit (short)
     assert "examples_manifest_sha256: `" + "9" * 64 + "`" in text  # full hashes listed
     assert "`" + "ab" * 32 + "`" in text
     assert "![confusion matrix](confusion.png)" in text and "test has no labels" in text
     # the same inputs give the same bytes (a DVC output must not change on a rerun)
     assert text == render_report(
-        results, checkpoint={"path": "data/finetune/model.pt", "sha256": "ab" * 32, "mode": "full", "seed": 7},
+        results,
+        checkpoint={"path": "data/finetune/model.pt", "sha256": "ab" * 32, "mode": "full", "seed": 7},
         baselines={"BERT-base (Devlin et al. 2019, GLUE test)": 93.5, "BERT-Tiny 2/128 (Turc et al. 2019)": 83.2},
-        chain=provenance_chain(fake_chain()), task_name="nyu-mll/glue/sst2", figure="confusion.png",
-        notes=["test has no labels: not scored"])
+        chain=provenance_chain(fake_chain()),
+        task_name="nyu-mll/glue/sst2",
+        figure="confusion.png",
+        notes=["test has no labels: not scored"],
+    )
 
 
 def test_report_without_provenance_says_so():
@@ -303,8 +392,9 @@ def test_evaluate_stage_end_to_end(tmp_path, monkeypatch):
     model_pt = make_finetuned(tmp_path / "data" / "finetune", provenance=record)
     (tmp_path / "data" / "provenance").mkdir(parents=True)
     (tmp_path / "data" / "provenance" / "examples.json").write_text(json.dumps(examples))
-    (tmp_path / "data" / "provenance" / "validate.json").write_text(json.dumps(
-        {"stage": "validate", "outputs": {"metrics/validate.json": "4" * 64}}))
+    (tmp_path / "data" / "provenance" / "validate.json").write_text(
+        json.dumps({"stage": "validate", "outputs": {"metrics/validate.json": "4" * 64}})
+    )
     clf = Classifier.load(model_pt)
     texts = {"validation": sentences(120, 1), "test": sentences(80, 2)}
     # labels that agree with the model on ~70% of the rows, so the numbers are not trivial
@@ -314,24 +404,40 @@ def test_evaluate_stage_end_to_end(tmp_path, monkeypatch):
         pred = np.array([p["label_id"] for p in clf.predict(t)])
         labels[role] = np.where(rng.random(len(t)) < 0.7, pred, 1 - pred).tolist()
         _write_split(tmp_path / f"{role}.csv", t, labels[role])
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({
-        "compute": {"kernels": "portable"}, "finetune": {"task": {"source": "local", "local": {"validation": "validation.csv", "test": "test.csv"},
-                              "text_columns": ["sentence"], "label_column": "label",
-                              "label_names": ["negative", "positive"]}},
-        "evaluate": {"splits": ["validation", "test"], "batch_size": 16, "log_model": True},
-    }))
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "compute": {"kernels": "portable"},
+                "finetune": {
+                    "task": {
+                        "source": "local",
+                        "local": {"validation": "validation.csv", "test": "test.csv"},
+                        "text_columns": ["sentence"],
+                        "label_column": "label",
+                        "label_names": ["negative", "positive"],
+                    }
+                },
+                "evaluate": {"splits": ["validation", "test"], "batch_size": 16, "log_model": True},
+            }
+        )
+    )
     metrics = stage.main(progress=False)
 
     saved = json.loads(Path("reports/evaluate.json").read_text())  # every number; metrics/eval.json: the few
     assert saved == json.loads(json.dumps(metrics))
     assert json.loads(Path("metrics/eval.json").read_text()) == pytest.approx(
-        {"dev_f1": saved["validation"]["macro_f1"],
-         "test_acc": saved["test"]["accuracy"], "test_f1": saved["test"]["macro_f1"]})
+        {
+            "dev_f1": saved["validation"]["macro_f1"],
+            "test_acc": saved["test"]["accuracy"],
+            "test_f1": saved["test"]["macro_f1"],
+        }
+    )
     for role in ("validation", "test"):
         pred = [p["label_id"] for p in clf.predict(texts[role])]
         assert saved[role]["accuracy"] == pytest.approx(sklearn_metrics.accuracy_score(labels[role], pred), abs=1e-12)
         assert saved[role]["macro_f1"] == pytest.approx(
-            sklearn_metrics.f1_score(labels[role], pred, average="macro", zero_division=0), abs=1e-12)
+            sklearn_metrics.f1_score(labels[role], pred, average="macro", zero_division=0), abs=1e-12
+        )
         assert saved[role]["n"] == len(texts[role])
     rows = list(csv.DictReader(open("plots/confusion.csv")))
     assert len(rows) == 120 and set(rows[0]) == {"actual", "predicted"}
@@ -362,10 +468,20 @@ def test_evaluate_stage_rejects_a_label_set_it_was_not_trained_on(tmp_path, monk
     monkeypatch.setenv("BERTRACE_NO_MLFLOW", "1")
     make_finetuned(tmp_path / "data" / "finetune")
     _write_split(tmp_path / "validation.csv", ["good film", "bad film"], [0, 2])
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({
-        "compute": {"kernels": "portable"}, "finetune": {"task": {"source": "local", "local": {"validation": "validation.csv"},
-                              "label_names": ["neg", "neu", "pos"]}},
-        "evaluate": {"splits": ["validation"]},
-    }))
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "compute": {"kernels": "portable"},
+                "finetune": {
+                    "task": {
+                        "source": "local",
+                        "local": {"validation": "validation.csv"},
+                        "label_names": ["neg", "neu", "pos"],
+                    }
+                },
+                "evaluate": {"splits": ["validation"]},
+            }
+        )
+    )
     with pytest.raises(BertraceError, match=r"label_names \['neg', 'neu', 'pos'\] differ"):
         stage.main(progress=False)

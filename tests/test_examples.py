@@ -40,16 +40,18 @@ def replace(cfg: ExamplesConfig, **changes) -> ExamplesConfig:
 
 
 def test_split_sentences_english_abbreviations_initials_decimals():
-    text = ("Mr. Smith met Dr. Jones at St. Paul's. J. R. R. Tolkien wrote it in 1937! It cost 3.5 "
-            "dollars, i.e. cheap, e.g. less than lunch etc. and tea vs. coffee. Room No. 5 is in the "
-            "U.S. now? Yes. \"Stop.\" He left.")
+    text = (
+        "Mr. Smith met Dr. Jones at St. Paul's. J. R. R. Tolkien wrote it in 1937! It cost 3.5 "
+        "dollars, i.e. cheap, e.g. less than lunch etc. and tea vs. coffee. Room No. 5 is in the "
+        'U.S. now? Yes. "Stop." He left.'
+    )
     assert split_sentences(text) == [
         "Mr. Smith met Dr. Jones at St. Paul's.",
         "J. R. R. Tolkien wrote it in 1937!",
         "It cost 3.5 dollars, i.e. cheap, e.g. less than lunch etc. and tea vs. coffee.",
         "Room No. 5 is in the U.S. now?",
         "Yes.",
-        "\"Stop.\"",
+        '"Stop."',
         "He left.",
     ]
     # WikiText style: spaces before the stop; lower-cased text still splits
@@ -65,7 +67,13 @@ def test_split_sentences_bengali_hindi_arabic_urdu():
 
 
 def test_split_sentences_cjk_needs_no_space():
-    assert split_sentences("我爱你。你好吗？很好！「走吧。」他说。") == ["我爱你。", "你好吗？", "很好！", "「走吧。」", "他说。"]
+    assert split_sentences("我爱你。你好吗？很好！「走吧。」他说。") == [
+        "我爱你。",
+        "你好吗？",
+        "很好！",
+        "「走吧。」",
+        "他说。",
+    ]
     assert split_sentences("東京に行きました。楽しかった") == ["東京に行きました。", "楽しかった"]
 
 
@@ -135,7 +143,7 @@ def test_truncation_front_back_split_has_googles_distribution(la, lb):
             assert (g == 0).all() and (o == 0).all()
             continue
         sd = (cut / 4) ** 0.5
-        assert abs(g.mean() - cut / 2) < 5 * sd / n ** 0.5 and abs(o.mean() - cut / 2) < 5 * sd / n ** 0.5
+        assert abs(g.mean() - cut / 2) < 5 * sd / n**0.5 and abs(o.mean() - cut / 2) < 5 * sd / n**0.5
         assert 0.85 < o.var() / g.var() < 1.15
 
 
@@ -156,8 +164,10 @@ def test_pairing_tiles_each_document_with_put_back():
             pairs: list = []
             _pairs_for_document(part, d, cfg, rng, pairs)
             lo, hi = part.doc_first[d], part.doc_first[d] + part.doc_n[d]
-            spans = sorted([(a_lo, a_hi) for a_lo, a_hi, *_ in pairs]
-                           + [(b_lo, b_hi) for _, _, b_lo, b_hi, rnd in pairs if not rnd])
+            spans = sorted(
+                [(a_lo, a_hi) for a_lo, a_hi, *_ in pairs]
+                + [(b_lo, b_hi) for _, _, b_lo, b_hi, rnd in pairs if not rnd]
+            )
             assert spans[0][0] == lo and spans[-1][1] == hi
             assert all(x[1] == y[0] for x, y in zip(spans, spans[1:])), spans
             for a_lo, a_hi, b_lo, b_hi, rnd in pairs:
@@ -197,8 +207,9 @@ def _make_docs(rng: random.Random, n_docs: int, used: set[str]) -> list[list[str
             if w not in used:
                 used.add(w)
                 words.append(w)
-        sentences = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 10))) + "."
-                     for _ in range(rng.randint(12, 40))]
+        sentences = [
+            " ".join(rng.choice(words) for _ in range(rng.randint(3, 10))) + "." for _ in range(rng.randint(12, 40))
+        ]
         docs.append(sentences)
     return docs
 
@@ -219,8 +230,13 @@ def corpus(tmp_path_factory):
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix="##")
-    trainer = trainers.WordPieceTrainer(vocab_size=8000, min_frequency=0, show_progress=False,
-                                        special_tokens=list(SPECIAL_IDS), continuing_subword_prefix="##")
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=8000,
+        min_frequency=0,
+        show_progress=False,
+        special_tokens=list(SPECIAL_IDS),
+        continuing_subword_prefix="##",
+    )
     tok.train([str(train), str(valid)], trainer)
     tokenizer = root / "tokenizer.json"
     tok.save(str(tokenizer))
@@ -232,16 +248,23 @@ def corpus(tmp_path_factory):
             ids = tok.encode(word, add_special_tokens=False).ids
             assert len(ids) == 1, f"fixture: {word} is not a single token"
             doc_of[ids[0]] = d
-    return {"train": train, "valid": valid, "tokenizer": tokenizer, "doc_of": doc_of,
-            "vocab_size": tok.get_vocab_size(), "root": root}
+    return {
+        "train": train,
+        "valid": valid,
+        "tokenizer": tokenizer,
+        "doc_of": doc_of,
+        "vocab_size": tok.get_vocab_size(),
+        "root": root,
+    }
 
 
 CFG = ExamplesConfig(max_seq_len=MAX_LEN, dupe_factor=5, valid_dupe_factor=2, docs_per_shard=16, seed=3)
 
 
 def _run(corpus, out: Path, cfg: ExamplesConfig = CFG, workers: int = 1) -> dict:
-    return generate_examples(corpus["train"], corpus["valid"], corpus["tokenizer"], out, cfg,
-                             workers=workers, progress=False)
+    return generate_examples(
+        corpus["train"], corpus["valid"], corpus["tokenizer"], out, cfg, workers=workers, progress=False
+    )
 
 
 def _read(out: Path, manifest: dict, split: str) -> pa.Table:
@@ -284,7 +307,9 @@ def test_rows_are_cls_a_sep_b_sep_with_segment_ids(static_run):
 
 def test_short_seq_prob_controls_lengths(corpus, tmp_path):
     long = _read(tmp_path / "a", _run(corpus, tmp_path / "a", replace(CFG, short_seq_prob=0.0, dupe_factor=1)), "train")
-    short = _read(tmp_path / "b", _run(corpus, tmp_path / "b", replace(CFG, short_seq_prob=1.0, dupe_factor=1)), "train")
+    short = _read(
+        tmp_path / "b", _run(corpus, tmp_path / "b", replace(CFG, short_seq_prob=1.0, dupe_factor=1)), "train"
+    )
     mean_len = lambda t: np.mean([len(x) for x in t["input_ids"].to_pylist()])  # noqa: E731
     assert mean_len(long) > 0.8 * MAX_LEN
     assert mean_len(short) < 0.7 * MAX_LEN
@@ -324,8 +349,9 @@ def test_static_masking_statistics(static_run, corpus):
     out, manifest = static_run
     table = _read(out, manifest, "train")
     n_tokens = n_masked = n_mask = n_same = n_random = 0
-    for ids, pos, lab in zip(table["input_ids"].to_pylist(), table["masked_lm_positions"].to_pylist(),
-                             table["masked_lm_ids"].to_pylist()):
+    for ids, pos, lab in zip(
+        table["input_ids"].to_pylist(), table["masked_lm_positions"].to_pylist(), table["masked_lm_ids"].to_pylist()
+    ):
         ids, pos, lab = np.array(ids), np.array(pos), np.array(lab)
         assert len(pos) == len(lab) == min(20, max(1, round(len(ids) * 0.15)))
         assert (np.diff(pos) > 0).all() and pos.min() > 0 and pos.max() < len(ids) - 1
@@ -365,8 +391,12 @@ def test_dynamic_mode_stores_the_same_pairs_unmasked(static_run, dynamic_run):
         assert dynamic["next_sentence_label"].equals(static["next_sentence_label"])
         d_ids = dynamic["input_ids"].to_pylist()
         assert not any(MASK in ids for ids in d_ids)
-        for s_ids, pos, lab, ids in zip(static["input_ids"].to_pylist(), static["masked_lm_positions"].to_pylist(),
-                                        static["masked_lm_ids"].to_pylist(), d_ids):
+        for s_ids, pos, lab, ids in zip(
+            static["input_ids"].to_pylist(),
+            static["masked_lm_positions"].to_pylist(),
+            static["masked_lm_ids"].to_pylist(),
+            d_ids,
+        ):
             restored = np.array(s_ids)
             restored[pos] = lab
             assert restored.tolist() == ids
@@ -387,14 +417,23 @@ def test_mask_candidates_google_includes_unk(whole_word):
 
     rng = np.random.default_rng(0)
     vocab = 50
-    rows = [np.r_[CLS, rng.choice([UNK, 10, 11, 12, 13], size=20), SEP, rng.choice([UNK, 14, 15], size=12), SEP]
-            for _ in range(400)]
+    rows = [
+        np.r_[CLS, rng.choice([UNK, 10, 11, 12, 13], size=20), SEP, rng.choice([UNK, 14, 15], size=12), SEP]
+        for _ in range(400)
+    ]
     ids = np.concatenate(rows).astype(np.uint16)
     offsets = np.r_[0, np.cumsum([len(r) for r in rows])]
     for mode in MaskingSpec.CANDIDATES:
-        spec = MaskingSpec(vocab, MASK, tuple(SPECIAL_IDS.values()), 0.15, 20, whole_word,
-                           np.zeros(vocab, dtype=bool) if whole_word else None,
-                           never_masked=MaskingSpec.never_masked_ids(mode, SPECIAL_IDS))
+        spec = MaskingSpec(
+            vocab,
+            MASK,
+            tuple(SPECIAL_IDS.values()),
+            0.15,
+            20,
+            whole_word,
+            np.zeros(vocab, dtype=bool) if whole_word else None,
+            never_masked=MaskingSpec.never_masked_ids(mode, SPECIAL_IDS),
+        )
         labels = [mask_sequence(r, rng, spec)[2] for r in rows]
         if not whole_word:
             labels.append(_mask_rows(ids, offsets, rng, spec)[2])
@@ -439,8 +478,11 @@ def test_manifest_content(static_run, corpus):
     assert json.loads((out / "manifest.json").read_text()) == manifest
     assert manifest["schema_version"] == 1 and manifest["masking"] == "static"
     assert manifest["tokenizer_sha256"] == sha256_file(corpus["tokenizer"])
-    assert manifest["inputs"] == {"train.txt": sha256_file(corpus["train"]), "valid.txt": sha256_file(corpus["valid"]),
-                                  "tokenizer.json": sha256_file(corpus["tokenizer"])}
+    assert manifest["inputs"] == {
+        "train.txt": sha256_file(corpus["train"]),
+        "valid.txt": sha256_file(corpus["valid"]),
+        "tokenizer.json": sha256_file(corpus["tokenizer"]),
+    }
     assert manifest["vocab_size"] == corpus["vocab_size"]
     assert manifest["special_ids"] == {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
     assert (manifest["max_seq_len"], manifest["seed"], manifest["max_predictions_per_seq"]) == (MAX_LEN, 3, 20)
@@ -451,7 +493,9 @@ def test_manifest_content(static_run, corpus):
     expect = {"train": (60, 20), "valid": (6, 2)}
     for split, entry in manifest["splits"].items():
         assert (entry["documents"], len(entry["shards"])) == expect[split]
-        assert [s["path"] for s in entry["shards"]] == [f"{split}/shard-{i:05d}.parquet" for i in range(expect[split][1])]
+        assert [s["path"] for s in entry["shards"]] == [
+            f"{split}/shard-{i:05d}.parquet" for i in range(expect[split][1])
+        ]
         assert sorted(p.name for p in (out / split).iterdir()) == [Path(s["path"]).name for s in entry["shards"]]
         assert entry["rows"] == sum(s["rows"] for s in entry["shards"])
         assert entry["tokens"] == sum(s["tokens"] for s in entry["shards"])
@@ -495,7 +539,7 @@ def test_shuffle_documents_partitions_a_seeded_permutation(corpus, tmp_path, shu
     assert (order.tolist() == list(range(60))) is not shuffle
     for p, shard in enumerate(manifest["splits"]["train"]["shards"]):
         got = set(_a_documents(pq.read_table(tmp_path / shard["path"]), corpus["doc_of"]))
-        assert got == set(order[p * 16:(p + 1) * 16].tolist())
+        assert got == set(order[p * 16 : (p + 1) * 16].tolist())
     # seeded by (seed, split) only
     assert (document_order(60, CFG.seed, "train", True) == document_order(60, CFG.seed, "train", True)).all()
     assert (document_order(60, CFG.seed, "train", True) != document_order(60, CFG.seed + 1, "train", True)).any()
@@ -515,8 +559,9 @@ def test_lone_document_draws_negatives_from_a_neighbouring_partition(corpus, tmp
     train = tmp_path / "train.txt"
     train.write_text("\n".join([*docs, "\u200b"]) + "\n", encoding="utf-8")  # tokenizes to nothing
     cfg = replace(CFG, docs_per_shard=2, shuffle_documents=False, dupe_factor=4, masking="dynamic")
-    manifest = generate_examples(train, corpus["valid"], corpus["tokenizer"], tmp_path / "out", cfg,
-                                 workers=1, progress=False)
+    manifest = generate_examples(
+        train, corpus["valid"], corpus["tokenizer"], tmp_path / "out", cfg, workers=1, progress=False
+    )
     doc_of = corpus["doc_of"]
     shards = manifest["splits"]["train"]["shards"]
     assert len(shards) == 8
@@ -527,7 +572,7 @@ def test_lone_document_draws_negatives_from_a_neighbouring_partition(corpus, tmp
     for ids, label in zip(table["input_ids"].to_pylist(), labels):
         ids = np.array(ids)
         sep = np.flatnonzero(ids == SEP)[0]
-        b_docs = set(doc_of[ids[sep + 1:-1]]) - {-1}
+        b_docs = set(doc_of[ids[sep + 1 : -1]]) - {-1}
         assert len(b_docs) == 1 and (b_docs <= {0, 1} if label else b_docs == {2}), (label, b_docs)
 
 
@@ -552,13 +597,22 @@ def test_error_no_usable_examples(corpus, tmp_path):
     blank = tmp_path / "train.txt"
     blank.write_text("\u200b\nonly one usable sentence.\n", encoding="utf-8")  # first doc tokenizes to nothing
     with pytest.raises(BertraceError, match=r"train\.txt: produced no train examples"):
-        generate_examples(blank, corpus["valid"], corpus["tokenizer"], tmp_path / "out",
-                          replace(CFG, masking="dynamic"), workers=1, progress=False)
+        generate_examples(
+            blank,
+            corpus["valid"],
+            corpus["tokenizer"],
+            tmp_path / "out",
+            replace(CFG, masking="dynamic"),
+            workers=1,
+            progress=False,
+        )
 
 
 def test_error_missing_files(corpus, tmp_path):
     with pytest.raises(BertraceError, match=r"nope\.txt: train corpus not found; run the clean stage"):
-        generate_examples(tmp_path / "nope.txt", corpus["valid"], corpus["tokenizer"], tmp_path / "o", CFG, progress=False)
+        generate_examples(
+            tmp_path / "nope.txt", corpus["valid"], corpus["tokenizer"], tmp_path / "o", CFG, progress=False
+        )
     with pytest.raises(BertraceError, match=r"tok\.json: tokenizer not found; run the tokenizer stage"):
         generate_examples(corpus["train"], corpus["valid"], tmp_path / "tok.json", tmp_path / "o", CFG, progress=False)
     assert not (tmp_path / "o").exists()
@@ -569,23 +623,30 @@ def test_error_tokenizer_with_wrong_special_ids(corpus, tmp_path):
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train([str(corpus["valid"])], trainers.WordPieceTrainer(
-        vocab_size=200, special_tokens=["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]"], show_progress=False))
+    tok.train(
+        [str(corpus["valid"])],
+        trainers.WordPieceTrainer(
+            vocab_size=200, special_tokens=["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]"], show_progress=False
+        ),
+    )
     tok.save(str(tmp_path / "bad.json"))
     with pytest.raises(BertraceError, match=r"bad\.json: special tokens have ids \{'\[PAD\]': 1, '\[UNK\]': 0\}"):
         generate_examples(corpus["train"], corpus["valid"], tmp_path / "bad.json", tmp_path / "o", CFG, progress=False)
 
 
-@pytest.mark.parametrize("change, pattern", [
-    ({"max_seq_len": 4}, r"examples\.max_seq_len = 4: must be in \[8, 65535\]"),
-    ({"masking": "sometimes"}, r"examples\.masking = 'sometimes': input should be 'static' or 'dynamic'"),
-    ({"mask_candidates": "all"}, r"examples\.mask_candidates = 'all': input should be 'google' or 'skip_special'"),
-    ({"shuffle_documents": "yes"}, r"examples\.shuffle_documents = 'yes': must be true or false"),
-    ({"seed": 2.5}, r"examples\.seed = 2\.5: must be an integer"),
-    ({"masked_lm_prob": 1.5}, r"examples\.masked_lm_prob"),
-    ({"dupe_factor": 0}, r"examples\.dupe_factor"),
-    ({"docs_per_shard": 1}, r"examples\.docs_per_shard"),
-])
+@pytest.mark.parametrize(
+    "change, pattern",
+    [
+        ({"max_seq_len": 4}, r"examples\.max_seq_len = 4: must be in \[8, 65535\]"),
+        ({"masking": "sometimes"}, r"examples\.masking = 'sometimes': input should be 'static' or 'dynamic'"),
+        ({"mask_candidates": "all"}, r"examples\.mask_candidates = 'all': input should be 'google' or 'skip_special'"),
+        ({"shuffle_documents": "yes"}, r"examples\.shuffle_documents = 'yes': must be true or false"),
+        ({"seed": 2.5}, r"examples\.seed = 2\.5: must be an integer"),
+        ({"masked_lm_prob": 1.5}, r"examples\.masked_lm_prob"),
+        ({"dupe_factor": 0}, r"examples\.dupe_factor"),
+        ({"docs_per_shard": 1}, r"examples\.docs_per_shard"),
+    ],
+)
 def test_config_validation(change, pattern):
     with pytest.raises(BertraceError, match=pattern):
         ExamplesConfig(**change)
@@ -610,9 +671,24 @@ def test_config_defaults_equal_params_yaml():
 # ----------------------------------------------------------------------------- fast encoding
 
 
-TRICKY = ["Mr. Smith's [MASK] cost $3.50 (approx.)!", "[SEP]x y[CLS]z", "Café naïve ÜBER straße", "東京に行きました。",
-          "x" * 101, "y" * 100, "tab\there", "ctrl\x01char", "two  spaces ", "", "ΑΣ Σ", "##ab ## #", "a\u200bb",
-          "don't stop-believing!!", "U.S.A. 1,234.5 e-mail@x.org", "\u00a0nbsp"]
+TRICKY = [
+    "Mr. Smith's [MASK] cost $3.50 (approx.)!",
+    "[SEP]x y[CLS]z",
+    "Café naïve ÜBER straße",
+    "東京に行きました。",
+    "x" * 101,
+    "y" * 100,
+    "tab\there",
+    "ctrl\x01char",
+    "two  spaces ",
+    "",
+    "ΑΣ Σ",
+    "##ab ## #",
+    "a\u200bb",
+    "don't stop-believing!!",
+    "U.S.A. 1,234.5 e-mail@x.org",
+    "\u00a0nbsp",
+]
 
 
 @pytest.mark.parametrize("max_cache", [1 << 19, 5])
@@ -639,8 +715,10 @@ def test_sentence_encoder_falls_back_for_other_tokenizers(corpus):
 
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel()  # spaces are part of the tokens: no chunking
-    tok.train([str(corpus["valid"])], trainers.BpeTrainer(vocab_size=300, special_tokens=list(SPECIAL_IDS),
-                                                           show_progress=False))
+    tok.train(
+        [str(corpus["valid"])],
+        trainers.BpeTrainer(vocab_size=300, special_tokens=list(SPECIAL_IDS), show_progress=False),
+    )
     enc = SentenceEncoder(tok, np.uint16)
     assert not enc.chunked
     ids, lengths = enc.encode(TRICKY)

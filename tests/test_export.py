@@ -21,8 +21,13 @@ from tests.test_evaluate import make_finetuned, sentences, tiny_config, train_ti
 
 transformers = pytest.importorskip("transformers")
 
-TEXTS = ["A gripping, FUNNY film!", "the plot was dull ... and the actor bad", "Café résumé naïve ☃ 𝄞",
-         "", "good " * 40]  # accents, unknown characters, empty, one that needs truncation
+TEXTS = [
+    "A gripping, FUNNY film!",
+    "the plot was dull ... and the actor bad",
+    "Café résumé naïve ☃ 𝄞",
+    "",
+    "good " * 40,
+]  # accents, unknown characters, empty, one that needs truncation
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +40,13 @@ def ckpt_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pair_dir(tmp_path_factory, ckpt_dir) -> Path:
     d = tmp_path_factory.mktemp("pair")
-    make_finetuned(d, text_columns=("premise", "hypothesis"), label_names=("entailment", "not_entailment"),
-                   seed=4, tokenizer=ckpt_dir / "tokenizer.json")
+    make_finetuned(
+        d,
+        text_columns=("premise", "hypothesis"),
+        label_names=("entailment", "not_entailment"),
+        seed=4,
+        tokenizer=ckpt_dir / "tokenizer.json",
+    )
     return d
 
 
@@ -45,8 +55,9 @@ def _hf_logits(model, ids, types) -> np.ndarray:
 
     batch = collate([(i, t, 0) for i, t in zip(ids, types)])
     with torch.no_grad():
-        return model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                     attention_mask=batch["attention_mask"]).logits.numpy()
+        return model(
+            input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"]
+        ).logits.numpy()
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,8 +102,15 @@ def test_wrong_kind_of_checkpoint_is_a_clear_error(tmp_path, ckpt_dir):
     from pipeline.model import BertForPreTraining
 
     config = tiny_config(100)
-    pre = save_checkpoint(tmp_path / "best.pt", {"model": BertForPreTraining(config).state_dict(),
-                                                 "model_config": config.to_dict(), "step": 3, "provenance": {}})
+    pre = save_checkpoint(
+        tmp_path / "best.pt",
+        {
+            "model": BertForPreTraining(config).state_dict(),
+            "model_config": config.to_dict(),
+            "step": 3,
+            "provenance": {},
+        },
+    )
     with pytest.raises(BertraceError, match="pre-training checkpoint"):
         Classifier.load(pre)
     (tmp_path / "junk.pt").write_bytes(b"not a torch file")
@@ -135,8 +153,14 @@ def test_hf_export_classifier_matches_our_logits_and_tokens(ckpt_dir, tmp_path):
 
     out = tmp_path / "hf"
     info = export_hf(ckpt_dir / "model.pt", out)
-    assert {"config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-            "bertrace_export.json"} <= set(info["files"])
+    assert {
+        "config.json",
+        "vocab.txt",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "bertrace_export.json",
+    } <= set(info["files"])
     assert {"model.safetensors", "pytorch_model.bin"} & set(info["files"])
     assert json.loads((out / "tokenizer_config.json").read_text())["do_lower_case"] is True
     config = json.loads((out / "config.json").read_text())
@@ -158,7 +182,12 @@ def test_hf_export_classifier_matches_our_logits_and_tokens(ckpt_dir, tmp_path):
     assert enc["input_ids"] == ours.ids and enc["token_type_ids"] == ours.type_ids
     assert hf_tok(texts[4], truncation=True)["input_ids"] == ids[4]  # model_max_length = max_len 32
     assert [l.rstrip("\n") for l in open(out / "vocab.txt", encoding="utf-8")][:5] == [
-        "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+    ]
     export_info = json.loads((out / "bertrace_export.json").read_text())
     assert export_info["source_sha256"] == sha256_file(ckpt_dir / "model.pt")
     assert export_info["verification"]["max_abs_logit_diff"] <= 1e-5
@@ -174,11 +203,12 @@ def test_hf_export_classifier_matches_our_logits_and_tokens(ckpt_dir, tmp_path):
 
 
 def test_hf_export_pretraining_checkpoint(ckpt_dir, tmp_path):
+    from tokenizers import Tokenizer
+
     from pipeline.checkpoint import save_checkpoint
     from pipeline.export import export_hf
     from pipeline.model import BertForPreTraining
     from pipeline.task_data import collate, encode_examples
-    from tokenizers import Tokenizer
 
     # the pipeline's layout: data/pretrain/best.pt, data/tokenizer/tokenizer.json
     data = tmp_path / "data"
@@ -189,9 +219,15 @@ def test_hf_export_pretraining_checkpoint(ckpt_dir, tmp_path):
     torch.manual_seed(11)
     config = tiny_config(tok.get_vocab_size())
     model = BertForPreTraining(config).eval()
-    save_checkpoint(data / "pretrain" / "best.pt", {
-        "model": model.state_dict(), "model_config": config.to_dict(), "step": 10,
-        "provenance": {"tokenizer_sha256": sha256_file(tok_path), "examples_manifest_sha256": "0" * 64}})
+    save_checkpoint(
+        data / "pretrain" / "best.pt",
+        {
+            "model": model.state_dict(),
+            "model_config": config.to_dict(),
+            "step": 10,
+            "provenance": {"tokenizer_sha256": sha256_file(tok_path), "examples_manifest_sha256": "0" * 64},
+        },
+    )
 
     out = tmp_path / "hf-pre"
     info = export_hf(data / "pretrain" / "best.pt", out)  # tokenizer found in data/tokenizer/
@@ -202,8 +238,9 @@ def test_hf_export_pretraining_checkpoint(ckpt_dir, tmp_path):
     batch = collate([(i, t, 0) for i, t in zip(ids, types)])
     with torch.no_grad():
         ours = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        theirs = hf(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                    attention_mask=batch["attention_mask"])
+        theirs = hf(
+            input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"]
+        )
     valid = batch["attention_mask"].bool()
     torch.testing.assert_close(theirs.prediction_logits[valid], ours.mlm_logits[valid], atol=1e-5, rtol=0)
     torch.testing.assert_close(theirs.seq_relationship_logits, ours.nsp_logits, atol=1e-5, rtol=0)
@@ -223,17 +260,24 @@ def test_a_pre_ln_checkpoint_is_refused_naming_the_param(ckpt_dir, tmp_path):
     exact export, so none is written."""
     import dataclasses
 
+    from tokenizers import Tokenizer
+
     from pipeline.checkpoint import save_checkpoint
     from pipeline.export import export_hf
     from pipeline.model import BertForPreTraining
-    from tokenizers import Tokenizer
 
     tok_path = ckpt_dir / "tokenizer.json"
     config = dataclasses.replace(tiny_config(Tokenizer.from_file(str(tok_path)).get_vocab_size()), pre_ln=True)
     model = BertForPreTraining(config)
-    save_checkpoint(tmp_path / "best.pt", {
-        "model": model.state_dict(), "model_config": config.to_dict(), "step": 10,
-        "provenance": {"tokenizer_sha256": sha256_file(tok_path), "examples_manifest_sha256": "0" * 64}})
+    save_checkpoint(
+        tmp_path / "best.pt",
+        {
+            "model": model.state_dict(),
+            "model_config": config.to_dict(),
+            "step": 10,
+            "provenance": {"tokenizer_sha256": sha256_file(tok_path), "examples_manifest_sha256": "0" * 64},
+        },
+    )
     with pytest.raises(BertraceError, match=r"best\.pt: a pre-LN encoder \(pretrain\.model\.pre_ln: true\)"):
         export_hf(tmp_path / "best.pt", tmp_path / "hf", tokenizer_path=tok_path)
     assert not (tmp_path / "hf").exists()
@@ -282,13 +326,16 @@ def test_pyfunc_log_load_predict(ckpt_dir, tmp_path):
         model.predict(pd.DataFrame({"review": ["x"]}))
 
     # a fresh process, outside the repo, runs the model on its own copy of the pipeline package
-    code = ("import json, sys, mlflow.pyfunc, pandas as pd\n"
-            f"m = mlflow.pyfunc.load_model({str(local)!r})\n"
-            "out = m.predict(pd.DataFrame({'sentence': json.loads(sys.argv[1])}))\n"
-            "import pipeline\n"
-            "print(json.dumps({'pipeline': pipeline.__file__, 'labels': out['label'].tolist()}))\n")
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(texts)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
+    code = (
+        "import json, sys, mlflow.pyfunc, pandas as pd\n"
+        f"m = mlflow.pyfunc.load_model({str(local)!r})\n"
+        "out = m.predict(pd.DataFrame({'sentence': json.loads(sys.argv[1])}))\n"
+        "import pipeline\n"
+        "print(json.dumps({'pipeline': pipeline.__file__, 'labels': out['label'].tolist()}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(texts)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert Path(result["pipeline"]).is_relative_to(local / "code")

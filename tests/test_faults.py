@@ -50,7 +50,7 @@ def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # MLflow runs of killed stages
 
-HOLDER = r'''
+HOLDER = r"""
 import sys, time
 from stages.common import StageRun
 with StageRun(sys.argv[1], {"x": 1}) as run:
@@ -61,12 +61,18 @@ with StageRun(sys.argv[1], {"x": 1}) as run:
                          tags={"bertrace.stage": sys.argv[1]})
     print(run.mlflow_run_id, flush=True)
     time.sleep(120)
-'''
+"""
 
 
 def _holder(stage: str, child: bool = False, **env) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, stage, "child" if child else "-"], cwd=REPO,
-                            env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, stage, "child" if child else "-"],
+        cwd=REPO,
+        env=_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     run_id = proc.stdout.readline().strip()
     assert run_id, proc.stderr.read()
     return proc, run_id
@@ -86,8 +92,9 @@ def test_a_stage_marks_the_runs_of_its_killed_attempts_killed(tmp_path, monkeypa
         killed.send_signal(signal.SIGKILL)
         killed.wait(timeout=30)
         assert client.get_run(killed_id).info.status == "RUNNING"  # what SIGKILL leaves behind
-        children = client.search_runs([client.get_run(killed_id).info.experiment_id],
-                                      filter_string=f"tags.mlflow.parentRunId = '{killed_id}'")
+        children = client.search_runs(
+            [client.get_run(killed_id).info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{killed_id}'"
+        )
         assert len(children) == 1 and children[0].info.status == "RUNNING"
         with StageRun("pretrain", {"x": 1}) as run:
             pass
@@ -117,8 +124,14 @@ def test_same_pipeline_run_marks_a_run_whose_process_cannot_be_checked(tmp_path,
     client = mlflow.MlflowClient()
     ids = {}
     for name, run_id in (("same", "repro-1"), ("other", "repro-0")):
-        r = client.create_run(experiment, tags={"bertrace.stage": "clean", "bertrace.pipeline_run_id": run_id,
-                                                tracking.PROCESS_TAG: "elsewhere 123 456"})
+        r = client.create_run(
+            experiment,
+            tags={
+                "bertrace.stage": "clean",
+                "bertrace.pipeline_run_id": run_id,
+                tracking.PROCESS_TAG: "elsewhere 123 456",
+            },
+        )
         ids[name] = r.info.run_id
     with StageRun("clean", {}) as run:
         pass
@@ -130,11 +143,19 @@ def test_same_pipeline_run_marks_a_run_whose_process_cannot_be_checked(tmp_path,
 def test_sigterm_closes_the_run_as_killed(tmp_path):
     import mlflow
 
-    code = ("import time\nfrom stages.common import StageRun, run_stage\n"
-            "def main():\n    with StageRun('examples', {}) as run:\n        print(run.mlflow_run_id, flush=True)\n"
-            "        time.sleep(120)\nrun_stage(main)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    code = (
+        "import time\nfrom stages.common import StageRun, run_stage\n"
+        "def main():\n    with StageRun('examples', {}) as run:\n        print(run.mlflow_run_id, flush=True)\n"
+        "        time.sleep(120)\nrun_stage(main)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     run_id = proc.stdout.readline().strip()
     assert run_id, proc.stderr.read()
     proc.send_signal(signal.SIGTERM)
@@ -149,10 +170,27 @@ def test_sigterm_closes_the_run_as_killed(tmp_path):
 
 def _pretrain_dir(tmp_path: Path, **params) -> Path:
     work = tmp_path / "work"
-    make_examples(work / "data" / "examples", masking="static", train_rows=128, valid_rows=32, rows_per_shard=64,
-                  row_group_size=16)
-    cfg = {"model": TINY, "batch_size": 16, "lr": 2e-3, "warmup": 0.1, "max_steps": 4, "eval_every": 2,
-           "log_every": 1, "checkpoint_every": 2, "num_threads": 1, "snapshot_steps": [], **params}
+    make_examples(
+        work / "data" / "examples",
+        masking="static",
+        train_rows=128,
+        valid_rows=32,
+        rows_per_shard=64,
+        row_group_size=16,
+    )
+    cfg = {
+        "model": TINY,
+        "batch_size": 16,
+        "lr": 2e-3,
+        "warmup": 0.1,
+        "max_steps": 4,
+        "eval_every": 2,
+        "log_every": 1,
+        "checkpoint_every": 2,
+        "num_threads": 1,
+        "snapshot_steps": [],
+        **params,
+    }
     (work / "params.yaml").write_text(yaml.safe_dump({"compute": {"kernels": "portable"}, "pretrain": cfg}))
     return work
 
@@ -219,28 +257,34 @@ def test_disk_full_while_writing_any_output_names_the_file(tmp_path, monkeypatch
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", no_space)
-    with pytest.raises(DiskFull, match=r"metrics.json: no space left on the device .* the previous metrics.json is "
-                                       r"unchanged"):
+    with pytest.raises(
+        DiskFull,
+        match=r"metrics.json: no space left on the device .* the previous metrics.json is "
+        r"unchanged",
+    ):
         write_json(target, {"new": 2})
     assert json.loads(target.read_text()) == {"old": 1} and len(list(tmp_path.iterdir())) == 1
 
 
-@pytest.mark.parametrize("error", [
-    "OSError(errno.ENOSPC, 'No space left on device', 'data/examples/train/shard-00001.parquet')",
-    "RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598')",
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        "OSError(errno.ENOSPC, 'No space left on device', 'data/examples/train/shard-00001.parquet')",
+        "RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598')",
+    ],
+)
 def test_run_stage_reports_a_full_disk_in_one_line(tmp_path, error):
     code = f"import errno\nfrom stages.common import run_stage\ndef main():\n    raise {error}\nrun_stage(main)\n"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60
+    )
     _one_line_error(proc, "no space left on the device", "free")
 
 
 def _can_mount_tmpfs() -> bool:
     if shutil.which("unshare") is None:
         return False
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k none /tmp"],
-                           capture_output=True)
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k none /tmp"], capture_output=True)
     return probe.returncode == 0
 
 
@@ -249,8 +293,9 @@ def test_pretrain_stage_on_a_full_tmpfs(tmp_path):
     """A real full device: data/pretrain on a tmpfs with room for the first checkpoint only."""
     work = _pretrain_dir(tmp_path, max_steps=2, checkpoint_every=2, eval_every=0)
     env = _env(BERTRACE_NO_MLFLOW="1")
-    p = subprocess.run([sys.executable, "-m", "stages.pretrain"], cwd=work, env=env, capture_output=True, text=True,
-                       timeout=240)
+    p = subprocess.run(
+        [sys.executable, "-m", "stages.pretrain"], cwd=work, env=env, capture_output=True, text=True, timeout=240
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     size = (work / "data" / "pretrain" / "last.pt").stat().st_size
     (work / "params.yaml").write_text((work / "params.yaml").read_text().replace("max_steps: 2", "max_steps: 4"))
@@ -258,12 +303,15 @@ def test_pretrain_stage_on_a_full_tmpfs(tmp_path):
     shutil.move(work / "data" / "pretrain", keep)
     (work / "data" / "pretrain").mkdir()
     room = (size * 3 // 2) // 4096 * 4096  # the old checkpoint fits, a second one beside it does not
-    script = (f"mount -t tmpfs -o size={room} none data/pretrain && cp keep/last.pt data/pretrain/ && "
-              f"{sys.executable} -m stages.pretrain; rc=$?; "
-              f"{sys.executable} -c \"from pipeline.checkpoint import load_checkpoint; "
-              f"print('step', load_checkpoint('data/pretrain/last.pt')['step'])\"; ls -a data/pretrain; exit $rc")
-    p = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=work, env=env, capture_output=True, text=True,
-                       timeout=240)
+    script = (
+        f"mount -t tmpfs -o size={room} none data/pretrain && cp keep/last.pt data/pretrain/ && "
+        f"{sys.executable} -m stages.pretrain; rc=$?; "
+        f'{sys.executable} -c "from pipeline.checkpoint import load_checkpoint; '
+        f"print('step', load_checkpoint('data/pretrain/last.pt')['step'])\"; ls -a data/pretrain; exit $rc"
+    )
+    p = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=240
+    )
     _one_line_error(p, "data/pretrain/", "no space left on the device", "needs about", "is intact")
     assert "step 2" in p.stdout  # the previous checkpoint is valid
     assert ".tmp" not in p.stdout  # no temporary left on the device
@@ -275,32 +323,49 @@ def test_pretrain_stage_on_a_full_tmpfs(tmp_path):
 
 BAD_PARAMS = [
     ("tokenizer", {"tokenizer": {"strip_accents": "maybe"}}, ["tokenizer.strip_accents", "fix it in params.yaml"]),
-    ("download", {"download": {"source": "local", "local": {"format": "documents_per_file"}}},
-     ["download.local.format", "document_per_file"]),
+    (
+        "download",
+        {"download": {"source": "local", "local": {"format": "documents_per_file"}}},
+        ["download.local.format", "document_per_file"],
+    ),
     ("evaluate", {"evaluate": {"splits": "all"}, "finetune": {}}, ["evaluate.splits", "auto or a list"]),
     ("finetune", {"finetune": {"task": {"delimiter": ";;"}}}, ["finetune.task.delimiter", "one character"]),
     ("finetune", {"finetune": {"task": {"quoting": "double"}}}, ["finetune.task.quoting", "minimal"]),
     ("finetune", {"finetune": {"task": {"separator": ";"}}}, ["finetune.task.separator: unknown key", "delimiter"]),
     ("validate", {"validate": {"max_chars_altered": 2}, "clean": {"min_chars": 1}}, ["validate.max_chars_altered"]),
-    ("evaluate", {"evaluate": {"registered_model_name": "team/model"}, "finetune": {}},
-     ["evaluate.registered_model_name", "cannot", "'/'"]),
+    (
+        "evaluate",
+        {"evaluate": {"registered_model_name": "team/model"}, "finetune": {}},
+        ["evaluate.registered_model_name", "cannot", "'/'"],
+    ),
 ]
 
 
-@pytest.mark.parametrize("stage, params, needles", BAD_PARAMS, ids=[f"{s}-{i}" for i, (s, _, _) in enumerate(BAD_PARAMS)])
+@pytest.mark.parametrize(
+    "stage, params, needles", BAD_PARAMS, ids=[f"{s}-{i}" for i, (s, _, _) in enumerate(BAD_PARAMS)]
+)
 def test_bad_params_are_one_line_errors(tmp_path, stage, params, needles):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    proc = subprocess.run([sys.executable, "-m", f"stages.{stage}"], cwd=tmp_path, env=_env(BERTRACE_NO_MLFLOW="1"),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"stages.{stage}"],
+        cwd=tmp_path,
+        env=_env(BERTRACE_NO_MLFLOW="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     _one_line_error(proc, "params.yaml", *needles)
 
 
 def test_an_unreadable_csv_names_the_file_and_the_delimiter_params(tmp_path):
     (tmp_path / "train.csv").write_text('text;label\n"an unclosed quote;1\nfine;0\n', encoding="utf-8")
-    code = ("from pathlib import Path\nfrom stages.common import run_stage\nfrom pipeline.task_data import read_table\n"
-            "run_stage(lambda: read_table(Path('train.csv')))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                          timeout=60)
+    code = (
+        "from pathlib import Path\nfrom stages.common import run_stage\nfrom pipeline.task_data import read_table\n"
+        "run_stage(lambda: read_table(Path('train.csv')))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60
+    )
     _one_line_error(proc, "train.csv: cannot be read as csv", "finetune.task.delimiter", "finetune.task.quoting")
 
 
@@ -309,8 +374,13 @@ def test_test_split_null_with_explicit_evaluate_splits_says_how_to_fix(tmp_path)
     from tests.test_finetune import synthetic_rows, train_tokenizer, write_csv
 
     train = write_csv(tmp_path / "train.csv", ["text", "label"], synthetic_rows(20, 0))
-    task = {"source": "local", "local": {"train": str(train)}, "text_columns": ["text"], "label_names": ["a", "b"],
-            "splits": {"train": "train", "validation": None, "test": None}}
+    task = {
+        "source": "local",
+        "local": {"train": str(train)},
+        "text_columns": ["text"],
+        "label_names": ["a", "b"],
+        "splits": {"train": "train", "validation": None, "test": None},
+    }
     assert evaluate_roles(task, "auto") == ["validation"]
     assert evaluate_roles(task, ["test"]) == ["test"]
     tok = train_tokenizer(tmp_path / "tok.json", [])

@@ -18,9 +18,18 @@ import yaml
 
 from pipeline.checkpoint import save_checkpoint
 from pipeline.errors import BertraceError
-from pipeline.finetune import (FinetuneConfig, LengthGroupedBatches, build_model, check_tokenizer, layer_depth,
-                               layerwise_lr_groups, linear_warmup_decay, load_pretrained, resolve_checkpoint,
-                               train_seed)
+from pipeline.finetune import (
+    FinetuneConfig,
+    LengthGroupedBatches,
+    build_model,
+    check_tokenizer,
+    layer_depth,
+    layerwise_lr_groups,
+    linear_warmup_decay,
+    load_pretrained,
+    resolve_checkpoint,
+    train_seed,
+)
 from pipeline.io import sha256_file
 from pipeline.model import BertConfig, BertForPreTraining, BertForSequenceClassification, Dropout, param_groups
 from pipeline.task_data import cut, encode_examples, head_tail_split, load_task_data, pair_budget
@@ -56,16 +65,23 @@ def train_tokenizer(path: Path, extra_lines: list[str], vocab_size: int = 400) -
 
     tok = build_tokenizer(lowercase=True)
     corpus = [t for t, _ in synthetic_rows(200, 0)] + extra_lines
-    tok.train_from_iterator(corpus, trainer=trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##",
-        show_progress=False))
+    tok.train_from_iterator(
+        corpus,
+        trainer=trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(SPECIAL_TOKENS),
+            continuing_subword_prefix="##",
+            show_progress=False,
+        ),
+    )
     path.write_text(tok.to_str(), encoding="utf-8")
     return path
 
 
 def tiny_config(vocab_size: int) -> BertConfig:
-    return BertConfig(vocab_size=vocab_size, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                      max_position=128)
+    return BertConfig(
+        vocab_size=vocab_size, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position=128
+    )
 
 
 def make_pretrain_checkpoint(path: Path, tokenizer_path: Path, seed: int = 1234) -> Path:
@@ -75,10 +91,17 @@ def make_pretrain_checkpoint(path: Path, tokenizer_path: Path, seed: int = 1234)
     torch.manual_seed(seed)
     config = tiny_config(tok.get_vocab_size())
     model = BertForPreTraining(config)
-    provenance = {"stage": "pretrain", "git": {"commit": None, "dirty": None}, "params": {}, "params_hash": "0" * 64,
-                  "tokenizer_sha256": sha256_file(tokenizer_path), "examples_manifest_sha256": "1" * 64}
-    return save_checkpoint(path, {"model": model.state_dict(), "model_config": config.to_dict(), "step": 0,
-                                  "provenance": provenance})
+    provenance = {
+        "stage": "pretrain",
+        "git": {"commit": None, "dirty": None},
+        "params": {},
+        "params_hash": "0" * 64,
+        "tokenizer_sha256": sha256_file(tokenizer_path),
+        "examples_manifest_sha256": "1" * 64,
+    }
+    return save_checkpoint(
+        path, {"model": model.state_dict(), "model_config": config.to_dict(), "step": 0, "provenance": provenance}
+    )
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models, one torch thread
@@ -93,10 +116,21 @@ def env(tmp_path_factory):
     ckpt_path = make_pretrain_checkpoint(root / "pretrain" / "last.pt", tok_path)
     train = write_csv(root / "train.csv", ["text", "label"], synthetic_rows(200, 1))
     valid = write_csv(root / "valid.csv", ["text", "label"], synthetic_rows(100, 2))
-    task = {"source": "local", "local": {"train": str(train), "validation": str(valid)},
-            "text_columns": ["text"], "label_column": "label", "label_names": ["neg", "pos"]}
-    return {"root": root, "tokenizer_path": tok_path, "tokenizer": load_tokenizer(tok_path), "ckpt_path": ckpt_path,
-            "ckpt": load_pretrained(ckpt_path), "task": task}
+    task = {
+        "source": "local",
+        "local": {"train": str(train), "validation": str(valid)},
+        "text_columns": ["text"],
+        "label_column": "label",
+        "label_names": ["neg", "pos"],
+    }
+    return {
+        "root": root,
+        "tokenizer_path": tok_path,
+        "tokenizer": load_tokenizer(tok_path),
+        "ckpt_path": ckpt_path,
+        "ckpt": load_pretrained(ckpt_path),
+        "task": task,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,9 +143,13 @@ def test_sst2_local_files_label_first_crlf_and_content_column(env, tmp_path):
     train.write_bytes(b"\n".join(head) + b"\n")
     assert b"\r\n" in train.read_bytes()
     dev = shared_file("sst2", "dev.tsv")
-    task = {"source": "local", "text_columns": ["sentence"], "label_column": "label",
-            "label_names": ["negative", "positive"],
-            "local": {"train": str(train), "validation": {"path": str(dev), "columns": {"content": "sentence"}}}}
+    task = {
+        "source": "local",
+        "text_columns": ["sentence"],
+        "label_column": "label",
+        "label_names": ["negative", "positive"],
+        "local": {"train": str(train), "validation": {"path": str(dev), "columns": {"content": "sentence"}}},
+    }
     data = load_task_data(task, env["tokenizer"], max_len=64)
     tr, va = data.splits["train"], data.splits["validation"]
     assert (len(tr), len(va)) == (300, 872)
@@ -138,7 +176,8 @@ def test_sst2_through_the_mirror_renames_columns_and_test_is_labelled(env):
     assert data.splits["test"].label_counts(2) == [912, 909]  # the local test.tsv is labelled
     assert set(data.files.values()) == {
         "84207e6be5873fb18db798cc6faec86871f5a426554650ff64a1c34e87665f6f",
-        "fcd46f967b7b8efd8b5398481dadf873886298d092195167af907fd532e81e1c"}
+        "fcd46f967b7b8efd8b5398481dadf873886298d092195167af907fd532e81e1c",
+    }
     assert data.source["type"] == "hub" and data.source["dataset"] == "nyu-mll/glue"
 
 
@@ -147,14 +186,16 @@ def test_hub_source_with_classlabel_names_and_column_renames(env, tmp_path, monk
     import datasets
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
-    features = datasets.Features({"review": datasets.Value("string"),
-                                  "label": datasets.ClassLabel(names=["bad", "good"])})
+    features = datasets.Features(
+        {"review": datasets.Value("string"), "label": datasets.ClassLabel(names=["bad", "good"])}
+    )
     folder = tmp_path / "hub-dataset"
     folder.mkdir()
     for split, n in (("train", 40), ("validation", 10)):
         rows = synthetic_rows(n, 3)
-        datasets.Dataset.from_dict({"review": [t for t, _ in rows], "label": [y for _, y in rows]},
-                                   features=features).to_parquet(str(folder / f"{split}.parquet"))
+        datasets.Dataset.from_dict(
+            {"review": [t for t, _ in rows], "label": [y for _, y in rows]}, features=features
+        ).to_parquet(str(folder / f"{split}.parquet"))
     task = {"hub": {"dataset": str(folder), "config": None}, "columns": {"review": "sentence"}, "label_names": []}
     data = load_task_data(task, env["tokenizer"], max_len=32)
     assert data.label_names == ["bad", "good"]  # from the ClassLabel feature
@@ -168,8 +209,14 @@ def test_imdb_parquet_head_tail_truncation_and_carved_validation(env, tmp_path):
     sl = pa.concat_tables([table.slice(0, 150), table.slice(12_500, 150)])  # 150 neg + 150 pos
     path = tmp_path / "imdb.parquet"
     pq.write_table(sl, path)
-    task = {"source": "local", "local": {"train": str(path)}, "text_columns": "text", "label_names": ["neg", "pos"],
-            "splits": {"validation": None}, "validation_fraction": 0.2}
+    task = {
+        "source": "local",
+        "local": {"train": str(path)},
+        "text_columns": "text",
+        "label_names": ["neg", "pos"],
+        "splits": {"validation": None},
+        "validation_fraction": 0.2,
+    }
     data = load_task_data(task, env["tokenizer"], max_len=64, truncation="head_tail")
     tr, va = data.splits["train"], data.splits["validation"]
     assert (len(tr), len(va)) == (240, 60)
@@ -181,7 +228,7 @@ def test_imdb_parquet_head_tail_truncation_and_carved_validation(env, tmp_path):
     ids, _, n_cut = encode_examples(env["tokenizer"], [sl.column("text")[0].as_py()], None, 64, "head_tail")
     h = head_tail_split(62)
     assert n_cut == 1 and len(ids[0]) == 64 and h == 15
-    assert ids[0] == [2, *full[:h], *full[-(62 - h):], 3]
+    assert ids[0] == [2, *full[:h], *full[-(62 - h) :], 3]
     assert head_tail_split(510) == 128  # 128 head + 382 tail at max_len 512
     # validation rows are disjoint from train rows; the split does not depend on anything but the seed
     again = load_task_data(task, env["tokenizer"], max_len=64, truncation="head_tail")
@@ -198,12 +245,18 @@ def test_imdb_parquet_head_tail_truncation_and_carved_validation(env, tmp_path):
 
 
 def test_sentence_pair_task_with_string_labels(env, tmp_path):
-    rows = [{"premise": "the movie was good " * (8 if i == 0 else 1), "hypothesis": "a film", "label": lab}
-            for i, lab in enumerate(["entailment", "not_entailment", "entailment", "0", 1])]
+    rows = [
+        {"premise": "the movie was good " * (8 if i == 0 else 1), "hypothesis": "a film", "label": lab}
+        for i, lab in enumerate(["entailment", "not_entailment", "entailment", "0", 1])
+    ]
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    task = {"source": "local", "local": {"train": str(path), "validation": str(path)},
-            "text_columns": ["premise", "hypothesis"], "label_names": ["entailment", "not_entailment"]}
+    task = {
+        "source": "local",
+        "local": {"train": str(path), "validation": str(path)},
+        "text_columns": ["premise", "hypothesis"],
+        "label_names": ["entailment", "not_entailment"],
+    }
     data = load_task_data(task, env["tokenizer"], max_len=16)
     tr = data.splits["train"]
     assert tr.labels.tolist() == [0, 1, 0, 0, 1]  # names, digit strings and ints
@@ -219,8 +272,12 @@ def test_sentence_pair_task_with_string_labels(env, tmp_path):
 
 def test_labels_outside_label_names_are_an_error(env, tmp_path):
     path = write_csv(tmp_path / "bad.csv", ["text", "label"], [("good", "pos"), ("bad", "maybe"), ("x", "neg")])
-    task = {"source": "local", "local": {"train": str(path), "validation": str(path)},
-            "text_columns": ["text"], "label_names": ["neg", "pos"]}
+    task = {
+        "source": "local",
+        "local": {"train": str(path), "validation": str(path)},
+        "text_columns": ["text"],
+        "label_names": ["neg", "pos"],
+    }
     with pytest.raises(BertraceError) as e:
         load_task_data(task, env["tokenizer"], max_len=32)
     msg = str(e.value)
@@ -232,8 +289,12 @@ def test_labels_outside_label_names_are_an_error(env, tmp_path):
 
 def test_missing_column_lists_the_columns_present(env, tmp_path):
     dev = shared_file("sst2", "dev.tsv")
-    task = {"source": "local", "local": {"validation": str(dev)}, "text_columns": ["sentence"],
-            "label_names": ["negative", "positive"]}
+    task = {
+        "source": "local",
+        "local": {"validation": str(dev)},
+        "text_columns": ["sentence"],
+        "label_names": ["negative", "positive"],
+    }
     with pytest.raises(BertraceError) as e:
         load_task_data(task, env["tokenizer"], max_len=32, roles=("validation",))
     msg = str(e.value)
@@ -247,25 +308,32 @@ def test_missing_file_and_empty_split_errors(env, tmp_path):
         load_task_data(task, env["tokenizer"], max_len=32)
     empty = write_csv(tmp_path / "empty.csv", ["text", "label"], [])
     with pytest.raises(BertraceError, match=r"empty\.csv: the train split \(train\) has no rows"):
-        load_task_data({**env["task"], "local": {"train": str(empty), "validation": str(empty)}},
-                       env["tokenizer"], max_len=32)
+        load_task_data(
+            {**env["task"], "local": {"train": str(empty), "validation": str(empty)}}, env["tokenizer"], max_len=32
+        )
 
 
 def test_csv_delimiter_is_sniffed_or_set_and_recorded(env, tmp_path):
     """A semicolon CSV (a spreadsheet export in many locales) no longer fails with a pandas ParserError:
     `delimiter: auto` sniffs it; an explicit delimiter / quoting wins; the choice is in source.tables."""
-    rows = [(f"{t}; really, \"{i}\"", y) for i, (t, y) in enumerate(synthetic_rows(40, 3))]
+    rows = [(f'{t}; really, "{i}"', y) for i, (t, y) in enumerate(synthetic_rows(40, 3))]
     semi = tmp_path / "semi.csv"
     with open(semi, "w", newline="", encoding="utf-8") as f:
         csv.writer(f, delimiter=";").writerows([("text", "label"), *rows])
     pipe = tmp_path / "pipe.csv"
     pipe.write_text("text|label\n" + "".join(f"{t}|{y}\n" for t, y in synthetic_rows(40, 4)), encoding="utf-8")
-    task = {"source": "local", "local": {"train": str(semi), "validation": str(pipe)}, "text_columns": ["text"],
-            "label_names": ["neg", "pos"]}
+    task = {
+        "source": "local",
+        "local": {"train": str(semi), "validation": str(pipe)},
+        "text_columns": ["text"],
+        "label_names": ["neg", "pos"],
+    }
     data = load_task_data(task, env["tokenizer"], max_len=64)
     assert len(data.splits["train"]) == len(data.splits["validation"]) == 40
-    assert data.source["tables"] == {semi.as_posix(): {"delimiter": ";", "quoting": "minimal", "sniffed": True},
-                                     pipe.as_posix(): {"delimiter": "|", "quoting": "minimal", "sniffed": True}}
+    assert data.source["tables"] == {
+        semi.as_posix(): {"delimiter": ";", "quoting": "minimal", "sniffed": True},
+        pipe.as_posix(): {"delimiter": "|", "quoting": "minimal", "sniffed": True},
+    }
     first = env["tokenizer"].encode(rows[0][0], add_special_tokens=False).ids  # the quoted ';' and '"' kept
     assert data.splits["train"].input_ids[0] == [2, *first, 3]
     # explicit: a tab-separated file named .csv, quotes as plain characters
@@ -301,8 +369,11 @@ def test_full_loads_encoder_and_scratch_does_not(env):
     scratch = build_model(env["ckpt"], 2, "scratch", seed=0)
     encoder_keys = [k for k in full.state_dict() if k.startswith("bert.")]
     assert encoder_keys and all(torch.equal(full.state_dict()[k], sd[k]) for k in encoder_keys)
-    differ = [k for k in encoder_keys if k.endswith("weight") and "ln" not in k
-              and not torch.equal(scratch.state_dict()[k], sd[k])]
+    differ = [
+        k
+        for k in encoder_keys
+        if k.endswith("weight") and "ln" not in k and not torch.equal(scratch.state_dict()[k], sd[k])
+    ]
     assert len(differ) == len([k for k in encoder_keys if k.endswith("weight") and "ln" not in k])
     assert not any(k.startswith(("mlm.", "nsp.")) for k in full.state_dict())  # heads dropped
     assert set(full.state_dict()) == set(scratch.state_dict())
@@ -332,14 +403,15 @@ def test_layer_lr_decay_lowers_the_rate_towards_the_input(env):
     L = model.config.num_layers
     plain = layerwise_lr_groups(model, 1e-3, 0.01)  # decay 1.0: param_groups' two groups, one lr
     assert [(len(g["params"]), g["weight_decay"], g["lr"]) for g in plain] == [
-        (len(g["params"]), g["weight_decay"], 1e-3) for g in param_groups(model, 0.01)]
+        (len(g["params"]), g["weight_decay"], 1e-3) for g in param_groups(model, 0.01)
+    ]
     groups = layerwise_lr_groups(model, 1e-3, 0.01, decay=0.5)
     lr_of = {id(p): g["lr"] for g in groups for p in g["params"]}
     named = dict(model.named_parameters())
     assert len(lr_of) == len(named)  # every parameter once
     assert lr_of[id(named["bert.embeddings.word.weight"])] == pytest.approx(1e-3 * 0.5 ** (L + 2))
     assert lr_of[id(named["bert.layers.0.attn.qkv.weight"])] == pytest.approx(1e-3 * 0.5 ** (L + 1))
-    assert lr_of[id(named[f"bert.layers.{L - 1}.ffn.proj.bias"])] == pytest.approx(1e-3 * 0.5 ** 2)
+    assert lr_of[id(named[f"bert.layers.{L - 1}.ffn.proj.bias"])] == pytest.approx(1e-3 * 0.5**2)
     assert lr_of[id(named["bert.pooler.weight"])] == lr_of[id(named["classifier.bias"])] == 1e-3
     assert [layer_depth(n, 2) for n in ("gpt.wte.weight", "gpt.blocks.1.mlp.fc.bias", "gpt.ln_f.weight")] == [0, 2, 4]
     decayed = {id(p) for g in groups if g["weight_decay"] for p in g["params"]}
@@ -374,11 +446,12 @@ def test_seeds_are_reproducible_and_batches_cover_every_example(env):
     epoch1, epoch2 = list(sampler), list(sampler)
     assert len(epoch1) == len(sampler) == 29  # 9 windows of 21 examples (3 batches each) + 11 left: 2 batches
     assert sorted(i for batch in epoch1 for i in batch) == list(range(200)) and epoch1 != epoch2
+
     def spread(batches):
         return statistics.fmean(max(lengths[i] for i in bt) - min(lengths[i] for i in bt) for bt in batches)
 
     perm = torch.randperm(200, generator=torch.Generator().manual_seed(0)).tolist()
-    random_batches = [perm[j:j + 7] for j in range(0, 200, 7)]
+    random_batches = [perm[j : j + 7] for j in range(0, 200, 7)]
     assert spread(epoch1) < 0.5 * spread(random_batches)  # similar lengths in a batch: little padding
 
 
@@ -392,7 +465,9 @@ def test_schedule_and_params():
     assert FinetuneConfig.from_params(yaml.safe_load("lr: 5e-5")).lr == 5e-5  # YAML 1.1 reads 5e-5 as a string
     with pytest.raises(BertraceError, match=r"finetune.learning_rate: unknown key; valid keys: .*clip_grad_norm"):
         FinetuneConfig.from_params({"learning_rate": 1e-3})
-    with pytest.raises(BertraceError, match=r"finetune.mode = 'partial': input should be 'full', 'frozen' or 'scratch'"):
+    with pytest.raises(
+        BertraceError, match=r"finetune.mode = 'partial': input should be 'full', 'frozen' or 'scratch'"
+    ):
         FinetuneConfig.from_params({"mode": "partial"})
     with pytest.raises(BertraceError, match=r"finetune.seeds = \[1, 1\]: repeats a seed"):
         FinetuneConfig.from_params({"seeds": [1, 1]})
@@ -414,11 +489,27 @@ def test_finetune_stage_end_to_end(env, tmp_path, monkeypatch):
     (root / "data" / "tokenizer" / "tokenizer.json").write_bytes(env["tokenizer_path"].read_bytes())
     # only last.pt exists: the stage falls back to it from data/pretrain/best.pt
     (root / "data" / "pretrain" / "last.pt").write_bytes(env["ckpt_path"].read_bytes())
-    params = {"compute": {"kernels": "portable"}, "finetune": {
-        "checkpoint": "data/pretrain/best.pt", "tokenizer": "data/tokenizer/tokenizer.json", "mirror": "",
-        "task": env["task"], "mode": "full", "max_len": 32, "truncation": "head", "epochs": 6, "batch_size": 16,
-        "lr": 3e-3, "warmup": 0.1, "weight_decay": 0.01, "dropout": 0.1, "patience": 3, "seeds": [1, 2],
-        "threads": 0}}
+    params = {
+        "compute": {"kernels": "portable"},
+        "finetune": {
+            "checkpoint": "data/pretrain/best.pt",
+            "tokenizer": "data/tokenizer/tokenizer.json",
+            "mirror": "",
+            "task": env["task"],
+            "mode": "full",
+            "max_len": 32,
+            "truncation": "head",
+            "epochs": 6,
+            "batch_size": 16,
+            "lr": 3e-3,
+            "warmup": 0.1,
+            "weight_decay": 0.01,
+            "dropout": 0.1,
+            "patience": 3,
+            "seeds": [1, 2],
+            "threads": 0,
+        },
+    }
     (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     monkeypatch.chdir(root)
     monkeypatch.delenv("BERTRACE_HUB_MIRROR", raising=False)
@@ -439,8 +530,18 @@ def test_finetune_stage_end_to_end(env, tmp_path, monkeypatch):
 
     # the checkpoint: SPEC format, weights_only-loadable, the best seed's model
     ckpt = torch.load(root / "data" / "finetune" / "model.pt", weights_only=True)
-    for key in ("model", "model_config", "num_labels", "label_names", "task", "tokenizer_sha256", "mode", "seed",
-                "metrics", "provenance"):
+    for key in (
+        "model",
+        "model_config",
+        "num_labels",
+        "label_names",
+        "task",
+        "tokenizer_sha256",
+        "mode",
+        "seed",
+        "metrics",
+        "provenance",
+    ):
         assert key in ckpt, key
     assert ckpt["num_labels"] == 2 and ckpt["label_names"] == ["neg", "pos"] and ckpt["mode"] == "full"
     assert ckpt["task"]["text_columns"] == ["text"] and ckpt["task"]["max_len"] == 32
@@ -452,8 +553,10 @@ def test_finetune_stage_end_to_end(env, tmp_path, monkeypatch):
     assert prov["pretrain"]["tokenizer_sha256"] == tok_sha and prov["params"]["mode"] == "full"
     assert prov["params_hash"] and "git" in prov
     assert prov["pretrain_checkpoint_sha256"] == sha256_file(env["ckpt_path"])
-    assert set(prov["task_files"].values()) == {sha256_file(env["task"]["local"]["train"]),
-                                                sha256_file(env["task"]["local"]["validation"])}
+    assert set(prov["task_files"].values()) == {
+        sha256_file(env["task"]["local"]["train"]),
+        sha256_file(env["task"]["local"]["validation"]),
+    }
     assert BertConfig.from_dict(ckpt["model_config"]) == BertConfig.from_dict(env["ckpt"]["model_config"])
 
     # it loads strictly and reproduces the reported validation accuracy
@@ -482,8 +585,10 @@ def test_finetune_stage_end_to_end(env, tmp_path, monkeypatch):
         assert r.data.tags["bertrace.stage"] == "finetune" and r.data.tags["bertrace.mode"] == "full"
         assert r.data.tags["bertrace.tokenizer_sha256"] == tok_sha
         assert r.data.tags["bertrace.pretrain_checkpoint_sha256"] == sha256_file(env["ckpt_path"])
-        assert r.data.metrics["best_validation_accuracy"] == saved["per_seed"][r.data.tags["bertrace.seed"]][
-            "validation_accuracy"]
+        assert (
+            r.data.metrics["best_validation_accuracy"]
+            == saved["per_seed"][r.data.tags["bertrace.seed"]]["validation_accuracy"]
+        )
     assert parents[0].data.metrics["validation_accuracy.mean"] == pytest.approx(saved["validation_accuracy"]["mean"])
 
 
@@ -495,13 +600,37 @@ def test_probe_script_fine_tunes_each_variant(env, tmp_path):
     spec = importlib.util.spec_from_file_location("probe_ft", REPO / "bench" / "probe_finetune.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
-    base = {"task": env["task"], "mode": "full", "max_len": 32, "epochs": 2, "batch_size": 16, "lr": 3e-3,
-            "patience": 0, "seeds": [0, 1], "mirror": ""}
+    base = {
+        "task": env["task"],
+        "mode": "full",
+        "max_len": 32,
+        "epochs": 2,
+        "batch_size": 16,
+        "lr": 3e-3,
+        "patience": 0,
+        "seeds": [0, 1],
+        "mirror": "",
+    }
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"finetune": base}))
-    rows = probe.main(["--checkpoint", str(env["ckpt_path"]), "--tokenizer", str(env["tokenizer_path"]),
-                       "--params", str(params), "--seeds", "3", "--variant", "", "--variant", "mode=scratch,max_len=16",
-                       "--json", str(tmp_path / "rows.json")])
+    rows = probe.main(
+        [
+            "--checkpoint",
+            str(env["ckpt_path"]),
+            "--tokenizer",
+            str(env["tokenizer_path"]),
+            "--params",
+            str(params),
+            "--seeds",
+            "3",
+            "--variant",
+            "",
+            "--variant",
+            "mode=scratch,max_len=16",
+            "--json",
+            str(tmp_path / "rows.json"),
+        ]
+    )
     assert [r["variant"] for r in rows] == ["params.yaml", "mode=scratch,max_len=16"]
     assert json.loads((tmp_path / "rows.json").read_text()) == rows
     assert all(r["seeds"] == [3] and set(r["per_seed"]) == {"3"} and r["dev_std"] == 0 for r in rows)
@@ -512,8 +641,18 @@ def test_probe_script_fine_tunes_each_variant(env, tmp_path):
     assert rows[0]["checks"]["3"] == [round(100 * h["validation_accuracy"], 2) for h in direct.history]
     assert len(rows[0]["checks"]["3"]) == 2 and rows[0]["dev_mean"] == max(rows[0]["checks"]["3"])  # one per epoch
     with pytest.raises(BertraceError, match="--variant 'lr=0'"):
-        probe.main(["--checkpoint", str(env["ckpt_path"]), "--tokenizer", str(env["tokenizer_path"]),
-                    "--params", str(params), "--variant", "lr=0"])
+        probe.main(
+            [
+                "--checkpoint",
+                str(env["ckpt_path"]),
+                "--tokenizer",
+                str(env["tokenizer_path"]),
+                "--params",
+                str(params),
+                "--variant",
+                "lr=0",
+            ]
+        )
 
 
 def test_a_variant_lays_its_keys_over_finetune():
@@ -521,11 +660,19 @@ def test_a_variant_lays_its_keys_over_finetune():
     the checkpoint / tokenizer (DVC deps every variant shares) are errors naming the key."""
     from pipeline.finetune import variant_params
 
-    base = {"mode": "full", "lr": 1e-4, "task": {"type": "classification", "max_examples": {"train": None}},
-            "checkpoint": "data/pretrain/best.pt"}
+    base = {
+        "mode": "full",
+        "lr": 1e-4,
+        "task": {"type": "classification", "max_examples": {"train": None}},
+        "checkpoint": "data/pretrain/best.pt",
+    }
     out = variant_params(base, {"mode": "frozen", "lr": 1e-3, "task": {"max_examples": {"train": 100}}}, "frozen")
-    assert out == {"mode": "frozen", "lr": 1e-3, "task": {"type": "classification", "max_examples": {"train": 100}},
-                   "checkpoint": "data/pretrain/best.pt"}
+    assert out == {
+        "mode": "frozen",
+        "lr": 1e-3,
+        "task": {"type": "classification", "max_examples": {"train": 100}},
+        "checkpoint": "data/pretrain/best.pt",
+    }
     assert base["mode"] == "full" and base["task"]["max_examples"]["train"] is None  # not modified
     assert variant_params(base, None, "same") == base
     with pytest.raises(BertraceError, match=r"finetune_variants\.frozen\.lrr: not a finetune key; use one of"):

@@ -27,8 +27,15 @@ ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["the film was", "a gripping , funny story !", "", "don't stop playing"]
 
 
-def save_causal_checkpoint(data: Path, *, seed: int = 0, objective: str = "clm", name: str = "best.pt",
-                           tokenizer: Path | None = None, max_position: int = 64) -> tuple[Path, GPT]:
+def save_causal_checkpoint(
+    data: Path,
+    *,
+    seed: int = 0,
+    objective: str = "clm",
+    name: str = "best.pt",
+    tokenizer: Path | None = None,
+    max_position: int = 64,
+) -> tuple[Path, GPT]:
     """``data/pretrain/<name>`` (a random GPT, or a BERT for objective 'bert') and
     ``data/tokenizer/tokenizer.json``, as the pipeline lays them out."""
     from tokenizers import Tokenizer
@@ -49,10 +56,16 @@ def save_causal_checkpoint(data: Path, *, seed: int = 0, objective: str = "clm",
     model = GPT(config) if objective == "clm" else BertForPreTraining(config)
     if objective == "clm":
         _randomize(model, seed)
-    path = save_checkpoint(data / "pretrain" / name, {
-        "model": model.state_dict(), "model_config": config.to_dict(), "step": 10,
-        "train_config": {"objective": objective},
-        "provenance": {"tokenizer_sha256": sha256_file(tok_path), "examples_manifest_sha256": "0" * 64}})
+    path = save_checkpoint(
+        data / "pretrain" / name,
+        {
+            "model": model.state_dict(),
+            "model_config": config.to_dict(),
+            "step": 10,
+            "train_config": {"objective": objective},
+            "provenance": {"tokenizer_sha256": sha256_file(tok_path), "examples_manifest_sha256": "0" * 64},
+        },
+    )
     return path, model.eval()
 
 
@@ -87,8 +100,12 @@ def test_sample_next_filters():
 
 def test_bad_sampling_settings_are_clear_errors(data):
     model, tok, _ = load_causal_lm(data / "pretrain" / "best.pt")
-    for kw, match in (({"temperature": -1}, "--temperature"), ({"top_k": -2}, "--top-k"),
-                      ({"top_p": 0.0}, "--top-p"), ({"top_p": 1.5}, "--top-p")):
+    for kw, match in (
+        ({"temperature": -1}, "--temperature"),
+        ({"top_k": -2}, "--top-k"),
+        ({"top_p": 0.0}, "--top-p"),
+        ({"top_p": 1.5}, "--top-p"),
+    ):
         with pytest.raises(BertraceError, match=match):
             generate(model, [SEP_ID], 5, **kw)
     with pytest.raises(BertraceError, match="max_position is 64"):
@@ -115,7 +132,7 @@ def test_greedy_equals_transformers_generate_on_the_export(data, tmp_path):
         assert enc["input_ids"][0].tolist() == ids  # [SEP] + the prompt, as ours
         ours = generate(model, ids, 30, temperature=0)
         with torch.no_grad():
-            theirs = hf.generate(**enc, do_sample=False, max_new_tokens=30)[0, len(ids):].tolist()
+            theirs = hf.generate(**enc, do_sample=False, max_new_tokens=30)[0, len(ids) :].tolist()
         assert ours == theirs, prompt
         lengths.append(len(ours))
     assert max(lengths) == 30  # not every continuation ends at once on a separator
@@ -129,8 +146,9 @@ def test_same_seed_same_text_and_streaming_in_order(data):
         ids = encode_prompt(tok, "the film was")
         new = generate(model, ids, 40, temperature=1.0, top_k=50, seed=seed, on_token=tokens.append)
         assert tokens == new  # the callback saw every token, in order, as it was chosen
-        sample = generate_text(model, tok, "the film was", 40, temperature=1.0, top_k=50, seed=seed,
-                               on_text=pieces.append)
+        sample = generate_text(
+            model, tok, "the film was", 40, temperature=1.0, top_k=50, seed=seed, on_text=pieces.append
+        )
         assert sample.new_ids == new
         assert "".join(pieces) == sample.text == tok.decode(sample.prompt_ids + sample.new_ids)
         assert sample.text.startswith("the film was")
@@ -177,8 +195,11 @@ def test_text_stream_never_takes_back_what_it_wrote(data):
 def test_wrong_checkpoints_are_clear_errors(tmp_path, data):
     bert = tmp_path / "bert" / "data"
     save_causal_checkpoint(bert, objective="bert", tokenizer=data / "tokenizer" / "tokenizer.json")
-    with pytest.raises(BertraceError, match=r"encoder \(masked-LM\) checkpoint \(pretrain.objective: bert\).*"
-                                            r"set pretrain.objective: clm"):
+    with pytest.raises(
+        BertraceError,
+        match=r"encoder \(masked-LM\) checkpoint \(pretrain.objective: bert\).*"
+        r"set pretrain.objective: clm",
+    ):
         load_causal_lm(bert / "pretrain" / "best.pt")
     other = train_tiny_tokenizer(tmp_path / "other" / "tokenizer.json", vocab_size=250)
     with pytest.raises(BertraceError, match="is not the tokenizer"):
@@ -191,15 +212,31 @@ def test_wrong_checkpoints_are_clear_errors(tmp_path, data):
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, "-m", "stages.cli", "generate", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "stages.cli", "generate", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_cli_streams_the_same_text_as_the_library(data):
     model, tok, _ = load_causal_lm(data / "pretrain" / "best.pt")
     expected = generate_text(model, tok, "the film was", 15, temperature=0.7, top_p=0.9, seed=5).text
-    r = _cli("the film was", "--max-new-tokens", "15", "--temperature", "0.7", "--top-p", "0.9", "--seed", "5",
-             cwd=data.parent)  # default checkpoint: data/pretrain/best.pt
+    r = _cli(
+        "the film was",
+        "--max-new-tokens",
+        "15",
+        "--temperature",
+        "0.7",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "5",
+        cwd=data.parent,
+    )  # default checkpoint: data/pretrain/best.pt
     assert r.returncode == 0, r.stderr
     assert r.stdout == expected + "\n"
     assert "new tokens from data/pretrain/best.pt" in r.stderr
@@ -230,8 +267,13 @@ def test_export_loads_with_auto_classes_and_matches_logits(data, tmp_path):
     model, tok, _ = load_causal_lm(data / "pretrain" / "best.pt")
     out = tmp_path / "hf"
     info = export_hf(data / "pretrain" / "best.pt", out)
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "bertrace_export.json"} <= set(info["files"])
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "bertrace_export.json",
+    } <= set(info["files"])
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)
     assert type(hf).__name__ == "GPT2LMHeadModel"
@@ -239,8 +281,9 @@ def test_export_loads_with_auto_classes_and_matches_logits(data, tmp_path):
     texts = sentences(6, 3)
     enc = hf_tok(texts, padding=True, return_tensors="pt")
     assert "token_type_ids" not in enc
-    assert [e[m.bool()].tolist() for e, m in zip(enc["input_ids"], enc["attention_mask"])] == \
-        [encode_prompt(tok, t) for t in texts]
+    assert [e[m.bool()].tolist() for e, m in zip(enc["input_ids"], enc["attention_mask"])] == [
+        encode_prompt(tok, t) for t in texts
+    ]
     with torch.no_grad():
         ours = model(enc["input_ids"], enc["attention_mask"]).logits
         theirs = hf(**enc).logits
@@ -267,12 +310,19 @@ def test_causal_classifier_exports_as_gpt2_for_sequence_classification(data, tmp
     with torch.no_grad():
         clf.score.weight.mul_(30)
     clf.eval()
-    save_finetuned(d / "model.pt", state_dict=clf.state_dict(), model_config=lm.config.to_dict(),
-                   label_names=["neg", "neu", "pos"],
-                   task={"text_columns": ["sentence"], "max_len": 32, "truncation": "head",
-                         "source": {"type": "local"}},
-                   tokenizer_sha256=sha256_file(tok_path), mode="full", seed=0, metrics={}, provenance=fake_chain(),
-                   architecture="gpt")
+    save_finetuned(
+        d / "model.pt",
+        state_dict=clf.state_dict(),
+        model_config=lm.config.to_dict(),
+        label_names=["neg", "neu", "pos"],
+        task={"text_columns": ["sentence"], "max_len": 32, "truncation": "head", "source": {"type": "local"}},
+        tokenizer_sha256=sha256_file(tok_path),
+        mode="full",
+        seed=0,
+        metrics={},
+        provenance=fake_chain(),
+        architecture="gpt",
+    )
     info = export_hf(d / "model.pt", tmp_path / "hf-clf")
     assert info["architecture"] == "GPT2ForSequenceClassification"
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf-clf").eval()

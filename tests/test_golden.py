@@ -29,19 +29,23 @@ def host() -> str:
     except OSError:
         return platform.processor() or platform.machine()
     flags = set(info.get("flags", "").split())
-    return (f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model {info.get('model', '?')}; "
-            f"{' '.join(f for f in FLAGS if f in flags) or 'no AVX2'})")
+    return (
+        f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model {info.get('model', '?')}; "
+        f"{' '.join(f for f in FLAGS if f in flags) or 'no AVX2'})"
+    )
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="portable kernels are x86-64's")
 def test_golden_weights_are_rebuilt_bit_for_bit_on_this_host():
     expected = json.loads(GOLDEN.read_text(encoding="utf-8"))
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "golden.py")], capture_output=True, text=True,
-                          cwd=REPO, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "golden.py")], capture_output=True, text=True, cwd=REPO, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
     assert got["torch"] == expected["torch"], (
-        f"torch {got['torch']} here, the golden hashes are torch {expected['torch']}'s (constraints.txt pins it)")
+        f"torch {got['torch']} here, the golden hashes are torch {expected['torch']}'s (constraints.txt pins it)"
+    )
     assert (got["kernels"], got["cpu_capability"]) == ("portable", "AVX2"), got
     differ = [name for name in got["tensors"] if got["tensors"][name] != expected["tensors"].get(name)]
     assert set(got["tensors"]) == set(expected["tensors"]), "the golden run's tensors changed names"
@@ -49,5 +53,6 @@ def test_golden_weights_are_rebuilt_bit_for_bit_on_this_host():
         f"{len(differ)} of {len(got['tensors'])} golden tensors differ on this host, {host()}: first {differ[0]} "
         f"(pre-training loss {got['pretrain_loss']!r}, golden {expected['pretrain_loss']!r}). This CPU's arithmetic "
         "differs from the golden host's; record it in docs/reproducibility.md. After a deliberate change to the "
-        "recipe: python tests/golden.py --write")
+        "recipe: python tests/golden.py --write"
+    )
     assert got["finetune_losses"] == expected["finetune_losses"]

@@ -20,8 +20,15 @@ V = 211  # tiny vocabulary: these tests are about the math, not the size
 
 
 def tiny(**kw) -> BertConfig:
-    d = dict(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_position=64,
-             layer_norm_eps=1e-5)
+    d = dict(
+        vocab_size=V,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=64,
+        max_position=64,
+        layer_norm_eps=1e-5,
+    )
     d.update(kw)
     return BertConfig(**d)
 
@@ -75,7 +82,7 @@ def test_right_padding_changes_no_real_token_logits():
         full = model(ids, mask).logits
         for b in range(ids.size(0)):
             n = int(mask[b].sum())
-            alone = model(ids[b:b + 1, :n]).logits[0]
+            alone = model(ids[b : b + 1, :n]).logits[0]
             torch.testing.assert_close(full[b, :n], alone, atol=1e-5, rtol=0)
 
 
@@ -147,7 +154,8 @@ def test_hf_mapping_round_trips_and_config_inverts():
 def _hf_classifier(config: BertConfig, num_labels: int = 3):
     transformers = pytest.importorskip("transformers")
     hf = transformers.GPT2ForSequenceClassification(
-        transformers.GPT2Config(**hf_gpt2_config(config, num_labels=num_labels))).eval()
+        transformers.GPT2Config(**hf_gpt2_config(config, num_labels=num_labels))
+    ).eval()
     _randomize(hf, seed=2)
     ours = GPTForSequenceClassification(config, num_labels).eval()
     load_hf_gpt2_state_dict(ours, hf.state_dict())
@@ -215,7 +223,7 @@ def test_kv_cache_decoding_equals_full_recomputation():
         out = model(ids[:, :5], use_cache=True)
         steps, past = [out.logits], out.past_key_values
         for t in range(5, 16):
-            out = model(ids[:, t:t + 1], past_key_values=past, use_cache=True)
+            out = model(ids[:, t : t + 1], past_key_values=past, use_cache=True)
             steps.append(out.logits)
             past = out.past_key_values
         out = model(ids[:, 16:20], past_key_values=past, use_cache=True)

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from test_pretrain_data import make_examples
 
 import pipeline.train as train
 from pipeline import device as device_lib
@@ -39,31 +40,58 @@ from pipeline.model import BertConfig, BertForPreTraining
 from pipeline.objectives import BertPretraining
 from pipeline.pretrain_data import PretrainingData, collate
 from pipeline.train import PretrainConfig, pretrain
-from test_pretrain_data import make_examples
 from tests.conftest import REPO
 
 TINY = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "max_position": 64}
 
 
 def tiny_cfg(**kw) -> PretrainConfig:
-    base = dict(objective="mlm_nsp", embedding_init={"method": "random"}, model=dict(TINY), batch_size=16, lr=3e-3, warmup=0.1, max_steps=6, eval_every=0, eval_batches=None,
-                log_every=1, checkpoint_every=None, checkpoint_minutes=None, shuffle_buffer=64, seed=0, num_threads=1,
-                snapshot_steps=[])
+    base = dict(
+        objective="mlm_nsp",
+        embedding_init={"method": "random"},
+        model=dict(TINY),
+        batch_size=16,
+        lr=3e-3,
+        warmup=0.1,
+        max_steps=6,
+        eval_every=0,
+        eval_batches=None,
+        log_every=1,
+        checkpoint_every=None,
+        checkpoint_minutes=None,
+        shuffle_buffer=64,
+        seed=0,
+        num_threads=1,
+        snapshot_steps=[],
+    )
     base.update(kw)
     return PretrainConfig(**base)
 
 
 def run(cfg, examples, out, **kw):
     logs = []
-    metrics = pretrain(cfg, examples_dir=examples, out_dir=out, provenance={}, progress=False,
-                       on_log=lambda s, m: logs.append((s, m)), **kw)
+    metrics = pretrain(
+        cfg,
+        examples_dir=examples,
+        out_dir=out,
+        provenance={},
+        progress=False,
+        on_log=lambda s, m: logs.append((s, m)),
+        **kw,
+    )
     return metrics, logs
 
 
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory):
-    return make_examples(tmp_path_factory.mktemp("ex"), masking="dynamic", train_rows=256, valid_rows=32,
-                         rows_per_shard=64, row_group_size=16)
+    return make_examples(
+        tmp_path_factory.mktemp("ex"),
+        masking="dynamic",
+        train_rows=256,
+        valid_rows=32,
+        rows_per_shard=64,
+        row_group_size=16,
+    )
 
 
 def _env() -> dict:
@@ -74,8 +102,13 @@ def _env() -> dict:
 
 
 def _torchrun(script: Path, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), *args], env=_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # ----------------------------------------------------------------------------- 1. fp16 resume
@@ -108,7 +141,7 @@ def test_fp16_resume_keeps_fused_adamw_under_the_gradscaler(examples, tmp_path, 
 
 # ----------------------------------------------------------------------------- 2. resume, no shared fs
 
-RESUME_WORKER = r'''
+RESUME_WORKER = r"""
 import datetime, json, sys
 from pathlib import Path
 import torch.distributed as dist
@@ -128,7 +161,7 @@ for name, stop in (("full", None), ("parts", 4), ("parts", None)):
     report.setdefault(name, []).append({"metrics": metrics, "logs": logs})
 (base / f"report{rank}.json").write_text(json.dumps(report))
 dist.destroy_process_group()
-'''
+"""
 
 
 @pytest.mark.slow
@@ -148,7 +181,7 @@ def test_ddp_resume_without_a_shared_filesystem(examples, tmp_path):
     assert resumed["metrics"]["model_sha256"] == full["metrics"]["model_sha256"]
     assert r1["parts"][1]["metrics"]["model_sha256"] == full["metrics"]["model_sha256"]
     assert r1["parts"][1]["metrics"]["tokens_seen"] == full["metrics"]["tokens_seen"]  # rank 1 resumed too
-    strip = lambda logs: [[s, {k: v for k, v in m.items() if k not in ("tokens_per_s", "seconds")}] for s, m in logs]
+    strip = lambda logs: [[s, {k: v for k, v in m.items() if k not in ("tokens_per_s", "seconds")}] for s, m in logs]  # noqa: E731
     assert strip(resumed["logs"]) == [x for x in strip(full["logs"]) if x[0] > 4]
 
 
@@ -160,8 +193,9 @@ def _fake_cuda(monkeypatch, count: int = 8, name: str = "NVIDIA A100-SXM4-80GB",
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
-                        lambda including_emulation=True: bf16_native or including_emulation)
+    monkeypatch.setattr(
+        torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16_native or including_emulation
+    )
 
 
 def test_cuda_index_follows_local_rank_under_torchrun(monkeypatch):
@@ -225,7 +259,7 @@ def test_compile_time_is_not_counted_in_a_time_budget(examples, tmp_path, monkey
 
 # ----------------------------------------------------------------------------- 5. + 6. DDP data use, eval sample
 
-DATA_WORKER = r'''
+DATA_WORKER = r"""
 import datetime, json, sys
 from pathlib import Path
 import torch.distributed as dist
@@ -253,15 +287,16 @@ cfg = PretrainConfig(objective="mlm_nsp", embedding_init={"method": "random"}, m
 metrics = pretrain(cfg, examples_dir=examples, out_dir=base / "out", provenance={}, progress=False)
 (base / f"report{rank}.json").write_text(json.dumps({"metrics": metrics, "seen": seen, "evaluated": evaluated}))
 dist.destroy_process_group()
-'''
+"""
 
 
 @pytest.fixture(scope="module")
 def ddp_data_run(tmp_path_factory):
     """One 2-rank gloo run: an epoch over a split of 3 row groups of 32 rows, then a validation."""
     tmp = tmp_path_factory.mktemp("ddp_data")
-    ex = make_examples(tmp / "ex", masking="dynamic", train_rows=96, valid_rows=64, rows_per_shard=96,
-                       row_group_size=32)
+    ex = make_examples(
+        tmp / "ex", masking="dynamic", train_rows=96, valid_rows=64, rows_per_shard=96, row_group_size=32
+    )
     script = tmp / "worker.py"
     script.write_text(DATA_WORKER)
     p = _torchrun(script, str(ex), str(tmp), json.dumps(TINY))
@@ -283,8 +318,15 @@ def test_ddp_sharding_uses_nearly_all_rows_with_8_ranks_on_25_row_groups(tmp_pat
     """The issue's case: 8 ranks, 25 row groups (5 shards of 2,400 rows, row groups of 512: the
     last one of each shard short). Each rank's rows are disjoint; every rank yields the same
     number of batches; the share of rows used per epoch is now > 99 % (was 45-79 %)."""
-    ex = make_examples(tmp_path, masking="dynamic", train_rows=12_000, valid_rows=8, rows_per_shard=2_400,
-                       row_group_size=512, max_len=12)
+    ex = make_examples(
+        tmp_path,
+        masking="dynamic",
+        train_rows=12_000,
+        valid_rows=8,
+        rows_per_shard=2_400,
+        row_group_size=512,
+        max_len=12,
+    )
     world, micro = 8, 4
     ranks = [PretrainingData(ex, batch_size=micro, seed=0, rank=r, world_size=world) for r in range(world)]
     assert len(ranks[0].units) == 25
@@ -306,8 +348,9 @@ def test_ddp_eval_sample_is_global(ddp_data_run):
     state = torch.load(tmp / "out" / "last.pt", weights_only=True)
     model = BertForPreTraining(BertConfig.from_dict(state["model_config"]))
     model.load_state_dict(state["model"])
-    one = train.evaluate(model, BertPretraining(), PretrainingData(ex, "valid", batch_size=8), torch.device("cpu"),
-                         max_batches=2)
+    one = train.evaluate(
+        model, BertPretraining(), PretrainingData(ex, "valid", batch_size=8), torch.device("cpu"), max_batches=2
+    )
     assert r0["metrics"]["val_mlm_loss"] == pytest.approx(one["val_mlm_loss"], rel=1e-6)
     assert r0["metrics"]["val_nsp_acc"] == one["val_nsp_acc"]
 
@@ -315,20 +358,23 @@ def test_ddp_eval_sample_is_global(ddp_data_run):
 # ----------------------------------------------------------------------------- 7. peak FLOP/s
 
 
-@pytest.mark.parametrize("name, precision, peak", [
-    ("NVIDIA L4", "bf16", 121e12),
-    ("NVIDIA L40", "bf16", 181e12),  # not L4's
-    ("NVIDIA L40S", "bf16", 362e12),
-    ("NVIDIA H100 80GB HBM3", "bf16", 989e12),  # SXM
-    ("NVIDIA H100 PCIe", "bf16", 756e12),  # not SXM's 989
-    ("NVIDIA H100 NVL", "fp16", 835e12),
-    ("NVIDIA H200", "bf16", 989e12),
-    ("NVIDIA A100-SXM4-80GB", "fp32", 19.5e12),
-    ("NVIDIA A100 80GB PCIe", "bf16", 312e12),
-    ("Tesla T4", "fp16", 65e12),
-    ("Tesla T4", "bf16", None),
-    ("NVIDIA GeForce RTX 4090", "bf16", None),  # unknown: no MFU rather than a wrong one
-])
+@pytest.mark.parametrize(
+    "name, precision, peak",
+    [
+        ("NVIDIA L4", "bf16", 121e12),
+        ("NVIDIA L40", "bf16", 181e12),  # not L4's
+        ("NVIDIA L40S", "bf16", 362e12),
+        ("NVIDIA H100 80GB HBM3", "bf16", 989e12),  # SXM
+        ("NVIDIA H100 PCIe", "bf16", 756e12),  # not SXM's 989
+        ("NVIDIA H100 NVL", "fp16", 835e12),
+        ("NVIDIA H200", "bf16", 989e12),
+        ("NVIDIA A100-SXM4-80GB", "fp32", 19.5e12),
+        ("NVIDIA A100 80GB PCIe", "bf16", 312e12),
+        ("Tesla T4", "fp16", 65e12),
+        ("Tesla T4", "bf16", None),
+        ("NVIDIA GeForce RTX 4090", "bf16", None),  # unknown: no MFU rather than a wrong one
+    ],
+)
 def test_peak_flops_matches_whole_gpu_names(monkeypatch, name, precision, peak):
     _fake_cuda(monkeypatch, name=name)
     assert peak_flops(torch.device("cuda", 0), precision) == peak
@@ -383,9 +429,13 @@ def test_no_device_sync_per_micro_batch(examples, tmp_path, monkeypatch):
     """The model checked ``bool(mask.all())`` on every micro-batch: a GPU→CPU sync each time.
     The loader now decides "no padding" on the host; the model, the objective and the update
     read nothing back from the device (the loss window is read once per log)."""
-    calls = _count_host_reads(monkeypatch, lambda f: (
-        f.f_code.co_filename.endswith(("model.py", os.path.join("objectives", "bert.py")))
-        or f.f_code.co_name == "train_step"))
+    calls = _count_host_reads(
+        monkeypatch,
+        lambda f: (
+            f.f_code.co_filename.endswith(("model.py", os.path.join("objectives", "bert.py")))
+            or f.f_code.co_name == "train_step"
+        ),
+    )
     cfg = tiny_cfg(max_steps=6, grad_accum=2, log_every=1000, eval_every=3, eval_batches=2)
     metrics, _ = run(cfg, examples, tmp_path)
     assert metrics["step"] == 6
@@ -396,12 +446,15 @@ def test_host_side_padding_flag_keeps_results_bit_identical():
     """``padded`` from collate gives exactly the outputs of the on-device check, with the mask
     dropped (SDPA's fused kernels) for an unpadded batch and kept for a padded one."""
     torch.manual_seed(0)
-    model = BertForPreTraining(BertConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2,
-                                          intermediate_size=64, max_position=16)).eval()
+    model = BertForPreTraining(
+        BertConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position=16)
+    ).eval()
     rng = np.random.default_rng(0)
     for lengths in ((9, 9, 9), (9, 5, 7)):
-        rows = [(rng.integers(5, 64, n), np.zeros(n, dtype=np.int64), 0, np.array([1, 2]), np.array([7, 8]))
-                for n in lengths]
+        rows = [
+            (rng.integers(5, 64, n), np.zeros(n, dtype=np.int64), 0, np.array([1, 2]), np.array([7, 8]))
+            for n in lengths
+        ]
         batch = collate(rows, [0, 1, 2])
         assert batch.padded is (len(set(lengths)) > 1)
         args = (batch.input_ids, batch.token_type_ids, batch.attention_mask, batch.masked_positions)
@@ -416,8 +469,13 @@ def test_clock_broadcast_stays_on_the_cpu(tmp_path):
     """A wall-clock budget broadcasts rank 0's clock every update; on a GPU tensor that is a
     GPU→CPU sync per step. It now goes through a CPU (gloo) group: a "cuda" device is never
     touched (this torch has no CUDA, so the old code raised here)."""
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo",
+        store=dist.FileStore(str(tmp_path / "store"), 1),
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=30),
+    )
     try:
         assert train._broadcast_float(12.5, torch.device("cuda", 0), 2) == 12.5
     finally:
@@ -430,24 +488,35 @@ def test_clock_broadcast_stays_on_the_cpu(tmp_path):
 def test_finetuning_reads_the_loss_back_only_when_it_logs(tmp_path, monkeypatch):
     """Fine-tuning called ``loss.item()`` every step and evaluation twice per batch; now the
     sums stay on the device until a log line or the end of an evaluation needs them."""
+    from test_finetune import make_pretrain_checkpoint, synthetic_rows, train_tokenizer, write_csv
+
     from pipeline.finetune import FinetuneConfig, load_pretrained, train_seed
     from pipeline.task_data import load_task_data
     from pipeline.tokenizer import load_tokenizer
-    from test_finetune import make_pretrain_checkpoint, synthetic_rows, train_tokenizer, write_csv
 
     tok_path = train_tokenizer(tmp_path / "tokenizer.json", [])
     ckpt = load_pretrained(make_pretrain_checkpoint(tmp_path / "last.pt", tok_path))
-    task = {"source": "local", "text_columns": ["text"], "label_column": "label", "label_names": ["neg", "pos"],
-            "local": {"train": str(write_csv(tmp_path / "train.csv", ["text", "label"], synthetic_rows(160, 1))),
-                      "validation": str(write_csv(tmp_path / "valid.csv", ["text", "label"], synthetic_rows(40, 2)))}}
+    task = {
+        "source": "local",
+        "text_columns": ["text"],
+        "label_column": "label",
+        "label_names": ["neg", "pos"],
+        "local": {
+            "train": str(write_csv(tmp_path / "train.csv", ["text", "label"], synthetic_rows(160, 1))),
+            "validation": str(write_csv(tmp_path / "valid.csv", ["text", "label"], synthetic_rows(40, 2))),
+        },
+    }
     data = load_task_data(task, load_tokenizer(tok_path), max_len=32)
-    cfg = FinetuneConfig(epochs=2, batch_size=16, eval_batch_size=8, lr=1e-3, seeds=[0], patience=0,
-                         log_every_steps=1000)
+    cfg = FinetuneConfig(
+        epochs=2, batch_size=16, eval_batch_size=8, lr=1e-3, seeds=[0], patience=0, log_every_steps=1000
+    )
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        calls = _count_host_reads(monkeypatch, lambda f: f.f_code.co_filename.endswith("finetune.py")
-                                  and f.f_code.co_name in ("train_seed", "evaluate"))
+        calls = _count_host_reads(
+            monkeypatch,
+            lambda f: f.f_code.co_filename.endswith("finetune.py") and f.f_code.co_name in ("train_seed", "evaluate"),
+        )
         result = train_seed(ckpt, data, cfg, 0, progress=False)
     finally:
         torch.set_num_threads(before)
@@ -464,12 +533,25 @@ def test_gpu_check_script_smoke_mode_on_the_cpu(tmp_path):
     """``bench/gpu_check.sh --cpu`` runs every check of the GPU readiness script at tiny sizes
     (fp16 is skipped: it needs CUDA), so the script is known to work before a GPU is lent."""
     out = tmp_path / "gpu_check.json"
-    p = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh"), "--cpu", "--out", str(out)], cwd=tmp_path,
-                       env={**_env(), "PYTHON": sys.executable}, capture_output=True, text=True, timeout=240)
+    p = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu_check.sh"), "--cpu", "--out", str(out)],
+        cwd=tmp_path,
+        env={**_env(), "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     report = json.loads(out.read_text())
     status = {name: r["status"] for name, r in report["checks"].items()}
-    assert status == {"bf16": "PASS", "fp16": "SKIP", "resume": "PASS", "exact": "PASS", "compile": "PASS",
-                      "ddp": "PASS", "finetune": "PASS"}, report
+    assert status == {
+        "bf16": "PASS",
+        "fp16": "SKIP",
+        "resume": "PASS",
+        "exact": "PASS",
+        "compile": "PASS",
+        "ddp": "PASS",
+        "finetune": "PASS",
+    }, report
     assert report["checks"]["bf16"]["tokens_per_s"] > 0 and "tokens/s" in p.stdout and "MFU" in p.stdout
     assert "identical" in report["checks"]["exact"]["note"]

@@ -36,17 +36,30 @@ def vocab(google_order: bool) -> list[str]:
     return list(SPECIAL_TOKENS) + words
 
 
-def save_hf_bert(directory: Path, *, google_order: bool = False, cls: str = "BertForPreTraining", seed: int = 0,
-                 lower: bool = True, vocab_size: int | None = None) -> Path:
+def save_hf_bert(
+    directory: Path,
+    *,
+    google_order: bool = False,
+    cls: str = "BertForPreTraining",
+    seed: int = 0,
+    lower: bool = True,
+    vocab_size: int | None = None,
+) -> Path:
     """A random ``transformers`` BERT (2 layers, hidden 64) + vocab.txt + tokenizer_config.json in ``directory``
     (``vocab_size``: the vocabulary filled up with [unusedN] tokens)."""
     import transformers
 
     tokens = vocab(google_order)
     tokens += [f"[unused{i}]" for i in range(10, 10 + (vocab_size or 0) - len(tokens))]
-    config = transformers.BertConfig(vocab_size=len(tokens), hidden_size=64, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=128, max_position_embeddings=64,
-                                     hidden_act="gelu")
+    config = transformers.BertConfig(
+        vocab_size=len(tokens),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        hidden_act="gelu",
+    )
     torch.manual_seed(seed)
     model = getattr(transformers, cls)(config).eval()
     with torch.no_grad():  # LayerNorms away from 1/0 and a non-zero output bias: a wrong map shows
@@ -55,9 +68,12 @@ def save_hf_bert(directory: Path, *, google_order: bool = False, cls: str = "Ber
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(directory)
     (directory / "vocab.txt").write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"do_lower_case": lower, "tokenizer_class": "BertTokenizer", "unk_token": "[UNK]", "pad_token": "[PAD]"}),
-        encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"do_lower_case": lower, "tokenizer_class": "BertTokenizer", "unk_token": "[UNK]", "pad_token": "[PAD]"}
+        ),
+        encoding="utf-8",
+    )
     return directory
 
 
@@ -98,7 +114,8 @@ def test_imported_model_computes_what_transformers_computes(tmp_path, google_ord
     assert hf_ids == [[i for i, m in zip(r, k) if m] for r, k in zip(ids.tolist(), mask.tolist())]
     assert [tok.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
     assert ckpt["provenance"]["tokenizer"]["special_ids_moved"] == (
-        {"[UNK]": [4, 1], "[CLS]": [5, 2], "[SEP]": [6, 3], "[MASK]": [7, 4]} if google_order else {})
+        {"[UNK]": [4, 1], "[CLS]": [5, 2], "[SEP]": [6, 3], "[MASK]": [7, 4]} if google_order else {}
+    )
 
     our_ids = torch.tensor([[perm_vocab.index(hf_vocab[i]) for i in row] for row in ids.tolist()])
     with torch.no_grad():
@@ -122,8 +139,9 @@ def test_provenance_hashes_every_file_read_and_the_tokenizer(tmp_path):
     (d / "README.md").write_text("not read\n")
     ckpt = import_checkpoint(d)
     prov = ckpt["provenance"]
-    assert set(prov["inputs"]) == {(d / f).as_posix() for f in ("config.json", "model.safetensors", "vocab.txt",
-                                                                 "tokenizer_config.json")}
+    assert set(prov["inputs"]) == {
+        (d / f).as_posix() for f in ("config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json")
+    }
     for path, digest in prov["inputs"].items():
         assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == digest
     assert prov["source"] == d.as_posix() and prov["resolved_revision"] is None and prov["kind"] == "directory"
@@ -169,8 +187,11 @@ def test_bare_bert_model_and_masked_lm_saves_get_fresh_heads(tmp_path):
         ids, types, mask = batch(TEXTS, d)
         with torch.no_grad():
             x, _ = ours.bert(ids, types, mask)
-            h = (ref(input_ids=ids, token_type_ids=types, attention_mask=mask).last_hidden_state if cls == "BertModel"
-                 else ref.bert(input_ids=ids, token_type_ids=types, attention_mask=mask).last_hidden_state)
+            h = (
+                ref(input_ids=ids, token_type_ids=types, attention_mask=mask).last_hidden_state
+                if cls == "BertModel"
+                else ref.bert(input_ids=ids, token_type_ids=types, attention_mask=mask).last_hidden_state
+            )
         torch.testing.assert_close(x[mask.bool()], h[mask.bool()], atol=1e-5, rtol=0)
 
 
@@ -178,8 +199,9 @@ def test_unmappable_architectures_name_the_keys(tmp_path):
     import transformers
 
     gpt = tmp_path / "gpt2"
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=60,
-                                                          n_positions=32)).save_pretrained(gpt)
+    transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=60, n_positions=32)
+    ).save_pretrained(gpt)
     with pytest.raises(BertraceError, match=r"model_type 'gpt2' .*GPT2LMHeadModel.*supported: \['bert'"):
         import_checkpoint(gpt)
 
@@ -235,13 +257,19 @@ def test_sources_pointer_files_and_the_offline_hub(tmp_path, monkeypatch):
     import huggingface_hub
 
     calls = []
-    monkeypatch.setattr(huggingface_hub, "snapshot_download",
-                        lambda repo_id, revision, allow_patterns: calls.append((repo_id, revision)) or str(snap))
+    monkeypatch.setattr(
+        huggingface_hub,
+        "snapshot_download",
+        lambda repo_id, revision, allow_patterns: calls.append((repo_id, revision)) or str(snap),
+    )
     ckpt = import_checkpoint(pointer)
     prov = ckpt["provenance"]
     assert calls == [("google/bert_uncased_L-2_H-128_A-2", "v1")]
     assert (prov["source"], prov["revision"], prov["resolved_revision"]) == (
-        "hf:google/bert_uncased_L-2_H-128_A-2", "v1", sha)
+        "hf:google/bert_uncased_L-2_H-128_A-2",
+        "v1",
+        sha,
+    )
     assert prov["inputs"][pointer.as_posix()]  # the pointer file is an input too
     from pipeline.hf_import import describe
 
@@ -270,17 +298,32 @@ def write_task(root: Path) -> dict:
         files[split] = root / f"{split}.csv"
         with open(files[split], "w", newline="", encoding="utf-8") as f:
             csv.writer(f).writerows([("text", "label"), *synthetic_rows(n, seed)])
-    return {"source": "local", "local": {k: str(v) for k, v in files.items()}, "text_columns": ["text"],
-            "label_column": "label", "label_names": ["neg", "pos"],
-            "splits": {"train": "train", "validation": "validation", "test": None}}
+    return {
+        "source": "local",
+        "local": {k: str(v) for k, v in files.items()},
+        "text_columns": ["text"],
+        "label_column": "label",
+        "label_names": ["neg", "pos"],
+        "splits": {"train": "train", "validation": "validation", "test": None},
+    }
 
 
 def finetune_params(checkpoint: str, tokenizer: str, task: dict) -> dict:
     from pipeline.finetune import FinetuneConfig
 
     params = FinetuneConfig().model_dump(mode="json")
-    params.update(checkpoint=checkpoint, tokenizer=tokenizer, task=task, max_len=32, epochs=6, batch_size=16,
-                  lr=3e-3, seeds=[0], patience=0, threads=1)
+    params.update(
+        checkpoint=checkpoint,
+        tokenizer=tokenizer,
+        task=task,
+        max_len=32,
+        epochs=6,
+        batch_size=16,
+        lr=3e-3,
+        seeds=[0],
+        patience=0,
+        threads=1,
+    )
     return params
 
 
@@ -295,14 +338,18 @@ def test_finetune_stage_imports_trains_and_traces(tmp_path, monkeypatch, capsys)
     root.mkdir()
     task = write_task(tmp_path)
     params = finetune_params(hf_dir.as_posix(), "data/tokenizer/tokenizer.json", task)
-    (root / "params.yaml").write_text(yaml.safe_dump({"compute": {"kernels": "portable"}, "finetune": params}), encoding="utf-8")
+    (root / "params.yaml").write_text(
+        yaml.safe_dump({"compute": {"kernels": "portable"}, "finetune": params}), encoding="utf-8"
+    )
     monkeypatch.chdir(root)
     monkeypatch.delenv("BERTRACE_HUB_MIRROR", raising=False)
     with pytest.raises(BertraceError, match=f"set finetune.tokenizer: {hf_dir.as_posix()} too"):
         stage.main(progress=False)  # the pipeline's tokenizer cannot go with a published checkpoint
 
     params["tokenizer"] = hf_dir.as_posix()
-    (root / "params.yaml").write_text(yaml.safe_dump({"compute": {"kernels": "portable"}, "finetune": params}), encoding="utf-8")
+    (root / "params.yaml").write_text(
+        yaml.safe_dump({"compute": {"kernels": "portable"}, "finetune": params}), encoding="utf-8"
+    )
     stage.main(progress=False)
     ckpt = torch.load(root / "data/finetune/model.pt", weights_only=True)
     tok_sha = sha256_file(root / "data/finetune/tokenizer.json")
@@ -342,22 +389,48 @@ def test_finetune_stage_imports_trains_and_traces(tmp_path, monkeypatch, capsys)
 def _tiny_pretrain(init: str | None, steps: int = 2, lr: float = 1e-3):
     from pipeline.train import PretrainConfig
 
-    return PretrainConfig(objective="mlm_nsp", embedding_init={"method": "random"}, max_steps=steps, batch_size=8, eval_every=0, eval_batches=1, checkpoint_every=None,
-                          snapshot_steps=[], device="cpu", num_threads=1, lr=lr, warmup=0.0, init=init,
-                          model={"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64,
-                                 "max_position": 64, "dropout": 0.0})
+    return PretrainConfig(
+        objective="mlm_nsp",
+        embedding_init={"method": "random"},
+        max_steps=steps,
+        batch_size=8,
+        eval_every=0,
+        eval_batches=1,
+        checkpoint_every=None,
+        snapshot_steps=[],
+        device="cpu",
+        num_threads=1,
+        lr=lr,
+        warmup=0.0,
+        init=init,
+        model={
+            "preset": "tiny",
+            "hidden_size": 32,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            "max_position": 64,
+            "dropout": 0.0,
+        },
+    )
 
 
 def test_pretrain_init_from_a_published_checkpoint(tmp_path):
-    from pipeline.train import pretrain
     from test_pretrain_data import VOCAB, make_examples
+
+    from pipeline.train import pretrain
 
     hf_dir = save_hf_bert(tmp_path / "bert", google_order=True, vocab_size=VOCAB)
     imported = import_checkpoint(hf_dir)
-    examples = make_examples(tmp_path / "ex", train_rows=32, valid_rows=8,
-                             tokenizer_sha256=imported["provenance"]["tokenizer_sha256"])
-    pretrain(_tiny_pretrain(hf_dir.as_posix(), lr=1e-9), examples_dir=examples, out_dir=tmp_path / "out",
-             provenance={"stage": "pretrain"}, progress=False)
+    examples = make_examples(
+        tmp_path / "ex", train_rows=32, valid_rows=8, tokenizer_sha256=imported["provenance"]["tokenizer_sha256"]
+    )
+    pretrain(
+        _tiny_pretrain(hf_dir.as_posix(), lr=1e-9),
+        examples_dir=examples,
+        out_dir=tmp_path / "out",
+        provenance={"stage": "pretrain"},
+        progress=False,
+    )
     last = torch.load(tmp_path / "out" / "last.pt", weights_only=True)
     # the architecture is the checkpoint's (hidden 64), not pretrain.model's (32); the weights start from it
     assert last["model_config"]["hidden_size"] == 64 and last["model_config"]["dropout"] == 0.0
@@ -374,20 +447,36 @@ def test_pretrain_init_from_a_published_checkpoint(tmp_path):
     # examples made with another tokenizer: the ids would mean other tokens
     other = make_examples(tmp_path / "ex2", train_rows=32, valid_rows=8)
     with pytest.raises(BertraceError, match="pretrain.init .* another tokenizer"):
-        pretrain(_tiny_pretrain(hf_dir.as_posix()), examples_dir=other, out_dir=tmp_path / "out2", provenance={},
-                 progress=False)
+        pretrain(
+            _tiny_pretrain(hf_dir.as_posix()),
+            examples_dir=other,
+            out_dir=tmp_path / "out2",
+            provenance={},
+            progress=False,
+        )
 
 
 def test_pretrain_init_from_our_checkpoint(tmp_path):
-    from pipeline.train import pretrain
     from test_pretrain_data import TOKENIZER_SHA, make_examples
 
+    from pipeline.train import pretrain
+
     examples = make_examples(tmp_path / "ex", train_rows=32, valid_rows=8)
-    pretrain(_tiny_pretrain(None, steps=3), examples_dir=examples, out_dir=tmp_path / "a", progress=False,
-             provenance={"stage": "pretrain"})
+    pretrain(
+        _tiny_pretrain(None, steps=3),
+        examples_dir=examples,
+        out_dir=tmp_path / "a",
+        progress=False,
+        provenance={"stage": "pretrain"},
+    )
     first = torch.load(tmp_path / "a" / "last.pt", weights_only=True)
-    pretrain(_tiny_pretrain((tmp_path / "a" / "last.pt").as_posix(), lr=1e-9), examples_dir=examples,
-             out_dir=tmp_path / "b", provenance={"stage": "pretrain"}, progress=False)
+    pretrain(
+        _tiny_pretrain((tmp_path / "a" / "last.pt").as_posix(), lr=1e-9),
+        examples_dir=examples,
+        out_dir=tmp_path / "b",
+        provenance={"stage": "pretrain"},
+        progress=False,
+    )
     second = torch.load(tmp_path / "b" / "last.pt", weights_only=True)
     for key in ("bert.layers.0.ffn.fc.weight", "mlm.dense.weight"):  # continued from the first run's weights
         assert (second["model"][key] - first["model"][key]).abs().max() < 1e-6, key
@@ -397,8 +486,13 @@ def test_pretrain_init_from_our_checkpoint(tmp_path):
 
     assert init["sha256"] == sha256_file(tmp_path / "a" / "last.pt")
     with pytest.raises(BertraceError, match="pretrain.init .*nope.pt: not found"):
-        pretrain(_tiny_pretrain((tmp_path / "nope.pt").as_posix()), examples_dir=examples, out_dir=tmp_path / "c",
-                 provenance={}, progress=False)
+        pretrain(
+            _tiny_pretrain((tmp_path / "nope.pt").as_posix()),
+            examples_dir=examples,
+            out_dir=tmp_path / "c",
+            provenance={},
+            progress=False,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -437,8 +531,12 @@ def test_dvc_repro_finetunes_and_evaluates_an_imported_directory(tmp_path):
     params["finetune"] = finetune_params("models/bert", "models/bert", task)
     params["evaluate"].update(log_model=False)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               PYTHONPATH=str(root), TQDM_DISABLE="1")
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=str(root),
+        TQDM_DISABLE="1",
+    )
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("BERTRACE_HUB_MIRROR", None)
 
@@ -482,13 +580,19 @@ def test_an_early_google_upload_without_model_type_and_gamma_beta_names(tmp_path
 
     d = save_hf_bert(tmp_path / "bert", google_order=True)
     sd = load_file(d / "model.safetensors")
-    torch.save({k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-                for k, v in sd.items()}, d / "pytorch_model.bin")
+    torch.save(
+        {
+            k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+            for k, v in sd.items()
+        },
+        d / "pytorch_model.bin",
+    )
     (d / "model.safetensors").unlink()
     (d / "tokenizer_config.json").unlink()
     cfg = json.loads((d / "config.json").read_text())
-    (d / "config.json").write_text(json.dumps({k: v for k, v in cfg.items()
-                                               if k not in ("model_type", "architectures", "transformers_version")}))
+    (d / "config.json").write_text(
+        json.dumps({k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "transformers_version")})
+    )
     ckpt = import_checkpoint(d)
     assert ckpt["provenance"]["model_type"] == "bert" and ckpt["provenance"]["tokenizer"]["lowercase"] is True
     assert ckpt["provenance"]["weights"]["initialized"] == []
@@ -500,9 +604,12 @@ def test_an_early_google_upload_without_model_type_and_gamma_beta_names(tmp_path
     tok = __import__("tokenizers").Tokenizer.from_str(ckpt["tokenizer_json"])
     our_ids = torch.tensor([[tok.token_to_id(vocab(True)[i]) for i in row] for row in ids.tolist()])
     with torch.no_grad():
-        torch.testing.assert_close(ours(our_ids, types, mask).nsp_logits,
-                                   ref(input_ids=ids, token_type_ids=types, attention_mask=mask).seq_relationship_logits,
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            ours(our_ids, types, mask).nsp_logits,
+            ref(input_ids=ids, token_type_ids=types, attention_mask=mask).seq_relationship_logits,
+            atol=1e-5,
+            rtol=0,
+        )
 
 
 def test_the_bert_tiny_profile_points_at_the_hub_pointer():
@@ -528,9 +635,15 @@ def test_an_electra_discriminator_imports_when_the_objective_exists(tmp_path):
     from pipeline.model import BertModel
 
     tokens = vocab(True)
-    config = transformers.ElectraConfig(vocab_size=len(tokens), embedding_size=32, hidden_size=64,
-                                        num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-                                        max_position_embeddings=64)
+    config = transformers.ElectraConfig(
+        vocab_size=len(tokens),
+        embedding_size=32,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     ref = transformers.ElectraForPreTraining(config).eval()
     d = tmp_path / "electra"
@@ -541,7 +654,7 @@ def test_an_electra_discriminator_imports_when_the_objective_exists(tmp_path):
     cfg = BertConfig.from_dict(ckpt["model_config"])
     assert (cfg.embedding_size, cfg.hidden_size, cfg.pooler_activation) == (32, 64, "gelu")
     ours = BertModel(cfg).eval()
-    ours.load_state_dict({k[len("bert."):]: v for k, v in ckpt["model"].items() if k.startswith("bert.")})
+    ours.load_state_dict({k[len("bert.") :]: v for k, v in ckpt["model"].items() if k.startswith("bert.")})
     ids, types, mask = batch(TEXTS, d)
     tok = __import__("tokenizers").Tokenizer.from_str(ckpt["tokenizer_json"])
     our_ids = torch.tensor([[tok.token_to_id(tokens[i]) for i in row] for row in ids.tolist()])

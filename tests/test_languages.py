@@ -37,8 +37,18 @@ BENGALI_WORDS = (
     "সুন্দরবন বাঘ হরিণ পাখি একটি এবং কিন্তু তবে হয় করে ছিল আছে থেকে জন্য সঙ্গে মধ্যে প্রথম দ্বিতীয় বড় "
     "ছোট নতুন পুরনো গুরুত্বপূর্ণ"
 ).split()
-TITLES = ["অক্সিজেন", "হাইড্রোজেন (মৌল)", "কলকাতা শহর", "পদ্মা_নদী", "রবীন্দ্রনাথ ঠাকুর", "সুন্দরবন",
-          "বঙ্গোপসাগর", "সালোকসংশ্লেষণ", "বাংলা ভাষা", "ঢাকা বিশ্ববিদ্যালয়"]
+TITLES = [
+    "অক্সিজেন",
+    "হাইড্রোজেন (মৌল)",
+    "কলকাতা শহর",
+    "পদ্মা_নদী",
+    "রবীন্দ্রনাথ ঠাকুর",
+    "সুন্দরবন",
+    "বঙ্গোপসাগর",
+    "সালোকসংশ্লেষণ",
+    "বাংলা ভাষা",
+    "ঢাকা বিশ্ববিদ্যালয়",
+]
 SAMPLES = {  # one or two sentences per script, NFC
     "bengali": "অক্সিজেন একটি রাসায়নিক মৌল। পৃথিবীর বায়ুমণ্ডলে অক্সিজেন দ্বিতীয় সর্বাধিক গ্যাস।",
     "hindi": "हिन्दी भारत की राजभाषा है। ऑक्सीजन एक रासायनिक तत्व है।",
@@ -106,8 +116,15 @@ def test_tokenizer_round_trips_each_script(tmp_path, script, strip_accents):
     text = SAMPLES[script]
     corpus = tmp_path / "train.txt"
     corpus.write_text("\n".join([text] * 20) + "\n", encoding="utf-8")
-    train_wordpiece(corpus, tmp_path / "tok", vocab_size=400, lowercase=True, min_frequency=1,
-                    strip_accents=strip_accents, progress=False)
+    train_wordpiece(
+        corpus,
+        tmp_path / "tok",
+        vocab_size=400,
+        lowercase=True,
+        min_frequency=1,
+        strip_accents=strip_accents,
+        progress=False,
+    )
     tok = load_tokenizer(tmp_path / "tok")
     enc = tok.encode(text, add_special_tokens=False)
     assert "[UNK]" not in enc.tokens
@@ -121,8 +138,10 @@ def test_tokenizer_round_trips_each_script(tmp_path, script, strip_accents):
 def test_normalizer_report_measures_the_damage(tmp_path):
     bengali = tmp_path / "bn.txt"
     write_bengali_corpus(tmp_path / "src", n_files=10)
-    bengali.write_text("".join(" ".join(p.read_text(encoding="utf-8").split()) + "\n"
-                               for p in sorted((tmp_path / "src").iterdir())), encoding="utf-8")
+    bengali.write_text(
+        "".join(" ".join(p.read_text(encoding="utf-8").split()) + "\n" for p in sorted((tmp_path / "src").iterdir())),
+        encoding="utf-8",
+    )
     google = normalizer_report(build_tokenizer(lowercase=True, strip_accents=True), bengali, words_file=bengali)
     assert google["chars_altered"] > 0.10 and google["words_altered"] > 0.4  # the 12 % / 53 %
     assert google["top"][0]["name"] == "BENGALI SIGN VIRAMA" and google["top"][0]["becomes"] == ""
@@ -184,8 +203,10 @@ def test_document_per_file_layout_with_titles(tmp_path):
 
     src = tmp_path / "src"
     files = write_bengali_corpus(src, n_files=6)
-    params = {"source": "local", "local": {"path": str(src), "format": "document_per_file",
-                                           "title_from_filename": True}}
+    params = {
+        "source": "local",
+        "local": {"path": str(src), "format": "document_per_file", "title_from_filename": True},
+    }
     manifest = download_corpus(params, tmp_path / "raw", progress=False)
     assert manifest["format"] == "documents" and manifest["layout"] == "document_per_file"
     assert manifest["total_rows"] == 6 and manifest["titles_from_filenames"] is True
@@ -196,19 +217,22 @@ def test_document_per_file_layout_with_titles(tmp_path):
     first = by_source["হাইড্রোজেন (মৌল).txt"]
     assert first.startswith("হাইড্রোজেন (মৌল).\n\n") and "\n\n" in first[30:]  # title, then paragraphs
     assert by_source["পদ্মা_নদী.txt"].startswith("পদ্মা নদী.")  # '_' is a space, as in Wikipedia titles
-    stats = clean_corpus(tmp_path / "raw", tmp_path / "clean", min_chars=200, valid_fraction=0.2, seed=0,
-                         progress=False)
+    stats = clean_corpus(
+        tmp_path / "raw", tmp_path / "clean", min_chars=200, valid_fraction=0.2, seed=0, progress=False
+    )
     assert stats["documents"] == 6 and stats["dropped_short"] == 0
     # the same files read as blank-line separated documents: one per paragraph, mostly short, and a hint
     params["local"].update(format="documents", title_from_filename=False)
     manifest = download_corpus(params, tmp_path / "raw2", progress=False)
     assert manifest["total_rows"] > 3 * len(files)
     with pytest.raises(BertraceError, match="download.local.format: document_per_file"):
-        clean_corpus(tmp_path / "raw2", tmp_path / "clean2", min_chars=2000, valid_fraction=0.2, seed=0,
-                     progress=False)
+        clean_corpus(tmp_path / "raw2", tmp_path / "clean2", min_chars=2000, valid_fraction=0.2, seed=0, progress=False)
     with pytest.raises(BertraceError, match="title_from_filename is true but download.local.format is auto"):
-        download_corpus({"source": "local", "local": {"path": str(src), "title_from_filename": True}},
-                        tmp_path / "raw3", progress=False)
+        download_corpus(
+            {"source": "local", "local": {"path": str(src), "title_from_filename": True}},
+            tmp_path / "raw3",
+            progress=False,
+        )
     with pytest.raises(BertraceError, match="download.hub.format is document_per_file"):
         download_corpus({"source": "hub", "hub": {"format": "document_per_file"}}, tmp_path / "raw4", progress=False)
 
@@ -223,12 +247,28 @@ def _params(src: Path) -> dict:
     params["download"]["local"].update(path=str(src), format="document_per_file", title_from_filename=True)
     params["clean"].update(min_chars=200, valid_fraction=0.15, workers=1)
     params["tokenizer"].update(vocab_size=600, min_frequency=2)
-    params["examples"].update(max_seq_len=64, max_predictions_per_seq=10, dupe_factor=2, docs_per_shard=16,
-                              row_group_size=64, workers=1)
-    params["pretrain"].update(model={"preset": "tiny", "hidden_size": 32, "num_layers": 1, "num_heads": 2,
-                                     "intermediate_size": 64, "max_position": 64},
-                              batch_size=8, max_steps=4, eval_every=2, eval_batches=2, log_every=1,
-                              checkpoint_every=2, snapshot_steps=[], num_threads=1, shuffle_buffer=64)
+    params["examples"].update(
+        max_seq_len=64, max_predictions_per_seq=10, dupe_factor=2, docs_per_shard=16, row_group_size=64, workers=1
+    )
+    params["pretrain"].update(
+        model={
+            "preset": "tiny",
+            "hidden_size": 32,
+            "num_layers": 1,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            "max_position": 64,
+        },
+        batch_size=8,
+        max_steps=4,
+        eval_every=2,
+        eval_batches=2,
+        log_every=1,
+        checkpoint_every=2,
+        snapshot_steps=[],
+        num_threads=1,
+        shuffle_buffer=64,
+    )
     return params
 
 
@@ -253,8 +293,9 @@ def test_bengali_corpus_runs_download_to_pretrain_by_params_with_mlflow(tmp_path
     root = tmp_path / "repo"
     root.mkdir()
     try:
-        _run_stages(root, monkeypatch, _params(src),
-                    ["download", "clean", "tokenizer", "examples", "validate", "pretrain"])
+        _run_stages(
+            root, monkeypatch, _params(src), ["download", "clean", "tokenizer", "examples", "validate", "pretrain"]
+        )
     finally:
         torch.set_num_threads(before)
 
@@ -269,21 +310,31 @@ def test_bengali_corpus_runs_download_to_pretrain_by_params_with_mlflow(tmp_path
         enc = tok.encode(line, add_special_tokens=False)
         assert "[UNK]" not in enc.tokens and "".join(tok.decode(enc.ids).split()) == "".join(line.split())
     validate = json.loads((root / "reports" / "validate.json").read_text())
-    assert validate["success"] and validate["by_expectation"]["normalizer_keeps_letters"] == {"checks": 1, "failures": 0}
+    assert validate["success"] and validate["by_expectation"]["normalizer_keeps_letters"] == {
+        "checks": 1,
+        "failures": 0,
+    }
     pretrain = json.loads((root / "reports" / "pretrain.json").read_text())
     assert pretrain["step"] == 4 and {"loss", "mlm_loss", "nsp_loss", "lr"} <= set(pretrain)
 
     client = mlflow.MlflowClient()
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                              filter_string="tags.`bertrace.pipeline_run_id` = 'bengali-e2e'")
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        filter_string="tags.`bertrace.pipeline_run_id` = 'bengali-e2e'",
+    )
     assert sorted(r.data.tags["bertrace.stage"] for r in runs) == sorted(
-        ["download", "clean", "tokenizer", "examples", "validate", "pretrain"])
+        ["download", "clean", "tokenizer", "examples", "validate", "pretrain"]
+    )
     assert {r.info.status for r in runs} == {"FINISHED"}
     download = next(r for r in runs if r.data.tags["bertrace.stage"] == "download")
     assert download.data.tags["bertrace.inputs"].startswith("48 files")
-    files = json.loads(Path(client.download_artifacts(download.info.run_id, "files.json", str(tmp_path / "a"))).read_text())
+    files = json.loads(
+        Path(client.download_artifacts(download.info.run_id, "files.json", str(tmp_path / "a"))).read_text()
+    )
     assert {Path(p).name for p in files["inputs"]} == {p.name for p in src.iterdir()}  # the Bengali names, whole
-    names = json.loads(Path(client.download_artifacts(download.info.run_id, "names.json", str(tmp_path / "b"))).read_text())
+    names = json.loads(
+        Path(client.download_artifacts(download.info.run_id, "names.json", str(tmp_path / "b"))).read_text()
+    )
     assert "bertrace.input.অক্সিজেন.txt" in names.values()
 
     # before: Google's uncased rule on the same corpus — the tokenizer warns, validate stops with one line
@@ -307,7 +358,8 @@ def test_hf_export_of_a_classifier_with_the_script_aware_tokenizer_verifies(tmp_
     corpus = tmp_path / "train.txt"
     corpus.write_text("\n".join(list(SAMPLES.values()) * 5 + sentences(200, 0)) + "\n", encoding="utf-8")
     train_wordpiece(corpus, tmp_path / "tok", vocab_size=500, lowercase=True, min_frequency=1, progress=False)
-    model = make_finetuned(tmp_path / "ft", tokenizer=tmp_path / "tok" / "tokenizer.json",
-                           text_columns=("premise", "hypothesis"))
+    model = make_finetuned(
+        tmp_path / "ft", tokenizer=tmp_path / "tok" / "tokenizer.json", text_columns=("premise", "hypothesis")
+    )
     info = export_hf(model, tmp_path / "hf")
     assert info["verification"]["tokenizer_ids_equal"] and info["verification"]["max_abs_logit_diff"] < 1e-4

@@ -81,8 +81,12 @@ def test_no_module_imports_another_modules_private_names():
     private = []
     for name, path in _modules().items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES
-                    and node.module != name):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.split(".")[0] in PACKAGES
+                and node.module != name
+            ):
                 private += [f"{name} imports {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
     assert private == []
 
@@ -91,12 +95,24 @@ def _stage_closure(stage: str) -> set[str]:
     return closure(stage_modules()[stage])
 
 
-@pytest.mark.parametrize("stage, never", [
-    ("clean", {"pipeline/corpus.py", "pipeline/hub.py"}),  # cleaning reads data/raw; it downloads nothing
-    *[(stage, {"pipeline/tokenizer_training.py"}) for stage in ("examples", "validate", "pretrain", "finetune")],
-    ("finetune", {"pipeline/objectives/__init__.py", "pipeline/objectives/base.py", "pipeline/objectives/bert.py",
-                  "pipeline/objectives/clm.py", "pipeline/objectives/electra.py", "pipeline/train.py"}),
-])
+@pytest.mark.parametrize(
+    "stage, never",
+    [
+        ("clean", {"pipeline/corpus.py", "pipeline/hub.py"}),  # cleaning reads data/raw; it downloads nothing
+        *[(stage, {"pipeline/tokenizer_training.py"}) for stage in ("examples", "validate", "pretrain", "finetune")],
+        (
+            "finetune",
+            {
+                "pipeline/objectives/__init__.py",
+                "pipeline/objectives/base.py",
+                "pipeline/objectives/bert.py",
+                "pipeline/objectives/clm.py",
+                "pipeline/objectives/electra.py",
+                "pipeline/train.py",
+            },
+        ),
+    ],
+)
 def test_a_stage_imports_none_of_the_code_it_does_not_run(stage, never):
     assert all((REPO / path).is_file() for path in never), never  # the files exist: the test can fail
     assert _stage_closure(stage) & never == set()

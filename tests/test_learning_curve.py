@@ -63,9 +63,22 @@ def test_learning_curve_command_end_to_end(env, tmp_path, monkeypatch):  # noqa:
     (root / "data" / "tokenizer" / "tokenizer.json").write_bytes(env["tokenizer_path"].read_bytes())
     _with_minutes(env["ckpt_path"], root / "data" / "pretrain" / "best.pt", 2.0, 1.0, step=40)
     _with_minutes(env["ckpt_path"], root / "data" / "pretrain" / "snapshots" / "step-000020.pt", 1.0, 0.5, step=20)
-    params = {"compute": {"kernels": "portable"}, "learning_curve": {"seeds": [0], "reference": {"HF route, 30 min": 82.45}}, "finetune": {
-        "tokenizer": "data/tokenizer/tokenizer.json", "mirror": "", "task": env["task"], "mode": "full",
-        "max_len": 32, "epochs": 2, "batch_size": 16, "lr": 3e-3, "patience": 0, "seeds": [1, 2, 3]}}
+    params = {
+        "compute": {"kernels": "portable"},
+        "learning_curve": {"seeds": [0], "reference": {"HF route, 30 min": 82.45}},
+        "finetune": {
+            "tokenizer": "data/tokenizer/tokenizer.json",
+            "mirror": "",
+            "task": env["task"],
+            "mode": "full",
+            "max_len": 32,
+            "epochs": 2,
+            "batch_size": 16,
+            "lr": 3e-3,
+            "patience": 0,
+            "seeds": [1, 2, 3],
+        },
+    }
     (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     monkeypatch.chdir(root)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -75,8 +88,11 @@ def test_learning_curve_command_end_to_end(env, tmp_path, monkeypatch):  # noqa:
     rows = list(csv.DictReader(open(root / "plots" / "learning_curve.csv")))
     assert [int(r["pretrain_steps"]) for r in rows] == [0, 20, 40]
     assert [float(r["pretrain_minutes"]) for r in rows] == [0.0, 1.0, 2.0]  # both columns, always
-    assert [r["checkpoint"] for r in rows] == ["scratch", "data/pretrain/snapshots/step-000020.pt",
-                                                "data/pretrain/best.pt"]
+    assert [r["checkpoint"] for r in rows] == [
+        "scratch",
+        "data/pretrain/snapshots/step-000020.pt",
+        "data/pretrain/best.pt",
+    ]
     assert all(r["seeds"] == "1" for r in rows)  # learning_curve.seeds, not finetune.seeds
     accs = [float(r["dev_accuracy"]) for r in rows]
     assert all(0.0 <= a <= 1.0 for a in accs), accs
@@ -89,8 +105,10 @@ def test_learning_curve_command_end_to_end(env, tmp_path, monkeypatch):  # noqa:
     assert (root / "reports" / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((root / "metrics" / "learning_curve.json").read_text())
     assert saved["unit"] == "steps"
-    assert saved["pretrain_checkpoint"] == {"path": "data/pretrain/best.pt",
-                                            "sha256": sha256_file(root / "data" / "pretrain" / "best.pt")}
+    assert saved["pretrain_checkpoint"] == {
+        "path": "data/pretrain/best.pt",
+        "sha256": sha256_file(root / "data" / "pretrain" / "best.pt"),
+    }
     assert [p["dev_accuracy"] for p in saved["points"]] == pytest.approx(accs)
 
 
@@ -112,14 +130,28 @@ def test_curves_of_two_objectives_share_one_plot_per_corpus(env, tmp_path, monke
     (root / "data" / "tokenizer").mkdir(parents=True)
     (root / "data" / "tokenizer" / "tokenizer.json").write_bytes(env["tokenizer_path"].read_bytes())
     _with_minutes(env["ckpt_path"], root / "data" / "pretrain" / "best.pt", 2.0, 1.0, step=40)
-    ft = {"tokenizer": "data/tokenizer/tokenizer.json", "mirror": "", "task": env["task"], "mode": "full",
-          "max_len": 32, "epochs": 1, "batch_size": 16, "lr": 3e-3, "patience": 0, "seeds": [0]}
+    ft = {
+        "tokenizer": "data/tokenizer/tokenizer.json",
+        "mirror": "",
+        "task": env["task"],
+        "mode": "full",
+        "max_len": 32,
+        "epochs": 1,
+        "batch_size": 16,
+        "lr": 3e-3,
+        "patience": 0,
+        "seeds": [0],
+    }
     monkeypatch.chdir(root)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     torch.set_num_threads(1)
     for label in ("first", "second"):
-        (root / "params.yaml").write_text(yaml.safe_dump({"learning_curve": {"seeds": [0], "label": label},
-                                                          "compute": {"kernels": "portable"}, "finetune": ft}), encoding="utf-8")
+        (root / "params.yaml").write_text(
+            yaml.safe_dump(
+                {"learning_curve": {"seeds": [0], "label": label}, "compute": {"kernels": "portable"}, "finetune": ft}
+            ),
+            encoding="utf-8",
+        )
         metrics = stage.main(progress=False)
     assert metrics["plotted"] == ["first", "second"] and metrics["unit"] == "minutes" and metrics["label"] == "second"
     kept = json.loads((root / "reports" / "learning_curves" / "first.json").read_text())

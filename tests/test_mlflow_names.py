@@ -26,15 +26,49 @@ from tests.conftest import REPO
 
 STAGES = ["download", "clean", "tokenizer", "examples", "validate", "pretrain", "finetune", "evaluate"]
 POOLS = [  # characters by script / kind
-    "অআইউএকখগঘঙচছজঝটডঢণতথদধনপফবভমযরলশষসহড়ঢ়য়ৎ", "্ািীুূৃেৈোৌংঃঁ়",  # Bengali letters, signs
-    "अआइकखगघचजटडतदनपबमयरलवशसह", "्ािीुूेैोौंःँ़",  # Devanagari
-    "中文字符測試氧元素の日本語한국어", "😀🎉🚀👍🏽❤️", "αβγδΑΒΓάέ", "абвгдйё", "ةالعربيةُ", "ภาษาไทยที่นี่",
-    string.ascii_letters + string.digits, " ()[]{}<>/\\|.,;:!?'\"`~@#$%^&*+=-_", "\t\n\r\x00\x1f\u200b\u200d\u202e\ufeff",
+    "অআইউএকখগঘঙচছজঝটডঢণতথদধনপফবভমযরলশষসহড়ঢ়য়ৎ",
+    "্ািীুূৃেৈোৌংঃঁ়",  # Bengali letters, signs
+    "अआइकखगघचजटडतदनपबमयरलवशसह",
+    "्ािीुूेैोौंःँ़",  # Devanagari
+    "中文字符測試氧元素の日本語한국어",
+    "😀🎉🚀👍🏽❤️",
+    "αβγδΑΒΓάέ",
+    "абвгдйё",
+    "ةالعربيةُ",
+    "ภาษาไทยที่นี่",
+    string.ascii_letters + string.digits,
+    " ()[]{}<>/\\|.,;:!?'\"`~@#$%^&*+=-_",
+    "\t\n\r\x00\x1f\u200b\u200d\u202e\ufeff",
 ]
-FIXED = ["অক্সিজেন.txt", "হাইড্রোজেন (মৌল).txt", "हिन्दी भाषा", "中文 测试", "emoji 😀 name", "Stars (1-5)",
-         "a/b", "a//b", "/leading", "trailing/", "./x", "../x", "a/../b", ".", "..", "", " ", "x" * 300,
-         "ü" * 300, "a:b", "train@main", "café naïve", "tab\tname", "line\nbreak", "quote'and\"double",
-         "per_class.positive.f1", "bertrace.input.wiki.raw"]
+FIXED = [
+    "অক্সিজেন.txt",
+    "হাইড্রোজেন (মৌল).txt",
+    "हिन्दी भाषा",
+    "中文 测试",
+    "emoji 😀 name",
+    "Stars (1-5)",
+    "a/b",
+    "a//b",
+    "/leading",
+    "trailing/",
+    "./x",
+    "../x",
+    "a/../b",
+    ".",
+    "..",
+    "",
+    " ",
+    "x" * 300,
+    "ü" * 300,
+    "a:b",
+    "train@main",
+    "café naïve",
+    "tab\tname",
+    "line\nbreak",
+    "quote'and\"double",
+    "per_class.positive.f1",
+    "bertrace.input.wiki.raw",
+]
 
 
 def random_names(n: int, seed: int = 0) -> list[str]:
@@ -83,10 +117,19 @@ def test_mlflow_name_is_valid_stable_idempotent_and_collision_free():
 
 def test_mlflow_name_is_the_same_in_another_process():
     sample = NAMES[:50]
-    code = ("import json, sys; from pipeline.tracking import mlflow_name; "
-            "print(json.dumps([mlflow_name(n) for n in json.load(sys.stdin)]))")
-    out = subprocess.run([sys.executable, "-c", code], input=json.dumps(sample), cwd=REPO, capture_output=True,
-                         text=True, check=True, env={"PYTHONHASHSEED": "123", "PATH": ""}).stdout
+    code = (
+        "import json, sys; from pipeline.tracking import mlflow_name; "
+        "print(json.dumps([mlflow_name(n) for n in json.load(sys.stdin)]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(sample),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "123", "PATH": ""},
+    ).stdout
     assert json.loads(out) == [mlflow_name(n) for n in sample]
 
 
@@ -113,8 +156,11 @@ def test_every_stage_run_logs_any_names(stage, tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     names = FIXED + random_names(60, seed=STAGES.index(stage))
-    params = {"columns": {n: "label" for n in names}, "local": {n: f"{n}.csv" for n in names[:40]},
-              "label_names": names[:10]}
+    params = {
+        "columns": {n: "label" for n in names},
+        "local": {n: f"{n}.csv" for n in names[:40]},
+        "label_names": names[:10],
+    }
     files = []
     for i, n in enumerate(names[:25]):  # file names as the file system allows them
         safe = "".join(c for c in n if c not in "/\x00")[:100] or f"f{i}"
@@ -136,7 +182,9 @@ def test_every_stage_run_logs_any_names(stage, tmp_path, monkeypatch):
     assert r.info.status == "FINISHED"
     distinct = {mlflow_name(f"columns.{n}") for n in names}
     assert distinct <= set(r.data.params) and len(r.data.params) == len(tracking.flatten(params))
-    assert len([k for k in r.data.metrics if k.startswith("per_class.") or k.startswith(("per_class_", "per_class/"))]) >= len(names)
+    assert len(
+        [k for k in r.data.metrics if k.startswith("per_class.") or k.startswith(("per_class_", "per_class/"))]
+    ) >= len(names)
     assert len([k for k in r.data.tags if k.startswith("bertrace.input.")]) == MAX_FILE_TAGS
     assert r.data.tags["bertrace.inputs"].startswith(f"{len(files)} files")
     dl = Path(client.download_artifacts(run.mlflow_run_id, "", str(tmp_path / "dl")))
@@ -161,9 +209,18 @@ def test_download_stage_with_file_names_in_many_scripts(tmp_path, monkeypatch):
     names = ["অক্সিজেন", "हिन्दी भाषा", "中文 (测试)", "emoji 😀", "Ελλάδα", "a;b=c&d", "x" * 200]
     for n in names:
         (src / f"{n}.txt").write_text(f"{n} " * 40 + "\n\nsecond paragraph of " + n + "\n", encoding="utf-8")
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"download": {
-        "source": "local", "local": {"path": str(src), "format": "document_per_file", "title_from_filename": True}}},
-        allow_unicode=True), encoding="utf-8")
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "download": {
+                    "source": "local",
+                    "local": {"path": str(src), "format": "document_per_file", "title_from_filename": True},
+                }
+            },
+            allow_unicode=True,
+        ),
+        encoding="utf-8",
+    )
     monkeypatch.chdir(tmp_path)
     download.main()
     record = json.loads((tmp_path / "data" / "provenance" / "download.json").read_text())
@@ -188,13 +245,24 @@ def test_finetune_stage_with_column_renames_and_split_names_mlflow_rejects(tmp_p
     for name, rows in (("train", synthetic_rows(64, 1)), ("valid", synthetic_rows(32, 2))):
         with open(root / f"{name}.csv", "w", encoding="utf-8") as f:
             f.write("Review text;Stars (1-5)\n" + "".join(f"{t};{y}\n" for t, y in rows))
-    task = {"source": "local", "local": {"Zug (de)": "train.csv", "dev / প্রথম": "valid.csv"},
-            "splits": {"train": "Zug (de)", "validation": "dev / প্রথম", "test": None},
-            "columns": {"Stars (1-5)": "label", "Review text": "text"}, "text_columns": ["text"],
-            "label_names": ["neg", "pos"]}
-    (root / "params.yaml").write_text(yaml.safe_dump({"compute": {"kernels": "portable"}, "finetune": {
-        "task": task, "max_len": 32, "epochs": 1, "batch_size": 16, "seeds": [0], "threads": 1}},
-        allow_unicode=True), encoding="utf-8")
+    task = {
+        "source": "local",
+        "local": {"Zug (de)": "train.csv", "dev / প্রথম": "valid.csv"},
+        "splits": {"train": "Zug (de)", "validation": "dev / প্রথম", "test": None},
+        "columns": {"Stars (1-5)": "label", "Review text": "text"},
+        "text_columns": ["text"],
+        "label_names": ["neg", "pos"],
+    }
+    (root / "params.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "compute": {"kernels": "portable"},
+                "finetune": {"task": task, "max_len": 32, "epochs": 1, "batch_size": 16, "seeds": [0], "threads": 1},
+            },
+            allow_unicode=True,
+        ),
+        encoding="utf-8",
+    )
     monkeypatch.chdir(root)
     stage.main(progress=False)
     run = mlflow.get_run(json.loads((root / "runs" / "finetune.json").read_text())["mlflow_run_id"])
@@ -204,8 +272,7 @@ def test_finetune_stage_with_column_renames_and_split_names_mlflow_rejects(tmp_p
     import torch
 
     ckpt = torch.load(root / "data" / "finetune" / "model.pt", weights_only=True)
-    assert ckpt["task"]["source"]["tables"]["train.csv"] == {
-        "delimiter": ";", "quoting": "minimal", "sniffed": True}
+    assert ckpt["task"]["source"]["tables"]["train.csv"] == {"delimiter": ";", "quoting": "minimal", "sniffed": True}
 
 
 def test_evaluate_stage_with_label_names_and_columns_in_many_scripts(tmp_path, monkeypatch):
@@ -222,12 +289,27 @@ def test_evaluate_stage_with_label_names_and_columns_in_many_scripts(tmp_path, m
     texts = sentences(40, 1)
     with open(tmp_path / "dev.csv", "w", encoding="utf-8") as f:
         f.write("Review (text)\tStars\n" + "".join(f"{t}\t{labels[i % 5]}\n" for i, t in enumerate(texts)))
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({
-        "compute": {"kernels": "portable"}, "finetune": {"task": {"source": "local", "local": {"dev": "dev.csv", "train": "dev.csv"},
-                              "splits": {"train": "train", "validation": "dev", "test": None},
-                              "text_columns": ["Review (text)"], "label_column": "Stars", "label_names": labels,
-                              "delimiter": "\t"}},
-        "evaluate": {"batch_size": 16, "log_model": True}}, allow_unicode=True), encoding="utf-8")
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "compute": {"kernels": "portable"},
+                "finetune": {
+                    "task": {
+                        "source": "local",
+                        "local": {"dev": "dev.csv", "train": "dev.csv"},
+                        "splits": {"train": "train", "validation": "dev", "test": None},
+                        "text_columns": ["Review (text)"],
+                        "label_column": "Stars",
+                        "label_names": labels,
+                        "delimiter": "\t",
+                    }
+                },
+                "evaluate": {"batch_size": 16, "log_model": True},
+            },
+            allow_unicode=True,
+        ),
+        encoding="utf-8",
+    )
     metrics = stage.main(progress=False)
     assert set(metrics) == {"validation"}  # auto: no test split in the task, none asked for
     run = mlflow.get_run(json.loads((tmp_path / "runs" / "evaluate.json").read_text())["mlflow_run_id"])

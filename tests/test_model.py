@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pipeline.errors import BertraceError
+from pipeline.hf import config_from_hf, hf_config, load_hf_state_dict, to_hf_state_dict
 from pipeline.model import (
     BertConfig,
     BertForPreTraining,
@@ -23,7 +24,6 @@ from pipeline.model import (
     pretraining_correct,
     pretraining_loss,
 )
-from pipeline.hf import config_from_hf, hf_config, load_hf_state_dict, to_hf_state_dict
 
 V = 211  # tiny vocabulary: these tests are about the math, not the size
 
@@ -44,7 +44,7 @@ def batch(B=4, T=24, seed=0):
     for b, n in enumerate(lengths):
         mask[b, :n] = 1
         ids[b, 0], ids[b, n // 2], ids[b, n - 1] = 2, 3, 3
-        token_type[b, n // 2 + 1:n] = 1
+        token_type[b, n // 2 + 1 : n] = 1
         ids[b, n:] = 0
     # masked positions: a few real (unpadded) positions per row, as flat indices b * T + t
     positions = torch.cat([b * T + torch.tensor([1, 3, n // 2 + 2]) for b, n in enumerate(lengths)])
@@ -78,9 +78,7 @@ def _hf_pair(config: BertConfig, hf_act: str | None = None):
     return ours, hf
 
 
-@pytest.mark.parametrize(
-    "gelu,hf_act", [("exact", "gelu"), ("tanh", "gelu_new"), ("tanh", "gelu_pytorch_tanh")]
-)
+@pytest.mark.parametrize("gelu,hf_act", [("exact", "gelu"), ("tanh", "gelu_new"), ("tanh", "gelu_pytorch_tanh")])
 def test_pretraining_logits_match_hugging_face(gelu, hf_act):
     ours, hf = _hf_pair(tiny(gelu=gelu), hf_act)
     ids, token_type, mask, positions = batch()
@@ -106,8 +104,13 @@ def test_pretraining_loss_and_gradients_match_hugging_face():
     hf_labels = torch.full(ids.shape, -100).reshape(-1)
     hf_labels[positions] = mlm_labels
     total, mlm, nsp = pretraining_loss(ours(ids, token_type, mask, positions), mlm_labels, nsp_labels)
-    ref = hf(input_ids=ids, token_type_ids=token_type, attention_mask=mask,
-             labels=hf_labels.reshape(ids.shape), next_sentence_label=nsp_labels)
+    ref = hf(
+        input_ids=ids,
+        token_type_ids=token_type,
+        attention_mask=mask,
+        labels=hf_labels.reshape(ids.shape),
+        next_sentence_label=nsp_labels,
+    )
     torch.testing.assert_close(total, ref.loss, atol=1e-5, rtol=0)
     torch.testing.assert_close(total, mlm + nsp)
     total.backward()
@@ -138,9 +141,8 @@ def test_nsp_weight_scales_the_nsp_term_and_zero_leaves_the_nsp_head_untrained()
     for untrained in (m.nsp.weight, m.bert.pooler.weight):
         assert untrained.grad is None or untrained.grad.abs().sum() == 0
     assert m.bert.embeddings.word.weight.grad.abs().sum() > 0
-    from pipeline.train import PretrainConfig
-
     from pipeline.objectives import OBJECTIVES, make_objective
+    from pipeline.train import PretrainConfig
 
     assert OBJECTIVES["mlm"].nsp_weight == 0.0 and OBJECTIVES["mlm_nsp"].nsp_weight == 1.0
     with pytest.raises(BertraceError, match="nsp_weight = 0.*is gone.*objective: mlm"):
@@ -159,8 +161,7 @@ def test_nsp_weight_scales_the_nsp_term_and_zero_leaves_the_nsp_head_untrained()
 def test_sequence_classification_matches_hugging_face():
     transformers = pytest.importorskip("transformers")
     config = tiny(gelu="exact")
-    hf = transformers.BertForSequenceClassification(
-        transformers.BertConfig(**hf_config(config, num_labels=3))).eval()
+    hf = transformers.BertForSequenceClassification(transformers.BertConfig(**hf_config(config, num_labels=3))).eval()
     _randomize(hf, seed=2)
     ours = BertForSequenceClassification(config, num_labels=3).eval()
     load_hf_state_dict(ours, hf.state_dict())
@@ -195,11 +196,16 @@ def test_to_hf_state_dict_loads_strictly_into_transformers_and_round_trips():
     cls = BertForSequenceClassification(config, num_labels=2).eval()
     _randomize(cls, seed=5)
     hf_cls = transformers.BertForSequenceClassification(
-        transformers.BertConfig(**hf_config(config, num_labels=2))).eval()
+        transformers.BertConfig(**hf_config(config, num_labels=2))
+    ).eval()
     hf_cls.load_state_dict(to_hf_state_dict(cls), strict=True)
     with torch.no_grad():
-        torch.testing.assert_close(cls(ids, token_type, mask), hf_cls(input_ids=ids, token_type_ids=token_type,
-                                   attention_mask=mask).logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            cls(ids, token_type, mask),
+            hf_cls(input_ids=ids, token_type_ids=token_type, attention_mask=mask).logits,
+            atol=1e-5,
+            rtol=0,
+        )
 
 
 def test_load_hf_state_dict_errors_name_the_problem():
@@ -265,8 +271,11 @@ def test_init_statistics():
     torch.manual_seed(0)
     config = BertConfig(vocab_size=4000, hidden_size=256, num_layers=1, num_heads=4, intermediate_size=1024)
     model = BertForPreTraining(config)
-    for w in (model.bert.embeddings.word.weight, model.bert.layers[0].ffn.fc.weight,
-              model.bert.layers[0].attn.qkv.weight):
+    for w in (
+        model.bert.embeddings.word.weight,
+        model.bert.layers[0].ffn.fc.weight,
+        model.bert.layers[0].attn.qkv.weight,
+    ):
         assert abs(w.std().item() - 0.02) < 0.0005
         assert abs(w.mean().item()) < 0.0005
     for name, p in model.named_parameters():
@@ -313,8 +322,10 @@ def test_param_groups_split_decay_and_no_decay_exactly(which):
     assert len(no_decay["params"]) == 2 + 2 * per_layer + 1 + 1 + 2 + 1 + 1
 
 
-@pytest.mark.parametrize("name,layers,hidden", [
-    ("tiny", 2, 128), ("mini", 4, 256), ("small", 4, 512), ("medium", 8, 512), ("base", 12, 768), ("large", 24, 1024)])
+@pytest.mark.parametrize(
+    "name,layers,hidden",
+    [("tiny", 2, 128), ("mini", 4, 256), ("small", 4, 512), ("medium", 8, 512), ("base", 12, 768), ("large", 24, 1024)],
+)
 def test_presets(name, layers, hidden):
     config = config_from_params({"preset": name}, vocab_size=1000)
     assert (config.num_layers, config.hidden_size) == (layers, hidden)
@@ -465,7 +476,9 @@ def test_fused_mlm_loss_equals_the_loss_of_the_logits(padded_vocab, chunk, monke
 
     monkeypatch.setattr(M.linear_cross_entropy, "__defaults__", (None, chunk))
     torch.manual_seed(0)
-    config = tiny(dropout=0.0, attention_dropout=0.0, **({"vocab_size": 256, "tokenizer_vocab_size": V} if padded_vocab else {}))
+    config = tiny(
+        dropout=0.0, attention_dropout=0.0, **({"vocab_size": 256, "tokenizer_vocab_size": V} if padded_vocab else {})
+    )
     ids, token_type, mask, positions = batch()
     labels = torch.arange(len(positions)) % V
     labels[::7] = -100
@@ -605,7 +618,9 @@ def test_flops_per_token_matches_counted_matmul_flops():
     positions = torch.arange(0, B * T, 6)  # 16 of 96 positions
     with FlopCounterMode(display=False) as counter:
         out = model(ids, masked_positions=positions)
-        pretraining_loss(out, torch.zeros(len(positions), dtype=torch.long), torch.zeros(B, dtype=torch.long))[0].backward()
+        pretraining_loss(out, torch.zeros(len(positions), dtype=torch.long), torch.zeros(B, dtype=torch.long))[
+            0
+        ].backward()
     counted = counter.get_total_flops() / (B * T)
     assert flops_per_token(config, T, mlm_fraction=len(positions) / (B * T)) == pytest.approx(counted, rel=1e-9)
     # the HF-style full-sequence head costs more
@@ -623,8 +638,10 @@ def test_padded_vocabulary_is_never_input_or_predicted():
     assert BertConfig.from_dict(config.to_dict()) == config
     plain = config_from_params(tiny_params, 123)
     assert plain.tokenizer_vocab_size is None and "tokenizer_vocab_size" not in plain.to_dict()  # checkpoints as before
-    assert config_from_params({**tiny_params, "pad_vocab_to_multiple_of": 8}, 128).to_dict() == \
-        config_from_params(tiny_params, 128).to_dict()  # already a multiple: nothing to pad
+    assert (
+        config_from_params({**tiny_params, "pad_vocab_to_multiple_of": 8}, 128).to_dict()
+        == config_from_params(tiny_params, 128).to_dict()
+    )  # already a multiple: nothing to pad
     for bad in (0, True, "64"):
         with pytest.raises(BertraceError, match="pad_vocab_to_multiple_of"):
             config_from_params({**tiny_params, "pad_vocab_to_multiple_of": bad}, 123)

@@ -11,24 +11,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_examples import corpus  # noqa: F401 - the fixture: documents with disjoint vocabularies
 
 from pipeline.errors import BertraceError
 from pipeline.examples import ExamplesConfig, generate_examples
 from pipeline.formats import PAD_ID, SEP_ID
 from pipeline.io import sha256_file
-from pipeline.shards import document_order, partition_sizes
 from pipeline.packing import UNIGRAM_COUNTS, pack_documents, unigram_cross_entropy
 from pipeline.pretrain_data import PretrainingData
+from pipeline.shards import document_order, partition_sizes
 from pipeline.validate import validate_shards
-from test_examples import corpus  # noqa: F401 - the fixture: documents with disjoint vocabularies
 
 BLOCK = 64
 CFG = ExamplesConfig(mode="causal", max_seq_len=BLOCK, docs_per_shard=16, row_group_size=8, seed=3)
 
 
 def _run(corpus, out: Path, cfg: ExamplesConfig = CFG, workers: int = 1) -> dict:  # noqa: F811
-    return generate_examples(corpus["train"], corpus["valid"], corpus["tokenizer"], out, cfg, workers=workers,
-                             progress=False)
+    return generate_examples(
+        corpus["train"], corpus["valid"], corpus["tokenizer"], out, cfg, workers=workers, progress=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def test_blocks_are_the_documents_stream_cut_into_max_seq_len(packed, corpus):  
         shards = {e["path"]: e for e in info["shards"]}
         lo, dropped, stream_tokens, text_bytes = 0, 0, 0, 0
         for p, size in enumerate(sizes):
-            docs = [lines[i] for i in order[lo:lo + size]]
+            docs = [lines[i] for i in order[lo : lo + size]]
             lo += size
             stream = [t for d in docs for t in tok.encode(d, add_special_tokens=False).ids + [SEP_ID]]
             n = len(stream) // BLOCK
@@ -101,8 +102,12 @@ def test_pack_documents_separators_and_empty_documents(corpus):  # noqa: F811
     blocks, stats = pack_documents(["hello world foo", "", "bar"], enc, 2)
     stream = a + [SEP_ID] + b + [SEP_ID]
     assert blocks.ravel().tolist() == stream[: len(stream) // 2 * 2] and blocks.shape[1] == 2
-    assert stats == {"documents": 2, "stream_tokens": len(stream), "dropped_tokens": len(stream) % 2,
-                     "text_bytes": len("hello world foo") + 1 + len("bar") + 1}
+    assert stats == {
+        "documents": 2,
+        "stream_tokens": len(stream),
+        "dropped_tokens": len(stream) % 2,
+        "text_bytes": len("hello world foo") + 1 + len("bar") + 1,
+    }
     assert not (blocks.ravel()[1:] == SEP_ID)[(blocks.ravel()[:-1] == SEP_ID)].any()
 
 
@@ -170,20 +175,32 @@ def test_gx_suite_passes_on_good_shards(packed):
     report = validate_shards(out)
     assert report.success, report.format_text()
     names = {r.expectation for r in report.results}
-    assert {"expect_column_values_to_be_in_set(length)", "expect_column_values_to_be_between(max_token_id)",
-            "expect_column_values_to_be_in_set(adjacent_separators)", "expect_column_values_to_be_in_set(pad_count)",
-            "expect_column_sum_to_be_between(sep_count)",
-            "expect_column_values_to_be_unique(block_hash across shards)"} <= names
+    assert {
+        "expect_column_values_to_be_in_set(length)",
+        "expect_column_values_to_be_between(max_token_id)",
+        "expect_column_values_to_be_in_set(adjacent_separators)",
+        "expect_column_values_to_be_in_set(pad_count)",
+        "expect_column_sum_to_be_between(sep_count)",
+        "expect_column_values_to_be_unique(block_hash across shards)",
+    } <= names
     assert report.gx_results  # real GX suite results (for the Data Docs site)
 
 
-@pytest.mark.parametrize("corruption, check", [
-    (lambda rows: [r[:-1] for r in rows], "expect_column_values_to_be_in_set(length)"),
-    (lambda rows: [rows[0][:5] + [60000] + rows[0][6:]] + rows[1:], "expect_column_values_to_be_between(max_token_id)"),
-    (lambda rows: [[SEP_ID, SEP_ID] + rows[0][2:]] + rows[1:],
-     "expect_column_values_to_be_in_set(adjacent_separators)"),
-    (lambda rows: [rows[0][:-3] + [PAD_ID] * 3] + rows[1:], "expect_column_values_to_be_in_set(pad_count)"),
-])
+@pytest.mark.parametrize(
+    "corruption, check",
+    [
+        (lambda rows: [r[:-1] for r in rows], "expect_column_values_to_be_in_set(length)"),
+        (
+            lambda rows: [rows[0][:5] + [60000] + rows[0][6:]] + rows[1:],
+            "expect_column_values_to_be_between(max_token_id)",
+        ),
+        (
+            lambda rows: [[SEP_ID, SEP_ID] + rows[0][2:]] + rows[1:],
+            "expect_column_values_to_be_in_set(adjacent_separators)",
+        ),
+        (lambda rows: [rows[0][:-3] + [PAD_ID] * 3] + rows[1:], "expect_column_values_to_be_in_set(pad_count)"),
+    ],
+)
 def test_gx_suite_fails_on_corrupted_shards_naming_the_check(packed, tmp_path, corruption, check):
     dest, manifest = _copy(packed, tmp_path)
     shard = dest / manifest["splits"]["train"]["shards"][0]["path"]
@@ -218,6 +235,7 @@ def test_gx_split_totals_catch_a_lost_separator(packed, tmp_path):
                 r[r.index(SEP_ID)] = 10
                 return rows
         raise AssertionError("no separator")
+
     _rewrite(shard, drop_one_sep)
     report = validate_shards(dest)
     assert "expect_column_sum_to_be_between(sep_count)" in _failed(report)

@@ -21,8 +21,12 @@ pytest.importorskip("vl_convert", reason="vl-convert-python not installed (a dep
 from pipeline.plots_report import declared_plots, learning_curve_status, read_rows, write_report  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-CONFUSION = [("negative", "negative")] * 7 + [("negative", "positive")] * 2 + [("positive", "negative")] * 3 + \
-            [("positive", "positive")] * 11
+CONFUSION = (
+    [("negative", "negative")] * 7
+    + [("negative", "positive")] * 2
+    + [("positive", "negative")] * 3
+    + [("positive", "positive")] * 11
+)
 
 
 def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
@@ -34,10 +38,22 @@ def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
 
 
 def _curve_rows(sha: str | None) -> list[dict]:
-    rows = [{"pretrain_steps": s, "pretrain_minutes": s / 100, "dev_accuracy": a, "dev_std": 0.01, "seeds": 2,
-             "steps": 300, "checkpoint": c}
-            for s, a, c in ((0, 0.71, "scratch"), (500, 0.77, "data/pretrain/snapshots/step-000500.pt"),
-                            (1000, 0.8, "data/pretrain/best.pt"))]
+    rows = [
+        {
+            "pretrain_steps": s,
+            "pretrain_minutes": s / 100,
+            "dev_accuracy": a,
+            "dev_std": 0.01,
+            "seeds": 2,
+            "steps": 300,
+            "checkpoint": c,
+        }
+        for s, a, c in (
+            (0, 0.71, "scratch"),
+            (500, 0.77, "data/pretrain/snapshots/step-000500.pt"),
+            (1000, 0.8, "data/pretrain/best.pt"),
+        )
+    ]
     return [{**r, "pretrain_sha256": sha} if sha else r for r in rows]
 
 
@@ -48,17 +64,28 @@ def repo(tmp_path) -> Path:
     root = tmp_path / "repo"
     root.mkdir()
     shutil.copyfile(REPO / "dvc.yaml", root / "dvc.yaml")
-    _write_csv(root / "plots/pretrain_loss.csv", ["step", "loss", "mlm_loss", "nsp_loss"],
-               [[s, 10 - s / 50, 9.3 - s / 50, 0.69] for s in range(20, 420, 20)])
-    _write_csv(root / "plots/pretrain_val.csv", ["step", "val_loss", "val_mlm_loss", "val_nsp_loss"],
-               [[s, 7.68 - s / 400, 7 - s / 400, 0.68] for s in (100, 200, 300, 400)])
+    _write_csv(
+        root / "plots/pretrain_loss.csv",
+        ["step", "loss", "mlm_loss", "nsp_loss"],
+        [[s, 10 - s / 50, 9.3 - s / 50, 0.69] for s in range(20, 420, 20)],
+    )
+    _write_csv(
+        root / "plots/pretrain_val.csv",
+        ["step", "val_loss", "val_mlm_loss", "val_nsp_loss"],
+        [[s, 7.68 - s / 400, 7 - s / 400, 0.68] for s in (100, 200, 300, 400)],
+    )
     _write_csv(root / "plots/confusion.csv", ["actual", "predicted"], [list(r) for r in CONFUSION])
     best = root / "data/pretrain/best.pt"
     best.parent.mkdir(parents=True)
     best.write_bytes(b"pre-trained weights, run A")
     (root / "data/pretrain/last.pt").write_bytes(b"last weights, run A")
-    record = {"stage": "pretrain", "outputs": {"data/pretrain/best.pt": sha256_file(best),
-                                               "data/pretrain/last.pt": sha256_file(root / "data/pretrain/last.pt")}}
+    record = {
+        "stage": "pretrain",
+        "outputs": {
+            "data/pretrain/best.pt": sha256_file(best),
+            "data/pretrain/last.pt": sha256_file(root / "data/pretrain/last.pt"),
+        },
+    }
     (root / "data/provenance").mkdir(parents=True)
     (root / "data/provenance/pretrain.json").write_text(json.dumps(record), encoding="utf-8")
     write_curve_csv(root / "plots/learning_curve.csv", _curve_rows(sha256_file(best)))
@@ -67,8 +94,10 @@ def repo(tmp_path) -> Path:
 
 def _sections(html: str) -> dict[str, tuple[str, str]]:
     """{plot name: (status, body)} of the report's sections."""
-    return {m.group(1): (m.group(2), m.group(3)) for m in
-            re.finditer(r'<section data-plot="([^"]+)" data-status="([^"]+)">(.*?)</section>', html, re.S)}
+    return {
+        m.group(1): (m.group(2), m.group(3))
+        for m in re.finditer(r'<section data-plot="([^"]+)" data-status="([^"]+)">(.*?)</section>', html, re.S)
+    }
 
 
 def test_every_declared_plot_is_inline_svg_and_nothing_is_fetched(repo):
@@ -152,15 +181,21 @@ def test_missing_files_and_columns_are_notes_not_errors(repo):
 
 
 def test_bertrace_plots_command(repo):
-    out = subprocess.run([sys.executable, "-m", "stages.cli", "plots", "--root", str(repo)], cwd=REPO,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "stages.cli", "plots", "--root", str(repo)], cwd=REPO, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     assert "wrote reports/plots.html: 4 of" in out.stdout and (repo / "reports/plots.html").is_file()
     # the same data gives the same bytes (no time stamp): a DVC output that changes only with its inputs
     first = (repo / "reports/plots.html").read_bytes()
-    subprocess.run([sys.executable, "-m", "stages.cli", "plots", "--root", str(repo)], cwd=REPO, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "stages.cli", "plots", "--root", str(repo)], cwd=REPO, check=True, capture_output=True
+    )
     assert (repo / "reports/plots.html").read_bytes() == first
-    bad = subprocess.run([sys.executable, "-m", "stages.cli", "plots", "--root", str(repo / "nowhere")], cwd=REPO,
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "stages.cli", "plots", "--root", str(repo / "nowhere")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "dvc.yaml: not found" in bad.stderr

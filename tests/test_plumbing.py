@@ -50,8 +50,9 @@ def test_hash_path_of_directory_changes_with_any_file(tmp_path):
 
 
 def _git(cwd, *args):
-    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=cwd, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=cwd, check=True, capture_output=True
+    )
 
 
 def test_git_state_reports_commit_and_dirty_but_ignores_run_products(tmp_path):
@@ -89,8 +90,9 @@ def test_pipeline_run_id_standalone_is_fresh(monkeypatch):
 def test_stage_with_missing_input_fails_with_one_clear_line(tmp_path):
     (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
     env = {**os.environ, "PYTHONPATH": str(REPO), "BERTRACE_NO_MLFLOW": "1"}
-    proc = subprocess.run([sys.executable, "-m", "stages.tokenizer"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "stages.tokenizer"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "data/clean/train.txt" in proc.stderr and proc.stderr.startswith("error:")
@@ -99,8 +101,7 @@ def test_stage_with_missing_input_fails_with_one_clear_line(tmp_path):
 def test_stage_without_params_section_names_the_file(tmp_path):
     (tmp_path / "params.yaml").write_text("download: {}\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "BERTRACE_NO_MLFLOW": "1"}
-    proc = subprocess.run([sys.executable, "-m", "stages.clean"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "stages.clean"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 2
     assert "params.yaml: has no 'clean:' section" in proc.stderr
 
@@ -126,41 +127,96 @@ def test_git_state_ignores_dvc_internal_files(tmp_path):
 
 
 def test_chain_ids_prefer_what_the_downstream_stage_consumed():
-    tok = {"stage": "tokenizer", "inputs": {"data/clean/train.txt": "c1"},
-           "outputs": {"data/tokenizer/tokenizer.json": "t1", "data/tokenizer/vocab.txt": "v1"}}
-    ex = {"stage": "examples", "inputs": {"data/tokenizer/tokenizer.json": "t1"},
-          "outputs": {"data/examples/manifest.json": "e1"}, "upstream": {"tokenizer": tok}}
-    pre = {"stage": "pretrain", "inputs": {"data/examples/manifest.json": "e1"},
-           "outputs": {"data/pretrain/best.pt": "b1", "data/pretrain/last.pt": "l1"}, "upstream": {"examples": ex}}
-    ft = {"stage": "finetune", "inputs": {"data/pretrain/last.pt": "l1", "data/tokenizer/tokenizer.json": "t1"},
-          "outputs": {"data/finetune/model.pt": "m1"}, "upstream": {"pretrain": pre}}
-    assert prov.chain_ids(ft) == {"clean_train_sha256": "c1", "tokenizer_sha256": "t1", "examples_sha256": "e1",
-                                  "pretrain_checkpoint_sha256": "l1",  # finetune read last.pt, not best.pt
-                                  "finetune_checkpoint_sha256": "m1"}
+    tok = {
+        "stage": "tokenizer",
+        "inputs": {"data/clean/train.txt": "c1"},
+        "outputs": {"data/tokenizer/tokenizer.json": "t1", "data/tokenizer/vocab.txt": "v1"},
+    }
+    ex = {
+        "stage": "examples",
+        "inputs": {"data/tokenizer/tokenizer.json": "t1"},
+        "outputs": {"data/examples/manifest.json": "e1"},
+        "upstream": {"tokenizer": tok},
+    }
+    pre = {
+        "stage": "pretrain",
+        "inputs": {"data/examples/manifest.json": "e1"},
+        "outputs": {"data/pretrain/best.pt": "b1", "data/pretrain/last.pt": "l1"},
+        "upstream": {"examples": ex},
+    }
+    ft = {
+        "stage": "finetune",
+        "inputs": {"data/pretrain/last.pt": "l1", "data/tokenizer/tokenizer.json": "t1"},
+        "outputs": {"data/finetune/model.pt": "m1"},
+        "upstream": {"pretrain": pre},
+    }
+    assert prov.chain_ids(ft) == {
+        "clean_train_sha256": "c1",
+        "tokenizer_sha256": "t1",
+        "examples_sha256": "e1",
+        "pretrain_checkpoint_sha256": "l1",  # finetune read last.pt, not best.pt
+        "finetune_checkpoint_sha256": "m1",
+    }
     assert prov.chain_ids(pre)["pretrain_checkpoint_sha256"] == "b1"
     assert prov.chain_ids(tok) == {"clean_train_sha256": "c1", "tokenizer_sha256": "t1"}
 
 
 def test_dvc_lock_upstream_names_the_stages_a_stage_reads(tmp_path):
-    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
-        "tok": {"cmd": "x", "deps": ["data/clean/train.txt"], "outs": ["data/tokenizer"]},
-        "ex": {"cmd": "y", "deps": ["stages/ex.py", "data/tokenizer/tokenizer.json"], "outs": ["data/examples"]},
-        "val": {"cmd": "z", "deps": ["data/examples"], "metrics": [{"metrics/val.json": {"cache": False}}]},
-        "tok2": {"cmd": "w", "deps": ["data/examples"], "outs": ["data/t2", {"plots/t2.csv": {"cache": False}}]},
-        "ft": {"cmd": "f", "deps": ["data/t2"], "outs": ["data/ft"]},
-        "pre": {"cmd": "p", "deps": ["data/examples", "metrics/val.json"], "outs": [{"data/pretrain": {"persist": True}}]},
-    }}))
-    (tmp_path / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": {
-        "tok": {"cmd": "x", "deps": [{"path": "data/clean/train.txt", "md5": "c"}],
-                "outs": [{"path": "data/tokenizer", "md5": "t.dir"}]},
-        "ex": {"cmd": "y", "outs": [{"path": "data/examples", "md5": "e.dir"}]},
-        "tok2": {"cmd": "w", "outs": [{"path": "data/t2", "md5": "t2.dir"}, {"path": "plots/t2.csv", "md5": "p"}]},
-    }}))
-    assert prov.dvc_lock_upstream("ft", tmp_path) == {"tok2": {"outs": {"data/t2": "t2.dir"}, "deps": {}}}  # git keeps the plot
+    (tmp_path / "dvc.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "stages": {
+                    "tok": {"cmd": "x", "deps": ["data/clean/train.txt"], "outs": ["data/tokenizer"]},
+                    "ex": {
+                        "cmd": "y",
+                        "deps": ["stages/ex.py", "data/tokenizer/tokenizer.json"],
+                        "outs": ["data/examples"],
+                    },
+                    "val": {"cmd": "z", "deps": ["data/examples"], "metrics": [{"metrics/val.json": {"cache": False}}]},
+                    "tok2": {
+                        "cmd": "w",
+                        "deps": ["data/examples"],
+                        "outs": ["data/t2", {"plots/t2.csv": {"cache": False}}],
+                    },
+                    "ft": {"cmd": "f", "deps": ["data/t2"], "outs": ["data/ft"]},
+                    "pre": {
+                        "cmd": "p",
+                        "deps": ["data/examples", "metrics/val.json"],
+                        "outs": [{"data/pretrain": {"persist": True}}],
+                    },
+                }
+            }
+        )
+    )
+    (tmp_path / "dvc.lock").write_text(
+        yaml.safe_dump(
+            {
+                "schema": "2.0",
+                "stages": {
+                    "tok": {
+                        "cmd": "x",
+                        "deps": [{"path": "data/clean/train.txt", "md5": "c"}],
+                        "outs": [{"path": "data/tokenizer", "md5": "t.dir"}],
+                    },
+                    "ex": {"cmd": "y", "outs": [{"path": "data/examples", "md5": "e.dir"}]},
+                    "tok2": {
+                        "cmd": "w",
+                        "outs": [{"path": "data/t2", "md5": "t2.dir"}, {"path": "plots/t2.csv", "md5": "p"}],
+                    },
+                },
+            }
+        )
+    )
+    assert prov.dvc_lock_upstream("ft", tmp_path) == {
+        "tok2": {"outs": {"data/t2": "t2.dir"}, "deps": {}}
+    }  # git keeps the plot
     assert prov.dvc_lock_upstream("ex", tmp_path) == {
-        "tok": {"outs": {"data/tokenizer": "t.dir"}, "deps": {"data/clean/train.txt": "c"}}}
-    assert prov.dvc_lock_upstream("pre", tmp_path) == {"ex": {"outs": {"data/examples": "e.dir"}, "deps": {}},
-                                                       "val": None}  # declared, not run yet
+        "tok": {"outs": {"data/tokenizer": "t.dir"}, "deps": {"data/clean/train.txt": "c"}}
+    }
+    assert prov.dvc_lock_upstream("pre", tmp_path) == {
+        "ex": {"outs": {"data/examples": "e.dir"}, "deps": {}},
+        "val": None,
+    }  # declared, not run yet
     assert prov.dvc_lock_upstream("tok", tmp_path) == {}
     assert prov.dvc_lock_upstream("nope", tmp_path) is None
     assert prov.dvc_lock_upstream("ex", tmp_path / "elsewhere") is None
@@ -170,25 +226,56 @@ def test_foreach_stages_expand_as_dvc_names_them(tmp_path):
     """``foreach`` over a params mapping or a list: one ``name@key`` stage each, ``${key}`` /
     ``${item.x}`` filled; their upstream and downstream edges are found like any stage's."""
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"variants": {"frozen": {"lr": 1}, "scratch": {"lr": 2}}}))
-    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
-        "ft": {"cmd": "f", "outs": ["data/ft"]},
-        "v": {"foreach": "${variants}", "do": {"cmd": "g --variant ${key} --lr ${item.lr}", "deps": ["data/ft"],
-                                                "outs": ["data/v/${key}", {"reports/v/${key}.json": {"cache": False}}]}},
-        "l": {"foreach": ["a", "b"], "do": {"cmd": "h ${item}"}},
-        "card": {"cmd": "c", "deps": ["reports/v"]},
-    }}, sort_keys=False))
-    (tmp_path / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": {
-        "ft": {"cmd": "f", "outs": [{"path": "data/ft", "md5": "f.dir"}]},
-        "v@frozen": {"cmd": "g", "outs": [{"path": "data/v/frozen", "md5": "v.dir"},
-                                          {"path": "reports/v/frozen.json", "md5": "r"}]}}}))
+    (tmp_path / "dvc.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "stages": {
+                    "ft": {"cmd": "f", "outs": ["data/ft"]},
+                    "v": {
+                        "foreach": "${variants}",
+                        "do": {
+                            "cmd": "g --variant ${key} --lr ${item.lr}",
+                            "deps": ["data/ft"],
+                            "outs": ["data/v/${key}", {"reports/v/${key}.json": {"cache": False}}],
+                        },
+                    },
+                    "l": {"foreach": ["a", "b"], "do": {"cmd": "h ${item}"}},
+                    "card": {"cmd": "c", "deps": ["reports/v"]},
+                }
+            },
+            sort_keys=False,
+        )
+    )
+    (tmp_path / "dvc.lock").write_text(
+        yaml.safe_dump(
+            {
+                "schema": "2.0",
+                "stages": {
+                    "ft": {"cmd": "f", "outs": [{"path": "data/ft", "md5": "f.dir"}]},
+                    "v@frozen": {
+                        "cmd": "g",
+                        "outs": [
+                            {"path": "data/v/frozen", "md5": "v.dir"},
+                            {"path": "reports/v/frozen.json", "md5": "r"},
+                        ],
+                    },
+                },
+            }
+        )
+    )
     stages = prov.dvc_stages(tmp_path)
     assert list(stages) == ["ft", "v@frozen", "v@scratch", "l@a", "l@b", "card"]
-    assert stages["v@scratch"] == {"cmd": "g --variant scratch --lr 2", "deps": ["data/ft"],
-                                   "outs": ["data/v/scratch", {"reports/v/scratch.json": {"cache": False}}]}
+    assert stages["v@scratch"] == {
+        "cmd": "g --variant scratch --lr 2",
+        "deps": ["data/ft"],
+        "outs": ["data/v/scratch", {"reports/v/scratch.json": {"cache": False}}],
+    }
     assert stages["l@b"] == {"cmd": "h b"}
     assert prov.dvc_lock_upstream("v@frozen", tmp_path) == {"ft": {"outs": {"data/ft": "f.dir"}, "deps": {}}}
-    assert prov.dvc_lock_upstream("card", tmp_path) == {"v@frozen": {"outs": {"data/v/frozen": "v.dir"}, "deps": {}},
-                                                        "v@scratch": None}
+    assert prov.dvc_lock_upstream("card", tmp_path) == {
+        "v@frozen": {"outs": {"data/v/frozen": "v.dir"}, "deps": {}},
+        "v@scratch": None,
+    }
 
 
 def test_stage_run_on_a_dirty_tree_says_so_in_mlflow_and_trace(tmp_path, monkeypatch):

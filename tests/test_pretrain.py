@@ -11,32 +11,53 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_pretrain_data import make_examples, make_tokenizer
 
 from pipeline import checkpoint as ckpt_lib
 from pipeline.errors import BertraceError
 from pipeline.io import sha256_file
 from pipeline.model import BertConfig, BertForPreTraining, pretraining_loss
 from pipeline.objectives import OBJECTIVES, BertPretraining
-from pipeline.train import (PretrainConfig, lr_at_progress, lr_at_step, pretrain, step_snapshot_path,
-                            warmup_steps_for)
-from test_pretrain_data import make_examples, make_tokenizer
+from pipeline.train import PretrainConfig, lr_at_progress, lr_at_step, pretrain, step_snapshot_path, warmup_steps_for
 from tests.conftest import REPO
 
 TINY = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "max_position": 64}
 
 
 def tiny_cfg(**kw) -> PretrainConfig:
-    base = dict(objective="mlm_nsp", embedding_init={"method": "random"}, model=dict(TINY), batch_size=16, lr=3e-3, warmup=0.1, max_steps=20, eval_every=0,
-                eval_batches=None, log_every=1, checkpoint_every=None, checkpoint_minutes=None,
-                shuffle_buffer=64, seed=0, num_threads=1, snapshot_steps=[])
+    base = dict(
+        objective="mlm_nsp",
+        embedding_init={"method": "random"},
+        model=dict(TINY),
+        batch_size=16,
+        lr=3e-3,
+        warmup=0.1,
+        max_steps=20,
+        eval_every=0,
+        eval_batches=None,
+        log_every=1,
+        checkpoint_every=None,
+        checkpoint_minutes=None,
+        shuffle_buffer=64,
+        seed=0,
+        num_threads=1,
+        snapshot_steps=[],
+    )
     base.update(kw)
     return PretrainConfig(**base)
 
 
 def run(cfg, examples, out, **kw):
     logs: list[tuple[int, dict]] = []
-    metrics = pretrain(cfg, examples_dir=examples, out_dir=out, provenance={"git": {"commit": "abc", "dirty": False}},
-                       on_log=lambda step, m: logs.append((step, m)), progress=False, **kw)
+    metrics = pretrain(
+        cfg,
+        examples_dir=examples,
+        out_dir=out,
+        provenance={"git": {"commit": "abc", "dirty": False}},
+        on_log=lambda step, m: logs.append((step, m)),
+        progress=False,
+        **kw,
+    )
     return metrics, logs
 
 
@@ -45,7 +66,7 @@ TIMING = ("tokens_per_s", "seconds")
 
 def untimed(rows):
     """Logs or history rows without the wall-clock fields (which no rerun reproduces)."""
-    strip = lambda m: {k: v for k, v in m.items() if k not in TIMING}
+    strip = lambda m: {k: v for k, v in m.items() if k not in TIMING}  # noqa: E731
     return [(r[0], strip(r[1])) if isinstance(r, tuple) else strip(r) for r in rows]
 
 
@@ -55,15 +76,27 @@ def train_logs(logs):
 
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory):
-    return make_examples(tmp_path_factory.mktemp("ex"), masking="static", train_rows=1024, valid_rows=64,
-                         rows_per_shard=256, row_group_size=64)
+    return make_examples(
+        tmp_path_factory.mktemp("ex"),
+        masking="static",
+        train_rows=1024,
+        valid_rows=64,
+        rows_per_shard=256,
+        row_group_size=64,
+    )
 
 
 @pytest.fixture(scope="module")
 def small_dynamic(tmp_path_factory):
     # 128 rows: with batch 16 an epoch is 8 updates, so short runs cross epochs
-    return make_examples(tmp_path_factory.mktemp("dyn"), masking="dynamic", train_rows=128, valid_rows=32,
-                         rows_per_shard=48, row_group_size=16)
+    return make_examples(
+        tmp_path_factory.mktemp("dyn"),
+        masking="dynamic",
+        train_rows=128,
+        valid_rows=32,
+        rows_per_shard=48,
+        row_group_size=16,
+    )
 
 
 # ----------------------------------------------------------------------------- learning
@@ -133,8 +166,12 @@ def test_optimizer_excludes_bias_and_layernorm_from_weight_decay(examples, tmp_p
     assert [g["weight_decay"] for g in groups] == [0.05, 0.0]
     assert groups[0]["eps"] == 1e-6 and tuple(groups[0]["betas"]) == (0.9, 0.999)
     model = BertForPreTraining(BertConfig.from_dict(state["model_config"]))
-    norm_or_bias = {id(p) for m in model.modules() for n, p in m.named_parameters(recurse=False)
-                    if isinstance(m, torch.nn.LayerNorm) or n.endswith("bias")}
+    norm_or_bias = {
+        id(p)
+        for m in model.modules()
+        for n, p in m.named_parameters(recurse=False)
+        if isinstance(m, torch.nn.LayerNorm) or n.endswith("bias")
+    }
     all_params = {id(p) for p in model.parameters()}
     assert len(groups[1]["params"]) == len(norm_or_bias) > 0
     assert len(groups[0]["params"]) == len(all_params - norm_or_bias)
@@ -158,13 +195,21 @@ def test_config_validation_errors():
         tiny_cfg(lr="fast")
     assert tiny_cfg(lr="5e-4", max_steps=10.0).lr == 5e-4  # YAML 1.1 reads 5e-4 as a string
     # strict types, each error naming pretrain.<key>
-    for key, value, why in (("max_steps", 2.5, "must be an integer"), ("max_steps", True, "not true/false"),
-                            ("tf32", "false", "must be true or false"), ("deterministic", 1, "must be true or false"),
-                            ("precision", "fp8", "'auto', 'fp32', 'bf16' or 'fp16'"), ("model", "tiny", "mapping"),
-                            ("betas", [0.9], "two numbers"), ("snapshot_steps", [0, 10], "must be > 0"),
-                            ("snapshot_minutes", ["soon"], "must be a number"),
-                            ("objective", "gpt", "must be one of .*electra, mlm, mlm_nsp"), ("batch_size", 0, ">= 1"),
-                            ("resume", "yes", "must be auto, true or false"), ("resume", 1, "auto, true or false")):
+    for key, value, why in (
+        ("max_steps", 2.5, "must be an integer"),
+        ("max_steps", True, "not true/false"),
+        ("tf32", "false", "must be true or false"),
+        ("deterministic", 1, "must be true or false"),
+        ("precision", "fp8", "'auto', 'fp32', 'bf16' or 'fp16'"),
+        ("model", "tiny", "mapping"),
+        ("betas", [0.9], "two numbers"),
+        ("snapshot_steps", [0, 10], "must be > 0"),
+        ("snapshot_minutes", ["soon"], "must be a number"),
+        ("objective", "gpt", "must be one of .*electra, mlm, mlm_nsp"),
+        ("batch_size", 0, ">= 1"),
+        ("resume", "yes", "must be auto, true or false"),
+        ("resume", 1, "auto, true or false"),
+    ):
         with pytest.raises(BertraceError, match=rf"pretrain\.{key}.*{why}"):
             tiny_cfg(**{key: value})
     cfg = tiny_cfg(snapshot_steps=[30, 10], snapshot_minutes=[2, 1.5])
@@ -210,8 +255,11 @@ def test_exact_resume_matches_an_uninterrupted_run(small_dynamic, tmp_path):
     # the average (train_seconds is rounded to the millisecond, and this run lasts about a second)
     assert done["tokens_per_s"] == pytest.approx(done["tokens_seen"] / done["train_seconds"], rel=2e-2)
     # the CSV of the resumed run is the uninterrupted run's
-    assert (tmp_path / "full" / "pretrain_loss.csv").read_text().count("\n") == \
-        (tmp_path / "parts" / "pretrain_loss.csv").read_text().count("\n") == 17
+    assert (
+        (tmp_path / "full" / "pretrain_loss.csv").read_text().count("\n")
+        == (tmp_path / "parts" / "pretrain_loss.csv").read_text().count("\n")
+        == 17
+    )
 
 
 def test_resume_with_a_larger_budget_extends_the_schedule(examples, tmp_path):
@@ -235,8 +283,14 @@ def test_resume_with_a_larger_budget_extends_the_schedule(examples, tmp_path):
     assert prov["budget"] == {"kind": "max_steps", "value": 20, "steps": 20, "deterministic": True, "extends": extends}
     from pipeline import trace
 
-    node = {"stage": "pretrain", "git_commit": "abc", "params": tiny_cfg(max_steps=20).to_dict(),
-            "budget": prov["budget"], "inputs": {}, "outputs": {}}
+    node = {
+        "stage": "pretrain",
+        "git_commit": "abc",
+        "params": tiny_cfg(max_steps=20).to_dict(),
+        "budget": prov["budget"],
+        "inputs": {},
+        "outputs": {},
+    }
     text = trace.format_tree({"target": "last.pt", "kind": "pre-training checkpoint", "chain": [node]})
     assert "extends a run trained under max_steps 10 (resumed at update 10): not the weights these params" in text
     # extended once more: both earlier budgets, in order
@@ -265,8 +319,14 @@ def test_epoch_budget_counts_updates_over_the_shards(small_dynamic, tmp_path):
 
 def test_dynamic_whole_word_masking_needs_the_matching_tokenizer(tmp_path):
     tok = make_tokenizer(tmp_path / "tokenizer.json")
-    ex = make_examples(tmp_path / "ex", masking="dynamic", whole_word_masking=True, train_rows=64,
-                       valid_rows=16, tokenizer_sha256=sha256_file(tok))
+    ex = make_examples(
+        tmp_path / "ex",
+        masking="dynamic",
+        whole_word_masking=True,
+        train_rows=64,
+        valid_rows=16,
+        tokenizer_sha256=sha256_file(tok),
+    )
     with pytest.raises(BertraceError, match="needs the tokenizer"):
         run(tiny_cfg(max_steps=2), ex, tmp_path / "a")
     other = make_tokenizer(tmp_path / "other.json")
@@ -346,8 +406,10 @@ def test_step_snapshots_keep_the_weights_after_the_given_updates(examples, tmp_p
     # resuming does not take a snapshot twice, and the run ends where the uninterrupted one did
     resumed, _ = run(cfg, examples, tmp_path / "stopped")
     assert resumed["model_sha256"] == metrics["model_sha256"]
-    assert [p.name for p in sorted((tmp_path / "stopped" / "snapshots").glob("*.pt"))] == \
-        ["step-000004.pt", "step-000007.pt"]
+    assert [p.name for p in sorted((tmp_path / "stopped" / "snapshots").glob("*.pt"))] == [
+        "step-000004.pt",
+        "step-000007.pt",
+    ]
     run(tiny_cfg(max_steps=2), examples, tmp_path / "full", resume=False)  # a fresh run drops them
     assert not list((tmp_path / "full" / "snapshots").glob("*.pt"))
 
@@ -391,8 +453,9 @@ def test_resume_refuses_other_data_naming_both_hashes(examples, tmp_path):
     run(cfg, examples, out)
     old_tok = json.loads((examples / "manifest.json").read_text())["tokenizer_sha256"]
     old_manifest = sha256_file(examples / "manifest.json")
-    other = make_examples(tmp_path / "other", train_rows=128, valid_rows=16, rows_per_shard=64,
-                          tokenizer_sha256="f" * 64)
+    other = make_examples(
+        tmp_path / "other", train_rows=128, valid_rows=16, rows_per_shard=64, tokenizer_sha256="f" * 64
+    )
     new_manifest = sha256_file(other / "manifest.json")
     with pytest.raises(BertraceError) as err:
         run(cfg, other, out)
@@ -478,6 +541,7 @@ def test_mlm_only_trains_no_nsp_and_reports_its_loss(examples, tmp_path):
     """pretrain.objective mlm (MLM only): the objective is the MLM loss, the NSP head and the
     pooler (which only NSP trains) get no gradient, so without weight decay they keep their
     initial weights (with it they only shrink), NSP loss/accuracy are still measured."""
+
     def weights(nsp_weight, steps, out):
         objective = "mlm" if nsp_weight == 0 else "mlm_nsp"
         cfg = tiny_cfg(objective=objective, weight_decay=0.0, max_steps=steps, eval_every=steps, log_every=4)
@@ -518,9 +582,24 @@ def test_probe_script_trains_each_variant_for_its_minutes(examples, tmp_path):
         probe.parse_variant("lr")
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"pretrain": {**tiny_cfg().to_dict(), "max_steps": None, "resume": "auto"}}))
-    rows = probe.main(["--examples", str(examples), "--params", str(params), "--minutes", "0.01",
-                       "--eval-batches", "2", "--variant", "", "--variant", "objective=mlm,batch_size=32",
-                       "--json", str(tmp_path / "rows.json")])
+    rows = probe.main(
+        [
+            "--examples",
+            str(examples),
+            "--params",
+            str(params),
+            "--minutes",
+            "0.01",
+            "--eval-batches",
+            "2",
+            "--variant",
+            "",
+            "--variant",
+            "objective=mlm,batch_size=32",
+            "--json",
+            str(tmp_path / "rows.json"),
+        ]
+    )
     assert [r["variant"] for r in rows] == ["params.yaml", "objective=mlm,batch_size=32"]
     assert json.loads((tmp_path / "rows.json").read_text()) == rows
     for r in rows:
@@ -550,18 +629,37 @@ def test_an_objective_is_a_class_the_loop_does_not_know(examples, tmp_path, monk
     # fp32 and no clipping: the clipping norm sums one norm per parameter with a gradient, and the mlm
     # objective's NSP head has (zero) gradients, so its sum has more terms, in other SIMD lanes: on AVX2
     # kernels that rounds the total norm, hence every update, differently in the last bits
-    cfg = tiny_cfg(objective="mlm_only", max_steps=6, eval_every=3, log_every=2, weight_decay=0.0, precision="fp32",
-                   clip_grad_norm=0.0)
+    cfg = tiny_cfg(
+        objective="mlm_only",
+        max_steps=6,
+        eval_every=3,
+        log_every=2,
+        weight_decay=0.0,
+        precision="fp32",
+        clip_grad_norm=0.0,
+    )
     metrics, logs = run(cfg, examples, tmp_path)
-    assert (tmp_path / "pretrain_loss.csv").read_text().splitlines()[0] == \
-        "step,tokens,seconds,lr,loss,grad_norm,tokens_per_s"
+    assert (tmp_path / "pretrain_loss.csv").read_text().splitlines()[
+        0
+    ] == "step,tokens,seconds,lr,loss,grad_norm,tokens_per_s"
     assert (tmp_path / "pretrain_val.csv").read_text().splitlines()[0] == "step,tokens,seconds,val_mlm,val_acc"
     assert [s for s, m in logs if "val_mlm" in m] == [3, 6]
     assert metrics["best_val_mlm"] == min(m["val_mlm"] for _, m in logs if "val_mlm" in m)
     assert ckpt_lib.load_checkpoint(tmp_path / "best.pt")["best_val_mlm"] == metrics["best_val_mlm"]
     # the same updates as the mlm objective (whose NSP gradients are exact zeros)
-    bert, _ = run(tiny_cfg(objective="mlm", max_steps=6, eval_every=3, log_every=2, weight_decay=0.0,
-                           precision="fp32", clip_grad_norm=0.0), examples, tmp_path / "bert")
+    bert, _ = run(
+        tiny_cfg(
+            objective="mlm",
+            max_steps=6,
+            eval_every=3,
+            log_every=2,
+            weight_decay=0.0,
+            precision="fp32",
+            clip_grad_norm=0.0,
+        ),
+        examples,
+        tmp_path / "bert",
+    )
     assert metrics["model_sha256"] == bert["model_sha256"]
 
 

@@ -59,8 +59,11 @@ def make_examples(
     spec = MaskingSpec(vocab_size=VOCAB, mask_id=4, special_ids=(0, 1, 2, 3, 4))
     rng = np.random.default_rng(seed)
     id_type = pa.uint16()
-    cols = [pa.field("input_ids", pa.list_(id_type)), pa.field("token_type_ids", pa.list_(pa.uint8())),
-            pa.field("next_sentence_label", pa.int8())]
+    cols = [
+        pa.field("input_ids", pa.list_(id_type)),
+        pa.field("token_type_ids", pa.list_(pa.uint8())),
+        pa.field("next_sentence_label", pa.int8()),
+    ]
     if masking == "static":
         cols += [pa.field("masked_lm_positions", pa.list_(pa.uint16())), pa.field("masked_lm_ids", pa.list_(id_type))]
     schema = pa.schema(cols)
@@ -69,8 +72,13 @@ def make_examples(
         shards, done, index = [], 0, 0
         while done < total:
             n = min(rows_per_shard, total - done)
-            data = {"input_ids": [], "token_type_ids": [], "next_sentence_label": [],
-                    "masked_lm_positions": [], "masked_lm_ids": []}
+            data = {
+                "input_ids": [],
+                "token_type_ids": [],
+                "next_sentence_label": [],
+                "masked_lm_positions": [],
+                "masked_lm_ids": [],
+            }
             tokens = 0
             for _ in range(n):
                 ids, types, nsp = _row(rng, max_len)
@@ -92,14 +100,26 @@ def make_examples(
             shards.append({"path": rel, "rows": n, "tokens": tokens, "sha256": sha})
             done += n
             index += 1
-        splits[split] = {"rows": total, "tokens": sum(s["tokens"] for s in shards), "documents": total,
-                         "shards": shards}
+        splits[split] = {
+            "rows": total,
+            "tokens": sum(s["tokens"] for s in shards),
+            "documents": total,
+            "shards": shards,
+        }
     manifest = {
-        "schema_version": 1, "masking": masking, "tokenizer_sha256": tokenizer_sha256,
-        "vocab_size": VOCAB, "special_ids": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4},
-        "max_seq_len": max_len, "masked_lm_prob": 0.15, "max_predictions_per_seq": 20,
-        "whole_word_masking": whole_word_masking, "seed": seed, "params": {"masking": masking},
-        "inputs": {}, "splits": splits,
+        "schema_version": 1,
+        "masking": masking,
+        "tokenizer_sha256": tokenizer_sha256,
+        "vocab_size": VOCAB,
+        "special_ids": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4},
+        "max_seq_len": max_len,
+        "masked_lm_prob": 0.15,
+        "max_predictions_per_seq": 20,
+        "whole_word_masking": whole_word_masking,
+        "seed": seed,
+        "params": {"masking": masking},
+        "inputs": {},
+        "splits": splits,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return out
@@ -219,7 +239,7 @@ def test_ddp_ranks_read_distinct_rows_and_yield_equal_batch_counts(tmp_path):
                 assert len(units[i] & set().union(*(units[j] for j in range(world) if j != i))) <= 2
             # the same on resume: skipping batches replays the rank's slice
             again = [x for b in per_rank[-1].epoch_batches(epoch, 3) for x in b.example_ids.tolist()]
-            assert again == ids[-1][3 * 8:]
+            assert again == ids[-1][3 * 8 :]
 
 
 def test_dynamic_masking_rate_epochs_and_reruns(dynamic_dir):
@@ -265,8 +285,12 @@ def test_eval_batches_fixed_order_and_rank_split(static_dir, dynamic_dir):
         assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(batches, again))
         assert len(list(one.eval_batches(max_batches=3))) == 3
         # max_batches counts batches of batch_rows examples, split across the ranks in per-rank batches
-        r0, r1 = (list(PretrainingData(d, "valid", batch_size=10, seed=0, rank=r, world_size=2)
-                       .eval_batches(5, batch_rows=10)) for r in (0, 1))
+        r0, r1 = (
+            list(
+                PretrainingData(d, "valid", batch_size=10, seed=0, rank=r, world_size=2).eval_batches(5, batch_rows=10)
+            )
+            for r in (0, 1)
+        )
         assert len(r0) == 3 and len(r1) == 2
         split = sorted(x for b in r0 + r1 for x in b.example_ids.tolist())
         assert split == list(range(50))
@@ -381,8 +405,11 @@ def test_verify_shards_rehashes_every_shard_against_the_manifest(small_dir):
     # a truncated valid shard and a missing train shard on top: the first named, the others counted
     truncate(small_dir / "valid" / "shard-00000.parquet")
     (small_dir / "train" / "shard-00000.parquet").unlink()
-    with pytest.raises(BertraceError, match=r"train/shard-00000.parquet: listed in .*manifest.json but missing "
-                                            r"\(and 2 more shards\)"):
+    with pytest.raises(
+        BertraceError,
+        match=r"train/shard-00000.parquet: listed in .*manifest.json but missing "
+        r"\(and 2 more shards\)",
+    ):
         verify_shards(small_dir, progress=True)
 
 
@@ -394,8 +421,10 @@ def test_missing_column_names_the_shard_and_the_column(small_dir):
     rewrite_shard(shard, lambda t: t.drop_columns(["next_sentence_label"]))
     with pytest.raises(BertraceError, match=r"shard-00001.parquet: has no column 'next_sentence_label'; "):
         PretrainingData(small_dir, batch_size=8)
-    rewrite_shard(small_dir / "valid" / "shard-00000.parquet",
-                  lambda t: t.set_column(0, "input_ids", pa.array([str(x) for x in t.column("input_ids").to_pylist()])))
+    rewrite_shard(
+        small_dir / "valid" / "shard-00000.parquet",
+        lambda t: t.set_column(0, "input_ids", pa.array([str(x) for x in t.column("input_ids").to_pylist()])),
+    )
     with pytest.raises(BertraceError, match=r"valid/shard-00000.parquet: column 'input_ids' has type string"):
         PretrainingData(small_dir, "valid", batch_size=8)
 
@@ -406,14 +435,17 @@ def test_token_id_outside_the_vocabulary_names_the_shard(small_dir):
             rows = t.column(column).to_pylist()
             rows[row] = [*rows[row][:-1], VOCAB]  # one id == vocab_size
             return set_column(t, column, rows)
+
         return change
 
     shard = rewrite_shard(small_dir / "train" / "shard-00001.parquet", poison("input_ids"))
     data = PretrainingData(small_dir, batch_size=8)  # the footer is fine: caught when the row group is read
     with pytest.raises(BertraceError) as e:
         list(data.epoch_batches(0))
-    assert str(e.value).startswith(f"{shard}: row group 0 has input_ids id {VOCAB}, outside the vocabulary "
-                                   f"(vocab_size {VOCAB} in {small_dir / 'manifest.json'})")
+    assert str(e.value).startswith(
+        f"{shard}: row group 0 has input_ids id {VOCAB}, outside the vocabulary "
+        f"(vocab_size {VOCAB} in {small_dir / 'manifest.json'})"
+    )
     valid = rewrite_shard(small_dir / "valid" / "shard-00000.parquet", poison("masked_lm_ids", row=3))
     with pytest.raises(BertraceError, match=rf"{valid}: row group 0 has masked_lm_ids id {VOCAB}, outside"):
         list(PretrainingData(small_dir, "valid", batch_size=8).eval_batches())
@@ -429,8 +461,13 @@ def stage_dir(tmp_path, monkeypatch):
 
     work = tmp_path / "work"
     make_examples(work / "data" / "examples", masking="dynamic", train_rows=64, valid_rows=32, rows_per_shard=32)
-    params = {"model": {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64,
-                        "max_position": 64}, "batch_size": 16, "max_steps": 2, "eval_every": 0, "num_threads": 1}
+    params = {
+        "model": {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "max_position": 64},
+        "batch_size": 16,
+        "max_steps": 2,
+        "eval_every": 0,
+        "num_threads": 1,
+    }
     (work / "params.yaml").write_text(yaml.safe_dump({"compute": {"kernels": "portable"}, "pretrain": params}))
     monkeypatch.chdir(work)
     monkeypatch.setenv("BERTRACE_NO_MLFLOW", "1")
@@ -439,10 +476,12 @@ def stage_dir(tmp_path, monkeypatch):
 
 def _fake_pretrain(seen: dict):
     """Stands in for the training loop: keeps the provenance it was given."""
+
     def pretrain(cfg, *, provenance, out_dir, **kw):
         seen["provenance"] = provenance
         seen["cfg"] = cfg
         return {"model_sha256": "0" * 64, "step": 0, "tokens_seen": 0, "train_seconds": 0.0}
+
     return pretrain
 
 
@@ -456,8 +495,11 @@ def test_pretrain_stage_refuses_a_rewritten_shard(stage_dir, monkeypatch):
     assert json.loads((stage_dir / "data/provenance/pretrain.json").read_text())["shards_verified"] is True
     seen.clear()
     shard = rewrite_shard(Path("data/examples/train/shard-00001.parquet"), flip_first_label)
-    with pytest.raises(BertraceError, match=rf"^{shard}: sha256 [0-9a-f]{{64}}, data/examples/manifest.json "
-                                            r"records [0-9a-f]{64}.*dvc repro examples"):
+    with pytest.raises(
+        BertraceError,
+        match=rf"^{shard}: sha256 [0-9a-f]{{64}}, data/examples/manifest.json "
+        r"records [0-9a-f]{64}.*dvc repro examples",
+    ):
         stage.main([])
     assert not seen  # refused before training
 
@@ -496,8 +538,10 @@ def test_pretrain_stage_refuses_a_tokenizer_the_shards_were_not_made_with(stage_
     with pytest.raises(BertraceError) as e:
         stage.main([])
     msg = str(e.value)
-    assert msg.startswith(f"{tok}: sha256 {hashlib.sha256(tok.read_bytes()).hexdigest()}, but "
-                          f"data/examples/manifest.json was made with tokenizer {TOKENIZER_SHA}")
+    assert msg.startswith(
+        f"{tok}: sha256 {hashlib.sha256(tok.read_bytes()).hexdigest()}, but "
+        f"data/examples/manifest.json was made with tokenizer {TOKENIZER_SHA}"
+    )
     assert "rerun it (dvc repro examples)" in msg
     # the tokenizer the manifest names passes
     manifest = json.loads(Path("data/examples/manifest.json").read_text())

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_pretrain_data import make_examples
 
 from pipeline import checkpoint as ckpt_lib
-from test_pretrain_data import make_examples
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "max_position": 64}
@@ -35,7 +35,7 @@ def _env(**extra) -> dict:
 
 # ----------------------------------------------------------------------------- SIGKILL
 
-CHILD = r'''
+CHILD = r"""
 import json, os, signal, sys
 from pathlib import Path
 import torch
@@ -60,7 +60,7 @@ cfg = PretrainConfig(objective="mlm_nsp", embedding_init={"method": "random"}, m
                      log_every=1, checkpoint_every=1, checkpoint_minutes=None, num_threads=1)
 pretrain(cfg, examples_dir=examples, out_dir=out, provenance={},
          on_log=lambda s, m: "loss" in m and print(json.dumps({"step": s}), flush=True), progress=False)
-'''
+"""
 
 
 def _logged_steps(stdout: str) -> list[int]:
@@ -75,8 +75,9 @@ def test_sigkill_never_leaves_a_corrupt_checkpoint(tmp_path):
     cmd = [sys.executable, str(script)]
 
     # 1. killed exactly while writing: the half-written temporary never replaces last.pt
-    p = subprocess.run(cmd + ["die-in-save", str(examples), str(out), "1000"], env=_env(),
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        cmd + ["die-in-save", str(examples), str(out), "1000"], env=_env(), capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == -signal.SIGKILL, p.stderr
     state = ckpt_lib.load_checkpoint(out / "last.pt")
     assert state["step"] == 2  # the 2nd save; the 3rd died half-way
@@ -86,8 +87,13 @@ def test_sigkill_never_leaves_a_corrupt_checkpoint(tmp_path):
     rng = random.Random(0)
     good = state["step"]
     for _ in range(3):
-        child = subprocess.Popen(cmd + ["run", str(examples), str(out), "1000"], env=_env(),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            cmd + ["run", str(examples), str(out), "1000"],
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         # wait for training to start (the child logs every step), then kill at a random time
         deadline = time.time() + 60
         first = child.stdout.readline()
@@ -102,8 +108,9 @@ def test_sigkill_never_leaves_a_corrupt_checkpoint(tmp_path):
         good = state["step"]
 
     # 3. a clean run resumes from the last good checkpoint, finishes, and sweeps the temporaries
-    p = subprocess.run(cmd + ["run", str(examples), str(out), str(good + 3)], env=_env(),
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        cmd + ["run", str(examples), str(out), str(good + 3)], env=_env(), capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     assert _logged_steps(p.stdout) == [good + 1, good + 2, good + 3]
     assert ckpt_lib.load_checkpoint(out / "last.pt")["step"] == good + 3
@@ -112,7 +119,7 @@ def test_sigkill_never_leaves_a_corrupt_checkpoint(tmp_path):
 
 # ----------------------------------------------------------------------------- DDP
 
-WORKER = r'''
+WORKER = r"""
 import json, os, sys
 from pathlib import Path
 import torch, torch.distributed as dist
@@ -138,7 +145,7 @@ metrics = pretrain(cfg, examples_dir=examples, out_dir=base / f"rank{rank}", pro
                    on_log=lambda s, m: logs.append([s, m]), progress=False)
 (base / f"report{rank}.json").write_text(json.dumps({"metrics": metrics, "seen": seen, "logs": logs}))
 dist.destroy_process_group()
-'''
+"""
 
 
 def test_ddp_two_cpu_ranks_distinct_data_identical_weights_rank0_writes(tmp_path):
@@ -147,9 +154,24 @@ def test_ddp_two_cpu_ranks_distinct_data_identical_weights_rank0_writes(tmp_path
     script.write_text(WORKER)
     steps = 12
     p = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(script), str(examples), str(tmp_path), json.dumps(TINY), str(steps)],
-        env=_env(), capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+            str(examples),
+            str(tmp_path),
+            json.dumps(TINY),
+            str(steps),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r0, r1 = (json.loads((tmp_path / f"report{r}.json").read_text()) for r in (0, 1))
     # ranks read distinct data (all within epoch 0: 160 rows per rank) in equal amounts:
@@ -178,11 +200,29 @@ def test_ddp_two_cpu_ranks_distinct_data_identical_weights_rank0_writes(tmp_path
 
 def _stage_dir(tmp_path: Path, **pretrain_params) -> Path:
     work = tmp_path / "work"
-    make_examples(work / "data" / "examples", masking="dynamic", train_rows=256, valid_rows=32,
-                  rows_per_shard=64, row_group_size=16)
-    params = {"compute": {"kernels": "portable"}, "pretrain": {"model": TINY, "batch_size": 16, "lr": 2e-3, "warmup": 0.1, "max_steps": 8,
-                           "eval_every": 4, "log_every": 2, "checkpoint_every": 4, "num_threads": 1,
-                           **pretrain_params}}
+    make_examples(
+        work / "data" / "examples",
+        masking="dynamic",
+        train_rows=256,
+        valid_rows=32,
+        rows_per_shard=64,
+        row_group_size=16,
+    )
+    params = {
+        "compute": {"kernels": "portable"},
+        "pretrain": {
+            "model": TINY,
+            "batch_size": 16,
+            "lr": 2e-3,
+            "warmup": 0.1,
+            "max_steps": 8,
+            "eval_every": 4,
+            "log_every": 2,
+            "checkpoint_every": 4,
+            "num_threads": 1,
+            **pretrain_params,
+        },
+    }
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     return work
 
@@ -191,8 +231,9 @@ def test_stage_writes_checkpoints_metrics_plots_provenance_and_mlflow(tmp_path):
     work = _stage_dir(tmp_path)
     env = _env()
     env.pop("BERTRACE_NO_MLFLOW")  # log to the test's throw-away MLflow store
-    p = subprocess.run([sys.executable, "-m", "stages.pretrain"], cwd=work, env=env, capture_output=True,
-                       text=True, timeout=240)
+    p = subprocess.run(
+        [sys.executable, "-m", "stages.pretrain"], cwd=work, env=env, capture_output=True, text=True, timeout=240
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "pretrain: step 8" in p.stdout
     metrics = json.loads((work / "reports" / "pretrain.json").read_text())
@@ -206,8 +247,11 @@ def test_stage_writes_checkpoints_metrics_plots_provenance_and_mlflow(tmp_path):
     assert state["provenance"]["inputs"]["data/examples/manifest.json"] == sha256_file(manifest)
     assert state["provenance"]["params"]["max_steps"] == 8
     # a step budget: reproducible from the commit, and recorded so (deterministic kernels, thread count)
-    assert state["provenance"]["budget"] == metrics["budget"] == {"kind": "max_steps", "value": 8, "steps": 8,
-                                                                   "deterministic": True}
+    assert (
+        state["provenance"]["budget"]
+        == metrics["budget"]
+        == {"kind": "max_steps", "value": 8, "steps": 8, "deterministic": True}
+    )
     assert state["provenance"]["determinism"] == {"deterministic": True, "num_threads": 1}
     assert (work / "plots" / "pretrain_loss.csv").read_text().startswith("step,")
     assert (work / "plots" / "pretrain_val.csv").exists()
@@ -234,16 +278,18 @@ def test_stage_writes_checkpoints_metrics_plots_provenance_and_mlflow(tmp_path):
     params["pretrain"]["lr"] = 1e-3
     params["pretrain"]["resume"] = True
     (work / "params.yaml").write_text(yaml.safe_dump(params))
-    p = subprocess.run([sys.executable, "-m", "stages.pretrain"], cwd=work, env=_env(), capture_output=True,
-                       text=True, timeout=240)
+    p = subprocess.run(
+        [sys.executable, "-m", "stages.pretrain"], cwd=work, env=_env(), capture_output=True, text=True, timeout=240
+    )
     assert p.returncode == 2 and p.stderr.startswith("error: ") and "Traceback" not in p.stderr
     assert "lr" in p.stderr
 
     # resume: auto (the default, what `dvc repro` uses) starts over instead, from step 0
     params["pretrain"]["resume"] = "auto"
     (work / "params.yaml").write_text(yaml.safe_dump(params))
-    p = subprocess.run([sys.executable, "-m", "stages.pretrain"], cwd=work, env=_env(), capture_output=True,
-                       text=True, timeout=240)
+    p = subprocess.run(
+        [sys.executable, "-m", "stages.pretrain"], cwd=work, env=_env(), capture_output=True, text=True, timeout=240
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "not resuming, starting over" in p.stdout
     state = torch.load(work / "data" / "pretrain" / "last.pt", weights_only=True)
@@ -252,8 +298,23 @@ def test_stage_writes_checkpoints_metrics_plots_provenance_and_mlflow(tmp_path):
 
 def test_stage_under_torchrun_two_ranks(tmp_path):
     work = _stage_dir(tmp_path, batch_size=16, max_steps=6, eval_every=3)
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        "-m", "stages.pretrain"], cwd=work, env=_env(), capture_output=True, text=True, timeout=240)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "stages.pretrain",
+        ],
+        cwd=work,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     metrics = json.loads((work / "reports" / "pretrain.json").read_text())
     assert metrics["world_size"] == 2 and metrics["step"] == 6

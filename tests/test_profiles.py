@@ -7,12 +7,12 @@ import shlex
 
 import pytest
 import yaml
+from test_pretrain_data import make_examples
 
 from pipeline.errors import BertraceError
 from pipeline.profiles import apply_overrides, dvc_set_args, flatten_overrides, load_profile
 from pipeline.train import PretrainConfig, pretrain
 from tests.conftest import REPO
-from test_pretrain_data import make_examples
 
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
 PROFILES = sorted(p.stem for p in (REPO / "profiles").glob("*.yaml"))
@@ -65,10 +65,24 @@ def test_typos_and_missing_profiles_are_clear_errors(tmp_path):
 
 
 def test_dvc_set_args_keep_yaml_types():
-    args = dvc_set_args({"pretrain.snapshot_minutes": [15, 30], "download.local.path": "../a b/c", "pretrain.lr": 2e-4,
-                         "evaluate.registered_model_name": None})
-    assert args == ["-S", "pretrain.snapshot_minutes=[15, 30]", "-S", "download.local.path=../a b/c",
-                    "-S", "pretrain.lr=0.0002", "-S", "evaluate.registered_model_name=null"]
+    args = dvc_set_args(
+        {
+            "pretrain.snapshot_minutes": [15, 30],
+            "download.local.path": "../a b/c",
+            "pretrain.lr": 2e-4,
+            "evaluate.registered_model_name": None,
+        }
+    )
+    assert args == [
+        "-S",
+        "pretrain.snapshot_minutes=[15, 30]",
+        "-S",
+        "download.local.path=../a b/c",
+        "-S",
+        "pretrain.lr=0.0002",
+        "-S",
+        "evaluate.registered_model_name=null",
+    ]
     assert yaml.safe_load(args[1].split("=", 1)[1]) == [15, 30]
     assert shlex.split(" ".join(shlex.quote(a) for a in args)) == args
     # a key params.yaml lacks (an open section) needs Hydra's '+' for `dvc exp run -S`
@@ -93,17 +107,34 @@ def test_gpu_profile_pretrains_on_cpu(tmp_path):
     assert section["snapshot_steps"] == [] and section["snapshot_minutes"] == []
     # the embedding padded to a multiple of 64 (tensor cores): the 16k WordPiece vocabulary's 15,774 -> 15,808
     from pipeline.model import config_from_params
+
     assert config_from_params(section["model"], 15_774).vocab_size == 15_808 and "15,808" in description
-    section.update(time_minutes=None, max_steps=2, batch_size=4, grad_accum=1, eval_every=0, eval_batches=1,
-                   checkpoint_every=None, checkpoint_minutes=None, snapshot_minutes=[], device="cpu", num_threads=1,
-                   compile=False, model={**section["model"], "max_position": 64})
+    section.update(
+        time_minutes=None,
+        max_steps=2,
+        batch_size=4,
+        grad_accum=1,
+        eval_every=0,
+        eval_batches=1,
+        checkpoint_every=None,
+        checkpoint_minutes=None,
+        snapshot_minutes=[],
+        device="cpu",
+        num_threads=1,
+        compile=False,
+        model={**section["model"], "max_position": 64},
+    )
     cfg = PretrainConfig.from_params(section)
     examples = make_examples(tmp_path / "ex", masking="dynamic", train_rows=32, valid_rows=8)
     metrics = pretrain(cfg, examples_dir=examples, out_dir=tmp_path / "out", provenance={}, progress=False)
     assert metrics["step"] == 2 and metrics["mfu"] is None
     from pipeline import checkpoint as ckpt_lib
+
     state = ckpt_lib.load_checkpoint(tmp_path / "out" / "last.pt")
     disc = state["model"]
     assert len({k.split(".")[2] for k in disc if k.startswith("bert.layers.")}) == 12  # ELECTRA-Small's depth
-    assert disc["bert.embeddings.word.weight"].shape[1] == 128 and disc["bert.layers.0.attn.proj.weight"].shape == (256, 256)
+    assert disc["bert.embeddings.word.weight"].shape[1] == 128 and disc["bert.layers.0.attn.proj.weight"].shape == (
+        256,
+        256,
+    )
     assert disc["generator.layers.11.attn.proj.weight"].shape == (64, 64)  # 1/4 width, same depth

@@ -48,13 +48,15 @@ from tests.dag import dag_env, link_shared, run, template_repo
 # regular expression whose matches are blanked. Everything else must be identical; a hash recorded
 # in an output (a record's sha256 of best.pt, a dvc.lock md5 ...) may differ only when it is the
 # hash of another output that itself compared equal here (see ``compare``).
-_RUN = {"started": "UTC time the stage started (wall clock)",
-        "finished": "UTC time the record was written (wall clock)",
-        "pipeline_run_id": "id of the `dvc repro` process: its pid and start time",
-        "mlflow_run_id": "MLflow's random run id",
-        "seconds": "the stage's wall time so far (checkpoints carry their run's fields, docs/provenance.md)",
-        "host": "the machine's name",
-        "embedding_init/seconds": "wall time of the skip-gram vectors (pretrain.embedding_init)"}
+_RUN = {
+    "started": "UTC time the stage started (wall clock)",
+    "finished": "UTC time the record was written (wall clock)",
+    "pipeline_run_id": "id of the `dvc repro` process: its pid and start time",
+    "mlflow_run_id": "MLflow's random run id",
+    "seconds": "the stage's wall time so far (checkpoints carry their run's fields, docs/provenance.md)",
+    "host": "the machine's name",
+    "embedding_init/seconds": "wall time of the skip-gram vectors (pretrain.embedding_init)",
+}
 EXCLUDED: dict[str, dict[str, str]] = {
     "data/pretrain/*.pt": {
         **_RUN,  # in the embedded provenance records
@@ -65,28 +67,45 @@ EXCLUDED: dict[str, dict[str, str]] = {
     "data/finetune/model.pt": _RUN,  # in the embedded provenance records
     "data/variants/*/model.pt": _RUN,
     "metrics/pretrain.json": {"tok_per_s": "throughput"},
-    "reports/pretrain.json": {"train_seconds": "wall-clock training time", "tokens_per_s": "throughput",
-                              "steps_per_s": "throughput", "mfu": "model FLOPs utilisation, from wall time",
-                              "embedding_init_seconds": "wall time of the skip-gram vectors"},
-    "reports/finetune.json": {"cpu_minutes": "CPU time", "wall_minutes": "wall time",
-                              "per_seed/*/cpu_seconds": "CPU time", "per_seed/*/wall_seconds": "wall time"},
-    "reports/variants/*.json": {"cpu_minutes": "CPU time", "wall_minutes": "wall time",
-                                "per_seed/*/cpu_seconds": "CPU time", "per_seed/*/wall_seconds": "wall time"},
+    "reports/pretrain.json": {
+        "train_seconds": "wall-clock training time",
+        "tokens_per_s": "throughput",
+        "steps_per_s": "throughput",
+        "mfu": "model FLOPs utilisation, from wall time",
+        "embedding_init_seconds": "wall time of the skip-gram vectors",
+    },
+    "reports/finetune.json": {
+        "cpu_minutes": "CPU time",
+        "wall_minutes": "wall time",
+        "per_seed/*/cpu_seconds": "CPU time",
+        "per_seed/*/wall_seconds": "wall time",
+    },
+    "reports/variants/*.json": {
+        "cpu_minutes": "CPU time",
+        "wall_minutes": "wall time",
+        "per_seed/*/cpu_seconds": "CPU time",
+        "per_seed/*/wall_seconds": "wall time",
+    },
     "plots/pretrain_loss.csv": {"seconds": "wall-clock time of each row", "tokens_per_s": "throughput"},
     "plots/pretrain_val.csv": {"seconds": "wall-clock time of each row"},
-    "reports/evaluation.md": {r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d":
-                              "provenance table: each record's `finished` time"},
-    "reports/scorecard.json": {"this_run/date": "the day the run was evaluated",
-                               "this_run/dag_minutes": "wall time of the DAG (from the records' times)",
-                               "this_run/pretrain_minutes": "wall-clock training time"},
-    "reports/plots.html": {r"(plots/pretrain_(loss|val)\.csv</code> sha256 <code>)[0-9a-f]{12}":
-                           "the hash of a loss-curve CSV, whose timing columns differ (compared above without them)",
-                           r"(the current one is best\.pt )[0-9a-f]{12}, last\.pt [0-9a-f]{12}":
-                           "a stale learning curve's note names the current checkpoints, whose bytes hold timings "
-                           "(the weights are compared above by model_sha256)"},
-    "reports/scorecard.md": {r"\| (none|[0-9.]+ min( \w+)?) \|": "minutes: this run's pre-training and DAG wall "
-                             "time (a pre-training that rounds to 0.0 min is shown as 'none')",
-                             r"\| [0-9.]+ \|\n": "fine-tuning variants: each one's wall minutes (last column)"},
+    "reports/evaluation.md": {
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d": "provenance table: each record's `finished` time"
+    },
+    "reports/scorecard.json": {
+        "this_run/date": "the day the run was evaluated",
+        "this_run/dag_minutes": "wall time of the DAG (from the records' times)",
+        "this_run/pretrain_minutes": "wall-clock training time",
+    },
+    "reports/plots.html": {
+        r"(plots/pretrain_(loss|val)\.csv</code> sha256 <code>)[0-9a-f]{12}": "the hash of a loss-curve CSV, whose timing columns differ (compared above without them)",
+        r"(the current one is best\.pt )[0-9a-f]{12}, last\.pt [0-9a-f]{12}": "a stale learning curve's note names the current checkpoints, whose bytes hold timings "
+        "(the weights are compared above by model_sha256)",
+    },
+    "reports/scorecard.md": {
+        r"\| (none|[0-9.]+ min( \w+)?) \|": "minutes: this run's pre-training and DAG wall "
+        "time (a pre-training that rounds to 0.0 min is shown as 'none')",
+        r"\| [0-9.]+ \|\n": "fine-tuning variants: each one's wall minutes (last column)",
+    },
 }
 
 # Stages whose dvc.lock entries must be byte-identical between the two builds: records and reports
@@ -113,7 +132,7 @@ def _outputs(root: Path) -> dict[str, Path]:
     files = {}
     for out in _lock_outs(root):
         path = root / out
-        for f in (sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]):
+        for f in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
             files[f.relative_to(root).as_posix()] = f
     return files
 
@@ -140,7 +159,7 @@ def _canonical(obj: Any, drop: set[str], path: str = "") -> Any:
     replaced by the hash of their dtype, shape and bytes, floats by their exact repr, order kept."""
     import torch
 
-    join = (lambda k: f"{path}/{k}" if path else str(k))  # noqa: E731
+    join = lambda k: f"{path}/{k}" if path else str(k)  # noqa: E731
     if isinstance(obj, dict):
         return [[str(k), _canonical(v, drop, join(k))] for k, v in obj.items() if not _dropped(join(k), drop)]
     if isinstance(obj, (list, tuple)):
@@ -171,8 +190,11 @@ def _comparable(rel: str, path: Path) -> tuple[str, str | None, str]:
         import torch
 
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        return ("canonical checkpoint hash" + (" without the excluded fields" if drop else ""),
-                json.dumps(_canonical(ckpt, drop), ensure_ascii=False), f"weights {_weights_hash(ckpt)[:16]}")
+        return (
+            "canonical checkpoint hash" + (" without the excluded fields" if drop else ""),
+            json.dumps(_canonical(ckpt, drop), ensure_ascii=False),
+            f"weights {_weights_hash(ckpt)[:16]}",
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -207,10 +229,17 @@ def compare(a: Path, b: Path) -> tuple[dict[str, str], list[str]]:
     files_a, files_b = _outputs(a), _outputs(b)
     problems = [f"{rel}: only in copy {'A' if rel in files_a else 'B'}" for rel in sorted(set(files_a) ^ set(files_b))]
     common = sorted(set(files_a) & set(files_b))
-    digests = {rel: {side: (hashlib.sha256(f.read_bytes()).hexdigest(), hashlib.md5(f.read_bytes()).hexdigest())
-                     for side, f in (("A", files_a[rel]), ("B", files_b[rel]))} for rel in common}
+    digests = {
+        rel: {
+            side: (hashlib.sha256(f.read_bytes()).hexdigest(), hashlib.md5(f.read_bytes()).hexdigest())
+            for side, f in (("A", files_a[rel]), ("B", files_b[rel]))
+        }
+        for rel in common
+    }
     equal = {rel: "byte-identical" for rel in common if digests[rel]["A"] == digests[rel]["B"]}
-    forms = {rel: (_comparable(rel, files_a[rel]), _comparable(rel, files_b[rel])) for rel in common if rel not in equal}
+    forms = {
+        rel: (_comparable(rel, files_a[rel]), _comparable(rel, files_b[rel])) for rel in common if rel not in equal
+    }
     same: dict[str, str] = {}  # hash in B -> equivalent hash in A
     lock_a, lock_b = _lock_outs(a), _lock_outs(b)
 
@@ -239,8 +268,11 @@ def compare(a: Path, b: Path) -> tuple[dict[str, str], list[str]]:
                     changed = True
     for rel, ((how, text_a, label_a), (_, text_b, label_b)) in forms.items():
         if rel not in equal:
-            ha, hb = ((_sha(substituted(text_a)), _sha(substituted(text_b))) if text_a is not None and text_b is not None
-                      else (digests[rel]["A"][0], digests[rel]["B"][0]))
+            ha, hb = (
+                (_sha(substituted(text_a)), _sha(substituted(text_b)))
+                if text_a is not None and text_b is not None
+                else (digests[rel]["A"][0], digests[rel]["B"][0])
+            )
             problems.append(f"{rel}: {how} differs: A {ha} {label_a} != B {hb} {label_b}".rstrip())
     return equal, problems
 
@@ -265,16 +297,21 @@ def test_two_clean_builds_write_identical_outputs(tmp_path):
     stale = [pattern for pattern in EXCLUDED if not any(fnmatch.fnmatch(rel, pattern) for rel in _outputs(a))]
     assert not stale, f"EXCLUDED names outputs the DAG no longer writes: {stale}; update the list"
     equal, problems = compare(a, b)
-    print(f"\nrebuild-identical: two builds {built:.0f} s, total {time.perf_counter() - t0:.0f} s; "
-          f"{len(equal)} of {len(_outputs(a))} output files equal:")
+    print(
+        f"\nrebuild-identical: two builds {built:.0f} s, total {time.perf_counter() - t0:.0f} s; "
+        f"{len(equal)} of {len(_outputs(a))} output files equal:"
+    )
     for rel, how in sorted(equal.items()):
         print(f"  {rel}: {how}")
     locks = {side: yaml.safe_load((root / "dvc.lock").read_text())["stages"] for side, root in (("A", a), ("B", b))}
     churn = [s for s in DATA_STAGES if locks["A"][s] != locks["B"][s]]
     assert not churn, f"dvc.lock entries of {churn} differ between two builds of the same data: " + "; ".join(
-        f"{s}: A {locks['A'][s]} != B {locks['B'][s]}" for s in churn)
-    assert not problems, (f"{len(problems)} output(s) differ between two clean builds (an output that records the "
-                          "hash of a differing one differs too):\n" + "\n".join(problems))
+        f"{s}: A {locks['A'][s]} != B {locks['B'][s]}" for s in churn
+    )
+    assert not problems, (
+        f"{len(problems)} output(s) differ between two clean builds (an output that records the "
+        "hash of a differing one differs too):\n" + "\n".join(problems)
+    )
 
 
 @pytest.mark.parametrize("change", [None, "shard", "weights", "timing-free metric"])
@@ -287,31 +324,53 @@ def test_compare_names_every_file_that_differs(tmp_path, change):
         weights = torch.arange(6.0) + (1.0 if side == "B" and change == "weights" else 0.0)
         ckpt = root / "data/pretrain/last.pt"
         ckpt.parent.mkdir(parents=True)
-        torch.save({"model": {"w": weights}, "train_seconds": 1.0 if side == "A" else 2.5,
-                    "provenance": {"started": side, "upstream": {"x": {"mlflow_run_id": side}}}}, ckpt)
+        torch.save(
+            {
+                "model": {"w": weights},
+                "train_seconds": 1.0 if side == "A" else 2.5,
+                "provenance": {"started": side, "upstream": {"x": {"mlflow_run_id": side}}},
+            },
+            ckpt,
+        )
         shard = root / "data/examples/train/shard-00000.parquet"
         shard.parent.mkdir(parents=True)
         shard.write_bytes(b"PAR1" + (b"\x01" if side == "B" and change == "shard" else b"\x00"))
         sha = hashlib.sha256(ckpt.read_bytes()).hexdigest()
         (root / "data/provenance").mkdir(parents=True)
-        (root / "data/provenance/pretrain.json").write_text(json.dumps(
-            {"outputs": {"data/pretrain/last.pt": sha}, "params_hash": "p" * 64}))
+        (root / "data/provenance/pretrain.json").write_text(
+            json.dumps({"outputs": {"data/pretrain/last.pt": sha}, "params_hash": "p" * 64})
+        )
         (root / "reports").mkdir()
-        (root / "reports/pretrain.json").write_text(json.dumps(
-            {"train_seconds": 1.0 if side == "A" else 2.0, "loss": 0.5 if side == "A" or change != "timing-free metric"
-             else 0.25}))
-        outs = {"data/examples": f"{side * 32}.dir", "data/pretrain": f"{side.lower() * 32}.dir",
-                "data/provenance/pretrain.json": "", "reports/pretrain.json": ""}
-        (root / "dvc.lock").write_text(yaml.safe_dump(
-            {"schema": "2.0", "stages": {"s": {"outs": [{"path": p, "md5": m} for p, m in outs.items()]}}}))
+        (root / "reports/pretrain.json").write_text(
+            json.dumps(
+                {
+                    "train_seconds": 1.0 if side == "A" else 2.0,
+                    "loss": 0.5 if side == "A" or change != "timing-free metric" else 0.25,
+                }
+            )
+        )
+        outs = {
+            "data/examples": f"{side * 32}.dir",
+            "data/pretrain": f"{side.lower() * 32}.dir",
+            "data/provenance/pretrain.json": "",
+            "reports/pretrain.json": "",
+        }
+        (root / "dvc.lock").write_text(
+            yaml.safe_dump(
+                {"schema": "2.0", "stages": {"s": {"outs": [{"path": p, "md5": m} for p, m in outs.items()]}}}
+            )
+        )
 
     a, b = tmp_path / "a", tmp_path / "b"
     for root, side in ((a, "A"), (b, "B")):
         build(root, side)
     equal, problems = compare(a, b)
-    expected = {None: [], "shard": ["data/examples/train/shard-00000.parquet"],
-                "weights": ["data/pretrain/last.pt", "data/provenance/pretrain.json"],
-                "timing-free metric": ["reports/pretrain.json"]}[change]
+    expected = {
+        None: [],
+        "shard": ["data/examples/train/shard-00000.parquet"],
+        "weights": ["data/pretrain/last.pt", "data/provenance/pretrain.json"],
+        "timing-free metric": ["reports/pretrain.json"],
+    }[change]
     assert [p.split(":")[0] for p in problems] == expected, problems
     assert all(" A " in p and " != B " in p for p in problems)
     if change is None:

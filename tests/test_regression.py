@@ -16,8 +16,15 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.errors import BertraceError
-from pipeline.finetune import (FinetuneConfig, build_model, checkpoint_metrics, finetune, load_pretrained, save_finetuned,
-                               task_loss)
+from pipeline.finetune import (
+    FinetuneConfig,
+    build_model,
+    checkpoint_metrics,
+    finetune,
+    load_pretrained,
+    save_finetuned,
+    task_loss,
+)
 from pipeline.io import sha256_file
 from pipeline.task_data import load_task_data, task_params
 from pipeline.task_metrics import regression_metrics, score_buckets
@@ -57,11 +64,18 @@ def sts_lines(pairs, extra_every: int = 3) -> bytes:
 
 
 def sts_task(d: Path, **over) -> dict:
-    t = {"type": "regression", "source": "local",
-         "local": {"train": str(d / "sts-train.csv"), "validation": str(d / "sts-dev.csv")},
-         "header": HEADER, "delimiter": "\t", "quoting": "none",
-         "text_columns": ["sentence1", "sentence2"], "label_column": "score", "label_names": [],
-         "splits": {"train": "train", "validation": "validation", "test": None}}
+    t = {
+        "type": "regression",
+        "source": "local",
+        "local": {"train": str(d / "sts-train.csv"), "validation": str(d / "sts-dev.csv")},
+        "header": HEADER,
+        "delimiter": "\t",
+        "quoting": "none",
+        "text_columns": ["sentence1", "sentence2"],
+        "label_column": "score",
+        "label_names": [],
+        "splits": {"train": "train", "validation": "validation", "test": None},
+    }
     t.update(over)
     return t
 
@@ -72,8 +86,12 @@ def tok_path(tmp_path_factory) -> Path:
 
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok = build_tokenizer(lowercase=True)
-    tok.train_from_iterator([" ".join(WORDS)] * 20 + ['a "quoted" source'], trainer=trainers.WordPieceTrainer(
-        vocab_size=120, special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##", show_progress=False))
+    tok.train_from_iterator(
+        [" ".join(WORDS)] * 20 + ['a "quoted" source'],
+        trainer=trainers.WordPieceTrainer(
+            vocab_size=120, special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##", show_progress=False
+        ),
+    )
     path.write_text(tok.to_str(), encoding="utf-8")
     return path
 
@@ -95,18 +113,17 @@ def test_headerless_crlf_lines_with_extra_fields(tmp_path, tok_path):
     assert data.num_labels == 1 and data.label_names == [] and data.task_info()["type"] == "regression"
     tok = load_tokenizer(tok_path)
     b_ids = tok.encode(pairs[0][1], add_special_tokens=False).ids
-    assert train.input_ids[0][-len(b_ids) - 1:-1] == b_ids  # sentence2 is field 7, no \r, no license field
+    assert train.input_ids[0][-len(b_ids) - 1 : -1] == b_ids  # sentence2 is field 7, no \r, no license field
     tables = data.source["tables"]
     assert tables[str(tmp_path / "sts-train.csv")]["extra_fields"] == 4  # lines 0, 3, 6, 9
     assert tables[str(tmp_path / "sts-dev.csv")]["extra_fields"] == 1
-    label, = {train[i][2] for i in range(1)}
+    (label,) = {train[i][2] for i in range(1)}
     assert isinstance(label, float)
 
 
 def test_headerless_short_line_names_the_line(tmp_path, tok_path):
     good = sts_lines(synthetic_pairs(3, 0)).decode()
-    (tmp_path / "sts-train.csv").write_text(good + "main\tMSRvid\t2012\t0009\t1.0\tonly one sentence\r\n",
-                                            newline="")
+    (tmp_path / "sts-train.csv").write_text(good + "main\tMSRvid\t2012\t0009\t1.0\tonly one sentence\r\n", newline="")
     (tmp_path / "sts-dev.csv").write_text(good, newline="")
     with pytest.raises(BertraceError, match=r"sts-train\.csv:4: 6 fields but finetune\.task\.header names 7"):
         load_task_data(sts_task(tmp_path), load_tokenizer(tok_path), max_len=32)
@@ -119,9 +136,14 @@ def test_regression_params_are_checked(tmp_path, tok_path):
         task_params({"type": "similarity"})
     with pytest.raises(BertraceError, match="finetune.task.header"):
         task_params({"header": False})
-    (tmp_path / "sts-train.csv").write_bytes(sts_lines(synthetic_pairs(3, 0)).replace(b"\t5.000\t", b"\tfive\t")
-                                              .replace(b"\t0.000\t", b"\tfive\t").replace(b"\t2.500\t", b"\tfive\t")
-                                              .replace(b"\t1.250\t", b"\tfive\t").replace(b"\t3.750\t", b"\tfive\t"))
+    (tmp_path / "sts-train.csv").write_bytes(
+        sts_lines(synthetic_pairs(3, 0))
+        .replace(b"\t5.000\t", b"\tfive\t")
+        .replace(b"\t0.000\t", b"\tfive\t")
+        .replace(b"\t2.500\t", b"\tfive\t")
+        .replace(b"\t1.250\t", b"\tfive\t")
+        .replace(b"\t3.750\t", b"\tfive\t")
+    )
     (tmp_path / "sts-dev.csv").write_bytes(sts_lines(synthetic_pairs(3, 1)))
     with pytest.raises(BertraceError, match=r"sts-train\.csv: column 'score' must hold numbers.*'five'"):
         load_task_data(sts_task(tmp_path), load_tokenizer(tok_path), max_len=32)
@@ -160,15 +182,34 @@ def trained(tmp_path_factory, tok_path):
     (d / "sts-train.csv").write_bytes(sts_lines(synthetic_pairs(400, 1)))
     (d / "sts-dev.csv").write_bytes(sts_lines(synthetic_pairs(100, 2)))
     ckpt = load_pretrained(make_pretrain_checkpoint(d / "pre.pt", tok_path))
-    cfg = FinetuneConfig.from_params({"task": sts_task(d), "epochs": 6, "seeds": [0, 1], "batch_size": 16, "lr": 2e-3,
-                                      "max_len": 32, "dropout": 0.0, "encoder_dropout": 0.0})
+    cfg = FinetuneConfig.from_params(
+        {
+            "task": sts_task(d),
+            "epochs": 6,
+            "seeds": [0, 1],
+            "batch_size": 16,
+            "lr": 2e-3,
+            "max_len": 32,
+            "dropout": 0.0,
+            "encoder_dropout": 0.0,
+        }
+    )
     data = load_task_data(cfg.task, load_tokenizer(tok_path), max_len=32)
     summary, best = finetune(ckpt, data, cfg, progress=False)
     out = d / "ft"
-    save_finetuned(out / "model.pt", state_dict=best.state_dict, model_config=ckpt["model_config"],
-                   label_names=data.label_names, task=data.task_info(), tokenizer_sha256=sha256_file(tok_path),
-                   mode="full", seed=best.seed, metrics=checkpoint_metrics(summary, best, [0, 1]), provenance={},
-                   num_labels=data.num_labels)
+    save_finetuned(
+        out / "model.pt",
+        state_dict=best.state_dict,
+        model_config=ckpt["model_config"],
+        label_names=data.label_names,
+        task=data.task_info(),
+        tokenizer_sha256=sha256_file(tok_path),
+        mode="full",
+        seed=best.seed,
+        metrics=checkpoint_metrics(summary, best, [0, 1]),
+        provenance={},
+        num_labels=data.num_labels,
+    )
     shutil.copyfile(tok_path, out / "tokenizer.json")
     return {"ckpt": ckpt, "data": data, "cfg": cfg, "summary": summary, "best": best, "model": out / "model.pt"}
 
@@ -177,8 +218,13 @@ def test_full_finetuning_learns_the_similarity(trained):
     s = trained["summary"]
     assert s["task_type"] == "regression" and s["seeds"] == [0, 1]
     assert s["validation_pearson"]["mean"] > 0.5, s
-    assert set(s) >= {"validation_pearson", "validation_spearman", "validation_mse", "validation_loss",
-                      "best_validation_pearson"}
+    assert set(s) >= {
+        "validation_pearson",
+        "validation_spearman",
+        "validation_mse",
+        "validation_loss",
+        "best_validation_pearson",
+    }
     assert s["best_validation_pearson"] == max(r["validation_pearson"] for r in s["per_seed"].values())
     assert "validation_accuracy" not in s["per_seed"]["0"]
     ckpt = torch.load(trained["model"], weights_only=True)
@@ -212,8 +258,10 @@ def test_pyfunc_frame_gives_scores(trained):
     from pipeline.inference import Classifier
     from pipeline.pyfunc import predict_frame
 
-    frame = predict_frame(Classifier.load(trained["model"]),
-                          pd.DataFrame({"sentence1": ["cat dog", "red"], "sentence2": ["cat dog", "bus"]}))
+    frame = predict_frame(
+        Classifier.load(trained["model"]),
+        pd.DataFrame({"sentence1": ["cat dog", "red"], "sentence2": ["cat dog", "bus"]}),
+    )
     assert list(frame.columns) == ["score"] and frame["score"].dtype == np.float64
 
 
@@ -234,8 +282,7 @@ def test_hf_export_regression_round_trip(trained, tmp_path):
     ids, types = torch.tensor(ids), torch.tensor(types)
     with torch.no_grad():
         ours = clf.model(ids, types, torch.ones_like(ids))
-        out = hf(input_ids=ids, token_type_ids=types, attention_mask=torch.ones_like(ids),
-                 labels=torch.tensor([2.0]))
+        out = hf(input_ids=ids, token_type_ids=types, attention_mask=torch.ones_like(ids), labels=torch.tensor([2.0]))
     assert (ours - out.logits).abs().max().item() < 1e-5
     assert out.loss.item() == pytest.approx(F.mse_loss(ours[:, 0], torch.tensor([2.0])).item(), rel=1e-4)
 
@@ -245,12 +292,26 @@ def test_hf_export_regression_round_trip(trained, tmp_path):
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_dvc_repro_regression_end_to_end(tmp_path):
-    files = {"sts-train.csv": sts_lines(synthetic_pairs(200, 1)), "sts-dev.csv": sts_lines(synthetic_pairs(60, 2)),
-             "sts-test.csv": sts_lines(synthetic_pairs(60, 3))}
-    t = {"type": "regression", "source": "local", "header": HEADER, "delimiter": "\t", "quoting": "none",
-         "local": {"train": "data/sources/sts-train.csv", "validation": "data/sources/sts-dev.csv",
-                   "test": "data/sources/sts-test.csv"},
-         "text_columns": ["sentence1", "sentence2"], "label_column": "score", "label_names": []}
+    files = {
+        "sts-train.csv": sts_lines(synthetic_pairs(200, 1)),
+        "sts-dev.csv": sts_lines(synthetic_pairs(60, 2)),
+        "sts-test.csv": sts_lines(synthetic_pairs(60, 3)),
+    }
+    t = {
+        "type": "regression",
+        "source": "local",
+        "header": HEADER,
+        "delimiter": "\t",
+        "quoting": "none",
+        "local": {
+            "train": "data/sources/sts-train.csv",
+            "validation": "data/sources/sts-dev.csv",
+            "test": "data/sources/sts-test.csv",
+        },
+        "text_columns": ["sentence1", "sentence2"],
+        "label_column": "score",
+        "label_names": [],
+    }
     root, env = tiny_repo(tmp_path / "repo", t, files)
     out = dvc_repro(root, env)
     assert "Running stage 'finetune'" in out and "Running stage 'evaluate'" in out

@@ -56,8 +56,9 @@ print(json.dumps({
 
 def _run(out, hash_seed: str) -> dict:
     env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(REPO), "BERTRACE_NO_MLFLOW": "1"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(out)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -30,16 +30,20 @@ def corpus(tmp_path_factory):
     words += ["Café", "naïve", "über", "東京", "[MASK]", "x" * 120, "don't", "U.S.", "3.5"]
 
     def doc():
-        return " ".join(" ".join(rng.choice(words) for _ in range(rng.randint(4, 14))) + rng.choice(".!?")
-                        for _ in range(rng.randint(5, 30)))
+        return " ".join(
+            " ".join(rng.choice(words) for _ in range(rng.randint(4, 14))) + rng.choice(".!?")
+            for _ in range(rng.randint(5, 30))
+        )
 
     (root / "train.txt").write_text("".join(doc() + "\n" for _ in range(40)), encoding="utf-8")
     (root / "valid.txt").write_text("".join(doc() + "\n" for _ in range(6)), encoding="utf-8")
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train([str(root / "train.txt")], trainers.WordPieceTrainer(
-        vocab_size=600, special_tokens=list(SPECIAL_IDS), show_progress=False))
+    tok.train(
+        [str(root / "train.txt")],
+        trainers.WordPieceTrainer(vocab_size=600, special_tokens=list(SPECIAL_IDS), show_progress=False),
+    )
     tok.save(str(root / "tokenizer.json"))
     return root
 
@@ -49,8 +53,9 @@ def _shard_hashes(out: Path, manifest: dict) -> dict[str, str]:
 
 
 def _generate(corpus: Path, out: Path, **engine) -> dict:
-    return generate_examples(corpus / "train.txt", corpus / "valid.txt", corpus / "tokenizer.json", out, CFG,
-                             progress=False, **engine)
+    return generate_examples(
+        corpus / "train.txt", corpus / "valid.txt", corpus / "tokenizer.json", out, CFG, progress=False, **engine
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +70,10 @@ def test_dask_cluster_writes_the_same_bytes_as_the_local_engine(corpus, local_ru
     import pipeline.examples as examples
 
     out1, man1 = local_run
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         man = _generate(corpus, tmp_path, engine="dask", scheduler=cluster.scheduler_address)
         # the partitions were processed in the worker processes (each keeps its worker state), not here
         built = client.run(lambda: len(__import__("pipeline.examples").examples._WORKERS))
@@ -88,8 +95,15 @@ def test_local_worker_counts_write_the_same_bytes(corpus, local_run, tmp_path):
 def test_dask_without_an_address_starts_a_local_cluster(corpus, local_run, tmp_path, monkeypatch):
     monkeypatch.delenv("BERTRACE_DASK_SCHEDULER", raising=False)
     monkeypatch.setenv("BERTRACE_ENGINE", "dask")  # the environment selects the engine
-    man = generate_examples(corpus / "train.txt", corpus / "valid.txt", corpus / "tokenizer.json", tmp_path, CFG,
-                            engine=Engine.from_params({"workers": 2}, "examples"), progress=False)
+    man = generate_examples(
+        corpus / "train.txt",
+        corpus / "valid.txt",
+        corpus / "tokenizer.json",
+        tmp_path,
+        CFG,
+        engine=Engine.from_params({"workers": 2}, "examples"),
+        progress=False,
+    )
     assert _shard_hashes(tmp_path, man) == _shard_hashes(*local_run)
 
 
@@ -97,12 +111,14 @@ def test_engine_from_params_and_environment(monkeypatch):
     monkeypatch.delenv("BERTRACE_ENGINE", raising=False)
     monkeypatch.delenv("BERTRACE_DASK_SCHEDULER", raising=False)
     assert Engine.from_params({}, "examples") == Engine("local", 0, None)
-    assert Engine.from_params({"engine": "dask", "dask_scheduler": "tcp://a:8786", "workers": 3}, "examples") == \
-        Engine("dask", 3, "tcp://a:8786")
+    assert Engine.from_params({"engine": "dask", "dask_scheduler": "tcp://a:8786", "workers": 3}, "examples") == Engine(
+        "dask", 3, "tcp://a:8786"
+    )
     monkeypatch.setenv("BERTRACE_ENGINE", "dask")
     monkeypatch.setenv("BERTRACE_DASK_SCHEDULER", "tcp://b:8786")
-    assert Engine.from_params({"engine": "local", "dask_scheduler": "tcp://a:8786"}, "examples") == \
-        Engine("dask", 0, "tcp://b:8786")
+    assert Engine.from_params({"engine": "local", "dask_scheduler": "tcp://a:8786"}, "examples") == Engine(
+        "dask", 0, "tcp://b:8786"
+    )
     monkeypatch.setenv("BERTRACE_ENGINE", "spark")
     with pytest.raises(BertraceError, match=r"examples\.engine = 'spark'.*must be one of local, dask"):
         Engine.from_params({}, "examples")

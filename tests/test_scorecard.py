@@ -14,9 +14,14 @@ def _records(pretrain_params_hash="p" * 64):
     stages = ["download", "clean", "tokenizer", "examples", "validate", "pretrain", "finetune"]
     recs = {}
     for i, s in enumerate(stages):  # each stage takes 2 minutes, 1 minute apart
-        recs[s] = {"stage": s, "params_hash": pretrain_params_hash if s == "pretrain" else s * 3,
-                   "started": f"2026-12-01T03:{3 * i:02d}:00+00:00", "finished": f"2026-12-01T03:{3 * i + 2:02d}:00+00:00",
-                   "git": {"commit": "0123456789abcdef", "dirty": s == "finetune"}, "params": {}}
+        recs[s] = {
+            "stage": s,
+            "params_hash": pretrain_params_hash if s == "pretrain" else s * 3,
+            "started": f"2026-12-01T03:{3 * i:02d}:00+00:00",
+            "finished": f"2026-12-01T03:{3 * i + 2:02d}:00+00:00",
+            "git": {"commit": "0123456789abcdef", "dirty": s == "finetune"},
+            "params": {},
+        }
     recs["download"]["params"] = {"source": "local", "local": {"path": "../shared/data/enwiki-extract"}}
     recs["finetune"]["params"] = {"mode": "full"}
     return recs
@@ -28,21 +33,33 @@ PT = {"train_seconds": 2280.0, "device": "cpu", "tokens_seen": 1000}
 
 
 def test_run_row_numbers():
-    row = run_row("default", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT,
-                  model_config={"num_layers": 2, "hidden_size": 128}, extra_minutes=0.5)
+    row = run_row(
+        "default",
+        records=_records(),
+        finetune_metrics=FT,
+        eval_metrics=EV,
+        pretrain_metrics=PT,
+        model_config={"num_layers": 2, "hidden_size": 128},
+        extra_minutes=0.5,
+    )
     assert row["dev_mean"] == 84.12 and row["dev_std"] == 0.31 and row["seeds"] == 3
     assert row["test"] == 83.01 and row["pretrain_minutes"] == 38.0 and row["model"] == "2L/128"
     # 7 stages x 2 minutes + 0.5 (gaps between stages not counted), but pre-training counts the 38 minutes
     # its weights took (train_seconds), not its record's 2: a pretrain resumed from a finished last.pt
     assert row["dag_minutes"] == 6 * 2 + 38 + 0.5
-    quick = run_row("q", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics={"train_seconds": 60})
+    quick = run_row(
+        "q", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics={"train_seconds": 60}
+    )
     assert quick["dag_minutes"] == 14.0  # the record's 2 minutes when training took less
     assert row["corpus"] == "local: ../shared/data/enwiki-extract" and row["git_dirty"] is True
     other = run_row("x", records=_records("q" * 64), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
     assert other["params_hash"] != row["params_hash"]  # one stage's params differ -> another recipe
     scratch = _records()
     scratch["finetune"]["params"]["mode"] = "scratch"
-    assert run_row("s", records=scratch, finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)["pretrain_minutes"] is None
+    assert (
+        run_row("s", records=scratch, finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)["pretrain_minutes"]
+        is None
+    )
 
 
 def test_run_row_needs_the_records_and_metrics():
@@ -59,8 +76,13 @@ def test_profiles_and_markdown(tmp_path):
     (tmp_path / "in-domain.json").write_text(json.dumps({**row, "name": "in-domain", "dev_mean": 85.5, "seeds": 1}))
     profiles = read_profiles(tmp_path)
     assert [p["name"] for p in profiles] == ["in-domain"] and profiles[0]["imdb_test"] is None
-    md = render_scorecard([row, *profiles], anchors=[{"name": "HF", "model": "2L/128", "pretrain": "30 min", "dev": "82.45"}],
-                          baselines={"BERT-Tiny": 83.2}, goal={"dev_mean": 84.0, "dag_minutes": 60}, task="SST-2")
+    md = render_scorecard(
+        [row, *profiles],
+        anchors=[{"name": "HF", "model": "2L/128", "pretrain": "30 min", "dev": "82.45"}],
+        baselines={"BERT-Tiny": 83.2},
+        goal={"dev_mean": 84.0, "dag_minutes": 60},
+        task="SST-2",
+    )
     assert "| this run |" in md and "**84.12** ± 0.31 (3 seeds)" in md and "| HF | 2L/128 | 30 min | 82.45 |" in md
     assert "Goal met by: this run." in md  # in-domain has 1 seed: not a goal row
     assert "| BERT-Tiny | 83.2 |" in md and "0123456789 (dirty)" in md
@@ -68,12 +90,18 @@ def test_profiles_and_markdown(tmp_path):
     assert "Goal met by: none of these rows." in render_scorecard([slow], goal={"dev_mean": 84.0, "dag_minutes": 60})
     # the gain over random weights (the scratch variant) as a third bar: 84.12 - 82.30 = +1.82 misses +2.0
     goal = {"dev_mean": 84.0, "dag_minutes": 60, "gain_over_scratch": 2.0}
-    small_gain = {**row, "variants": {"scratch": {"mode": "scratch", "dev_mean": 82.30, "dev_std": 1.0, "settings": "mode: scratch"}}}
+    small_gain = {
+        **row,
+        "variants": {"scratch": {"mode": "scratch", "dev_mean": 82.30, "dev_std": 1.0, "settings": "mode: scratch"}},
+    }
     md = render_scorecard([small_gain], goal=goal)
     assert "and ≥ +2.0 points over the same model from random weights" in md
     assert "Goal met by: none of these rows." in md
     assert "Accuracy and time met, but not +2.0 over random weights: this run (+1.82)." in md
-    big_gain = {**row, "variants": {"scratch": {"mode": "scratch", "dev_mean": 82.12, "dev_std": 1.0, "settings": "mode: scratch"}}}
+    big_gain = {
+        **row,
+        "variants": {"scratch": {"mode": "scratch", "dev_mean": 82.12, "dev_std": 1.0, "settings": "mode: scratch"}},
+    }
     md = render_scorecard([big_gain], goal=goal)
     assert "Goal met by: this run." in md and "Accuracy and time met" not in md
     assert "Goal met by: none of these rows." in render_scorecard([row], goal=goal)  # no scratch variant: unknown
@@ -109,17 +137,26 @@ def test_render_rewrites_the_markdown_from_the_json_and_recorded_rows(tmp_path, 
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "reports").mkdir()
-    (tmp_path / "reports" / "references.yaml").write_text(yaml.safe_dump({
-        "goal": {"task": "nyu-mll/glue/sst2", "dev_mean": 84.0, "dag_minutes": 60}, "baselines": {"BERT-Tiny": 83.2},
-        "anchors": [{"name": "HF", "model": "2L/128", "pretrain": "30 min", "dev": "82.45"}]}))
+    (tmp_path / "reports" / "references.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "goal": {"task": "nyu-mll/glue/sst2", "dev_mean": 84.0, "dag_minutes": 60},
+                "baselines": {"BERT-Tiny": 83.2},
+                "anchors": [{"name": "HF", "model": "2L/128", "pretrain": "30 min", "dev": "82.45"}],
+            }
+        )
+    )
     assert main(["render"]) == 2 and "no rows" in capsys.readouterr().err
     assert not (tmp_path / "reports" / "scorecard.md").exists()  # nothing written
-    row = {**run_row("this run", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT),
-           "task": "nyu-mll/glue/sst2"}
+    row = {
+        **run_row("this run", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT),
+        "task": "nyu-mll/glue/sst2",
+    }
     (tmp_path / "reports" / "profiles").mkdir(parents=True)
     (tmp_path / "reports" / "scorecard.json").write_text(json.dumps({"this_run": row}))
-    (tmp_path / "reports" / "profiles" / "in-domain.json").write_text(json.dumps({**row, "name": "in-domain",
-                                                                                 "dev_mean": 82.5, "dev_std": 0.4}))
+    (tmp_path / "reports" / "profiles" / "in-domain.json").write_text(
+        json.dumps({**row, "name": "in-domain", "dev_mean": 82.5, "dev_std": 0.4})
+    )
     # an older copy of the evaluated run's own row is not shown twice
     (tmp_path / "reports" / "profiles" / "this run.json").write_text(json.dumps({**row, "dev_mean": 70.0}))
     assert main(["render"]) == 0
@@ -148,16 +185,26 @@ def test_a_custom_task_is_never_scored_against_another_tasks_goal(tmp_path):
     (an SST-2 run), rows of other tasks neither meet nor miss it."""
     from pipeline.scorecard import task_name, write_scorecard
 
-    refs = {"goal": {"task": "nyu-mll/glue/sst2", "dev_mean": 84.0, "dag_minutes": 60},
-            "anchors": [{"name": "HF", "model": "2L/128", "pretrain": "30 min", "dev": "82.45"}],
-            "baselines": {"BERT-Tiny": 83.2}}
+    refs = {
+        "goal": {"task": "nyu-mll/glue/sst2", "dev_mean": 84.0, "dag_minutes": 60},
+        "anchors": [{"name": "HF", "model": "2L/128", "pretrain": "30 min", "dev": "82.45"}],
+        "baselines": {"BERT-Tiny": 83.2},
+    }
     five = task_name({"type": "local", "files": {"train": "data/reviews/train.csv", "validation": "dev.csv"}})
     assert five == "local: data/reviews/train.csv"
     assert task_name({"type": "hub", "dataset": "nyu-mll/glue", "config": "sst2"}) == "nyu-mll/glue/sst2"
     assert task_name(None) is None
-    row = {**run_row("5-class", records=_records(), finetune_metrics={"validation_accuracy": {"mean": 0.9, "std": 0.0},
-                                                                       "n_seeds": 3},
-                     eval_metrics=EV, pretrain_metrics=PT), "task": five, "dag_minutes": 10.0}
+    row = {
+        **run_row(
+            "5-class",
+            records=_records(),
+            finetune_metrics={"validation_accuracy": {"mean": 0.9, "std": 0.0}, "n_seeds": 3},
+            eval_metrics=EV,
+            pretrain_metrics=PT,
+        ),
+        "task": five,
+        "dag_minutes": 10.0,
+    }
     md_path = tmp_path / "scorecard.md"
     write_scorecard(row, references=refs, task=five, profiles_dir=tmp_path / "none", md_path=md_path)
     md = md_path.read_text()
@@ -167,8 +214,9 @@ def test_a_custom_task_is_never_scored_against_another_tasks_goal(tmp_path):
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "5-class.json").write_text(json.dumps(row))
     sst2 = {**row, "name": "this run", "task": "nyu-mll/glue/sst2", "dev_mean": 80.0}
-    write_scorecard(sst2, references=refs, task="nyu-mll/glue/sst2", profiles_dir=tmp_path / "profiles",
-                    md_path=md_path)
+    write_scorecard(
+        sst2, references=refs, task="nyu-mll/glue/sst2", profiles_dir=tmp_path / "profiles", md_path=md_path
+    )
     md = md_path.read_text()
     assert "Goal met by: none of these rows." in md and "| BERT-Tiny | 83.2 |" in md
     assert f"**90.00** ± 0.00 (3 seeds) on {five}" in md  # the other task's row says which task it is
@@ -176,9 +224,18 @@ def test_a_custom_task_is_never_scored_against_another_tasks_goal(tmp_path):
 
 def _variant_report(path, name, overrides, mean, std):
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"variant": name, "overrides": overrides, "mode": overrides.get("mode", "full"),
-                                "validation_accuracy": {"mean": mean, "std": std}, "n_seeds": 3,
-                                "wall_minutes": 2.25}))
+    path.write_text(
+        json.dumps(
+            {
+                "variant": name,
+                "overrides": overrides,
+                "mode": overrides.get("mode", "full"),
+                "validation_accuracy": {"mean": mean, "std": std},
+                "n_seeds": 3,
+                "wall_minutes": 2.25,
+            }
+        )
+    )
 
 
 def test_variants_table_from_the_variant_stages_and_recorded_rows(tmp_path, monkeypatch, capsys):
@@ -195,12 +252,21 @@ def test_variants_table_from_the_variant_stages_and_recorded_rows(tmp_path, monk
     _variant_report(reports / "variants" / "frozen.json", "frozen", {"mode": "frozen", "lr": 1e-3}, 0.7512, 0.004)
     _variant_report(reports / "variants" / "scratch.json", "scratch", {"mode": "scratch"}, 0.8055, 0.002)
     _variant_report(reports / "variants" / "old.json", "old", {"lr": 5e-5}, 0.5, 0.0)
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"finetune_variants": {"frozen": {"mode": "frozen", "lr": 1e-3},
-                                                                                "scratch": {"mode": "scratch"}}}))
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump(
+            {"finetune_variants": {"frozen": {"mode": "frozen", "lr": 1e-3}, "scratch": {"mode": "scratch"}}}
+        )
+    )
     assert list(read_variants(reports / "variants")) == ["frozen", "old", "scratch"]
     variants = read_variants(reports / "variants", names=["frozen", "scratch"])
-    assert variants["frozen"] == {"mode": "frozen", "settings": "mode: frozen, lr: 0.001", "dev_mean": 75.12,
-                                  "dev_std": 0.4, "seeds": 3, "minutes": 2.25}
+    assert variants["frozen"] == {
+        "mode": "frozen",
+        "settings": "mode: frozen, lr: 0.001",
+        "dev_mean": 75.12,
+        "dev_std": 0.4,
+        "seeds": 3,
+        "minutes": 2.25,
+    }
     row = run_row("this run", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
     (reports / "scorecard.json").write_text(json.dumps({"this_run": row}))
     assert main(["render"]) == 0
@@ -228,23 +294,43 @@ def test_a_broken_variant_report_names_its_stage(tmp_path):
 def test_objective_by_corpus_table_and_the_objectives_own_val_loss():
     recs = _records()
     recs["pretrain"]["params"] = {"objective": "electra"}
-    row = run_row("el", records=recs, finetune_metrics=FT, eval_metrics=EV, task="glue/sst2",
-                  pretrain_metrics={**PT, "best_val_disc_loss": 0.23456789})
+    row = run_row(
+        "el",
+        records=recs,
+        finetune_metrics=FT,
+        eval_metrics=EV,
+        task="glue/sst2",
+        pretrain_metrics={**PT, "best_val_disc_loss": 0.23456789},
+    )
     assert row["objective"] == "electra" and (row["val_metric"], row["val_loss"]) == ("val_disc_loss", 0.2346)
-    hub = run_row("h", records={**recs, "download": {**recs["download"], "params": {
-        "source": "hub", "hub": {"dataset": "stanfordnlp/imdb", "config": "plain_text", "splits": ["unsupervised"]}}}},
-        finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
+    hub = run_row(
+        "h",
+        records={
+            **recs,
+            "download": {
+                **recs["download"],
+                "params": {
+                    "source": "hub",
+                    "hub": {"dataset": "stanfordnlp/imdb", "config": "plain_text", "splits": ["unsupervised"]},
+                },
+            },
+        },
+        finetune_metrics=FT,
+        eval_metrics=EV,
+        pretrain_metrics=PT,
+    )
     assert hub["corpus"] == "hub: stanfordnlp/imdb/plain_text (unsupervised)"
-    row["variants"] = {"frozen": {"mode": "frozen", "dev_mean": 60.5, "dev_std": 1.0},
-                       "scratch": {"mode": "scratch", "dev_mean": 81.0, "dev_std": 0.2}}
+    row["variants"] = {
+        "frozen": {"mode": "frozen", "dev_mean": 60.5, "dev_std": 1.0},
+        "scratch": {"mode": "scratch", "dev_mean": 81.0, "dev_std": 0.2},
+    }
     other_task = {**row, "name": "imdb", "task": "imdb"}
     md = render_scorecard([row, other_task], task="glue/sst2")
-    table = md[md.index("## Pre-training objective × corpus"):]
+    table = md[md.index("## Pre-training objective × corpus") :]
     lines = [ln for ln in table.splitlines() if ln.startswith("| local:")]
     assert len(lines) == 3  # mlm_nsp and mlm not run, electra's row; the other task's row left out
     assert "| mlm_nsp | not run yet |" in lines[0] and "| mlm | not run yet |" in lines[1]
-    assert lines[2].split(" | ")[1:8] == ["electra", "el", "val_disc_loss 0.235", "84.12 ± 0.31", "60.50", "+3.12",
-                                          "—"]
+    assert lines[2].split(" | ")[1:8] == ["electra", "el", "val_disc_loss 0.235", "84.12 ± 0.31", "60.50", "+3.12", "—"]
     one_seed = render_scorecard([{**row, "seeds": 1, "dev_std": 0.0}], task="glue/sst2")
     assert "| 84.12 ± 0.00 (1 seed) |" in one_seed  # a single seed's "± 0.00" is not a measured spread
 
@@ -255,18 +341,29 @@ def test_imdb_test_column_joins_the_imdb_row_of_the_same_checkpoint():
     sha = "ab" * 32
     recs = _records()
     recs["pretrain"]["params"] = {"objective": "mlm_nsp"}
-    row = run_row("this run", records=recs, finetune_metrics=FT, eval_metrics=EV, task="glue/sst2",
-                  pretrain_metrics={**PT, "model_sha256": sha})
+    row = run_row(
+        "this run",
+        records=recs,
+        finetune_metrics=FT,
+        eval_metrics=EV,
+        task="glue/sst2",
+        pretrain_metrics={**PT, "model_sha256": sha},
+    )
     assert row["pretrain_sha"] == sha[:12]
-    scratch = run_row("s", records={**recs, "finetune": {**recs["finetune"], "params": {"mode": "scratch"}}},
-                      finetune_metrics=FT, eval_metrics=EV, pretrain_metrics={**PT, "model_sha256": sha})
+    scratch = run_row(
+        "s",
+        records={**recs, "finetune": {**recs["finetune"], "params": {"mode": "scratch"}}},
+        finetune_metrics=FT,
+        eval_metrics=EV,
+        pretrain_metrics={**PT, "model_sha256": sha},
+    )
     assert scratch["pretrain_sha"] is None  # no pre-trained weights behind a scratch row
     imdb = {**row, "name": "imdb-default", "task": "local: ../shared/data/imdb/train.parquet", "test": 86.25}
     other = {**row, "name": "other", "corpus": "elsewhere", "pretrain_sha": "cd" * 6}
     md = render_scorecard([row, imdb, other], task="glue/sst2")
-    table = md[md.index("## Pre-training objective × corpus"):]
+    table = md[md.index("## Pre-training objective × corpus") :]
     cells = {ln.split(" | ")[2]: ln.split(" | ")[7] for ln in table.splitlines() if " | mlm_nsp | " in ln}
     assert cells == {"this run": "86.25", "other": "—"}, cells
-    top = md[:md.index("## Pre-training objective × corpus")]
+    top = md[: md.index("## Pre-training objective × corpus")]
     assert [ln.split(" | ")[6] for ln in top.splitlines() if ln.startswith("| this run |")] == ["86.25"]
     assert render_scorecard([{**row, "imdb_test": 80.0}, imdb], task="glue/sst2").count("| 80.00 |") == 2  # --set wins

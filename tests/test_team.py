@@ -58,7 +58,7 @@ def _files(root: Path) -> dict[str, str]:
     for entry in stages.values():
         for o in entry.get("outs") or []:
             p = root / o["path"]
-            for f in (sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]):
+            for f in sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]:
                 if f.is_file():
                     out[f.relative_to(root).as_posix()] = hashlib.sha256(f.read_bytes()).hexdigest()
     return out
@@ -107,8 +107,12 @@ def team_dag(tmp_path_factory):
         run(["git", *GIT_ID, "commit", "-qam", "the team's remote"], template)
         t.a, t.d = t.clone(template, "a"), t.clone(template, "d")
         t0 = time.perf_counter()
-        procs = {root: subprocess.Popen(["dvc", "repro"], cwd=root, env=t.env(root), stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True) for root in (t.a, t.d)}
+        procs = {
+            root: subprocess.Popen(
+                ["dvc", "repro"], cwd=root, env=t.env(root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+            for root in (t.a, t.d)
+        }
         t.repro = {}
         for root, proc in procs.items():
             out = proc.communicate()[0]
@@ -140,8 +144,10 @@ def test_two_clones_at_once_each_one_parent_run_with_nested_stage_runs(team_dag)
         assert {c.data.tags["bertrace.pipeline_run_id"] for c in children} == {parent.data.tags["bertrace.pipeline"]}
         assert all(c.info.status == "FINISHED" for c in children)
     assert len({p.data.tags["bertrace.pipeline"] for p in parents}) == 2
-    print(f"\nteam: two clones built the DAG at once in {t.build_seconds:.0f} s; dvc push --run-cache "
-          f"{t.push_seconds:.1f} s")
+    print(
+        f"\nteam: two clones built the DAG at once in {t.build_seconds:.0f} s; dvc push --run-cache "
+        f"{t.push_seconds:.1f} s"
+    )
 
 
 def test_clone_b_pulls_and_has_nothing_to_rerun(team_dag):
@@ -165,8 +171,11 @@ def test_clone_b_pulls_and_has_nothing_to_rerun(team_dag):
     assert len(re.findall(r"finished \d{4}-\d\d-\d\dT", text)) >= 6, text
     # nothing of clone A's machine (its paths) in B's records, reports, traces or MLflow tags
     a_paths = {str(t.a), str(t.a.parent), str(t.d)}
-    for f in [*(b / "data" / "provenance").glob("*.json"), *(b / "reports").glob("*.json"),
-              *(b / "reports").glob("*.md")]:
+    for f in [
+        *(b / "data" / "provenance").glob("*.json"),
+        *(b / "reports").glob("*.json"),
+        *(b / "reports").glob("*.md"),
+    ]:
         text_f = f.read_text(encoding="utf-8")
         assert not [p for p in a_paths if p in text_f], f
     assert not [p for p in a_paths if p in text], text
@@ -195,8 +204,12 @@ def test_clone_c_changes_finetune_and_pulls_pretraining(team_dag):
     expected = {s for s, spec in stages.items() if "finetune" in dvc_paths(spec.get("params"))}
     while True:
         made = {o for s in expected for o in dvc_paths(stages[s].get("outs"))}
-        more = {s for s, spec in stages.items() if s not in expected and any(
-            d == m or d.startswith(m + "/") for d in dvc_paths(spec.get("deps")) for m in made)}
+        more = {
+            s
+            for s, spec in stages.items()
+            if s not in expected
+            and any(d == m or d.startswith(m + "/") for d in dvc_paths(spec.get("deps")) for m in made)
+        }
         if not more:
             break
         expected |= more
@@ -206,8 +219,9 @@ def test_clone_c_changes_finetune_and_pulls_pretraining(team_dag):
     lock_c = yaml.safe_load((c / "dvc.lock").read_text())["stages"]
     lock_a = yaml.safe_load((t.a / "dvc.lock").read_text())["stages"]
     assert lock_c["pretrain"] == lock_a["pretrain"]
-    assert {k: v for k, v in _files(c).items() if k.startswith("data/pretrain/")} == \
-        {k: v for k, v in _files(t.a).items() if k.startswith("data/pretrain/")}
+    assert {k: v for k, v in _files(c).items() if k.startswith("data/pretrain/")} == {
+        k: v for k, v in _files(t.a).items() if k.startswith("data/pretrain/")
+    }
 
 
 def test_a_shared_directory_remote_works_the_same_way(team_dag):
@@ -227,8 +241,9 @@ def test_a_shared_directory_remote_works_the_same_way(team_dag):
 def _last_pipeline_stage_run(t: Team, stage: str):
     client = t.client()
     exps = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(exps, filter_string=f"tags.`bertrace.stage` = '{stage}'",
-                              order_by=["attributes.start_time DESC"])
+    runs = client.search_runs(
+        exps, filter_string=f"tags.`bertrace.stage` = '{stage}'", order_by=["attributes.start_time DESC"]
+    )
     assert runs, stage
     return client, exps, runs[0]
 
@@ -311,13 +326,21 @@ def test_ci_data_checks_green_then_red_after_a_shard_is_rewritten(team_dag):
     table = pq.read_table(shard)
     labels = table.column("next_sentence_label").to_pylist()
     labels[0] = 7
-    bad = table.set_column(table.schema.get_field_index("next_sentence_label"), "next_sentence_label",
-                           pa.array(labels, type=table.schema.field("next_sentence_label").type))
+    bad = table.set_column(
+        table.schema.get_field_index("next_sentence_label"),
+        "next_sentence_label",
+        pa.array(labels, type=table.schema.field("next_sentence_label").type),
+    )
     buf = io.BytesIO()
     pq.write_table(bad, buf)
-    s3 = boto3.client("s3", endpoint_url=t.info["urls"]["s3"], region_name="us-east-1",
-                      aws_access_key_id=t.info["credentials"]["access_key"],
-                      aws_secret_access_key=t.secret, config=Config(s3={"addressing_style": "path"}))
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=t.info["urls"]["s3"],
+        region_name="us-east-1",
+        aws_access_key_id=t.info["credentials"]["access_key"],
+        aws_secret_access_key=t.secret,
+        config=Config(s3={"addressing_style": "path"}),
+    )
     key = _shard_key(t.a, rel)
     original = s3.get_object(Bucket="dvc", Key=key)["Body"].read()
     assert original == shard.read_bytes()
@@ -354,9 +377,14 @@ def test_secret_key_is_nowhere(team_dag):
     for r in client.search_runs(exps):
         for kind, values in (("param", r.data.params), ("tag", r.data.tags)):
             leaks += [f"run {r.info.run_name} {kind} {k}" for k, v in values.items() if t.secret in str(v)]
-    s3 = boto3.client("s3", endpoint_url=t.info["urls"]["s3"], region_name="us-east-1",
-                      aws_access_key_id=t.info["credentials"]["access_key"],
-                      aws_secret_access_key=t.secret, config=Config(s3={"addressing_style": "path"}))
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=t.info["urls"]["s3"],
+        region_name="us-east-1",
+        aws_access_key_id=t.info["credentials"]["access_key"],
+        aws_secret_access_key=t.secret,
+        config=Config(s3={"addressing_style": "path"}),
+    )
     n = 0
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket="mlflow"):
         for obj in page.get("Contents", []):

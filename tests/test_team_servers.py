@@ -28,10 +28,14 @@ def _s3(info, secret=None):
     import boto3
     from botocore.config import Config
 
-    return boto3.client("s3", endpoint_url=info["urls"]["s3"], region_name="us-east-1",
-                        aws_access_key_id=info["credentials"]["access_key"],
-                        aws_secret_access_key=secret or info["credentials"]["secret_key"],
-                        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+    return boto3.client(
+        "s3",
+        endpoint_url=info["urls"]["s3"],
+        region_name="us-east-1",
+        aws_access_key_id=info["credentials"]["access_key"],
+        aws_secret_access_key=secret or info["credentials"]["secret_key"],
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+    )
 
 
 def test_s3_put_get_list_and_wrong_key_refused(servers):
@@ -56,8 +60,12 @@ def test_secrets_are_private_and_env_names_the_servers(servers):
     env = info["env"]
     assert set(env) == {"MLFLOW_TRACKING_URI", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"}
     assert env["MLFLOW_TRACKING_URI"].startswith("http://127.0.0.1:")
-    out = subprocess.run([sys.executable, str(REPO / "scripts/team.py"), "env", "--state", str(state)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts/team.py"), "env", "--state", str(state)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out == "".join(f"export {k}={v}\n" for k, v in env.items())
     # the servers' command lines (visible to every local user in ps) hold no secret
     for pid in info["pids"].values():
@@ -70,7 +78,7 @@ def test_mlflow_runs_in_postgres_and_artifacts_in_s3(servers, tmp_path):
     state, info = servers
     code = f"""
 import mlflow, pathlib
-mlflow.set_tracking_uri({info['urls']['mlflow']!r})
+mlflow.set_tracking_uri({info["urls"]["mlflow"]!r})
 mlflow.set_experiment("team-servers")
 with mlflow.start_run() as run:
     mlflow.log_param("p", 1)
@@ -82,12 +90,21 @@ print(run.info.run_id, run.info.experiment_id)
 """
     # the client has no S3 credentials: the server proxies artifact uploads (--artifacts-destination)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "MLFLOW_TRACKING_URI"}
-    run_id, exp_id = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                    check=True).stdout.split()[-2:]
+    run_id, exp_id = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()[-2:]
     import psycopg2
 
-    with psycopg2.connect(host="127.0.0.1", port=info["ports"]["postgres"], user="mlflow", dbname="mlflow",
-                          password=info["credentials"]["pg_password"]) as conn, conn.cursor() as cur:
+    with (
+        psycopg2.connect(
+            host="127.0.0.1",
+            port=info["ports"]["postgres"],
+            user="mlflow",
+            dbname="mlflow",
+            password=info["credentials"]["pg_password"],
+        ) as conn,
+        conn.cursor() as cur,
+    ):
         cur.execute("SELECT key, value FROM params WHERE run_uuid = %s", (run_id,))
         assert cur.fetchall() == [("p", "1")]
         cur.execute("SELECT value FROM metrics WHERE run_uuid = %s AND key = 'm'", (run_id,))
@@ -105,8 +122,9 @@ def test_up_twice_is_refused_then_down_stops_every_pid(servers):
         team.start_servers(state)
     pids = dict(info["pids"])
     assert set(pids) == {"weed", "postgres", "mlflow"}
-    r = subprocess.run([sys.executable, str(REPO / "scripts/team.py"), "down", "--state", str(state)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(REPO / "scripts/team.py"), "down", "--state", str(state)], capture_output=True, text=True
+    )
     assert r.returncode == 0 and r.stderr.strip() == "stopped: mlflow, postgres, weed", r.stderr
     for name, pid in pids.items():
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", name
@@ -118,11 +136,15 @@ def test_up_twice_is_refused_then_down_stops_every_pid(servers):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = subprocess.run([sys.executable, str(REPO / "scripts/team.py"), "up", "--state", str(state),
-                            "--s3-port", str(port)], capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, str(REPO / "scripts/team.py"), "up", "--state", str(state), "--s3-port", str(port)],
+            capture_output=True,
+            text=True,
+        )
     assert r.returncode == 2, r.stderr
-    assert r.stderr.strip().splitlines() == [f"error: port {port} on 127.0.0.1 (for s3) is taken; "
-                                             "pick another or stop what uses it"]
+    assert r.stderr.strip().splitlines() == [
+        f"error: port {port} on 127.0.0.1 (for s3) is taken; pick another or stop what uses it"
+    ]
     assert json.loads((state / "credentials").read_text())["secret_key"] == info["credentials"]["secret_key"]
 
 
@@ -142,16 +164,38 @@ def test_refused_credentials_are_one_line_naming_the_fix(tmp_path):
     (tmp_path / "basic_auth.ini").write_text(
         "[mlflow]\ndefault_permission = READ\n"
         f"database_uri = sqlite:///{tmp_path}/auth.db\nadmin_username = admin\nadmin_password = s3cret-Passw0rd\n"
-        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
-    env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "basic_auth.ini"),
-           "MLFLOW_FLASK_SERVER_SECRET_KEY": os.urandom(16).hex()}
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
+    env = {
+        **os.environ,
+        "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "basic_auth.ini"),
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": os.urandom(16).hex(),
+    }
     for k in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         env.pop(k, None)
     log = open(tmp_path / "server.log", "wb")
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--host",
-                               "127.0.0.1", "--port", str(port), "--workers", "1",
-                               "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db"],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--app-name",
+            "basic-auth",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path}/mlflow.db",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -164,17 +208,33 @@ def test_refused_credentials_are_one_line_naming_the_fix(tmp_path):
                 time.sleep(0.5)
         check = [sys.executable, "-m", "stages.cli", "check-tracking"]
         for creds in ({}, {"MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": "wrong"}):
-            r = subprocess.run(check, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": uri,
-                                                         **creds}, capture_output=True, text=True)
+            r = subprocess.run(
+                check,
+                cwd=tmp_path,
+                env={**env, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": uri, **creds},
+                capture_output=True,
+                text=True,
+            )
             assert r.returncode == 2, r.stdout + r.stderr
-            assert r.stderr.strip() == (f"error: MLFLOW_TRACKING_URI={uri}: the server refused this client's "
-                                        "credentials (HTTP 401); set MLFLOW_TRACKING_USERNAME and "
-                                        "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) to an account it knows")
+            assert r.stderr.strip() == (
+                f"error: MLFLOW_TRACKING_URI={uri}: the server refused this client's "
+                "credentials (HTTP 401); set MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) to an account it knows"
+            )
             assert "wrong" not in r.stderr
-        ok = subprocess.run(check, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": uri,
-                                                      "MLFLOW_TRACKING_USERNAME": "admin",
-                                                      "MLFLOW_TRACKING_PASSWORD": "s3cret-Passw0rd"},
-                            capture_output=True, text=True)
+        ok = subprocess.run(
+            check,
+            cwd=tmp_path,
+            env={
+                **env,
+                "PYTHONPATH": str(REPO),
+                "MLFLOW_TRACKING_URI": uri,
+                "MLFLOW_TRACKING_USERNAME": "admin",
+                "MLFLOW_TRACKING_PASSWORD": "s3cret-Passw0rd",
+            },
+            capture_output=True,
+            text=True,
+        )
         assert ok.returncode == 0 and ok.stdout.strip() == f"MLflow tracking store answers: {uri}", ok.stderr
     finally:
         if server.poll() is None:

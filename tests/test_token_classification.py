@@ -20,8 +20,8 @@ from pipeline.errors import BertraceError
 from pipeline.finetune import FinetuneConfig, build_model, checkpoint_metrics, finetune, load_pretrained, save_finetuned
 from pipeline.io import sha256_file
 from pipeline.task_data import collate, load_task_data
+from pipeline.token_data import bio_violations, check_bio, encode_text, encode_words, entities, read_conll, spans
 from pipeline.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
-from pipeline.token_data import (bio_violations, check_bio, encode_text, encode_words, entities, read_conll, spans)
 from tests.test_finetune import make_pretrain_checkpoint
 
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
@@ -48,7 +48,7 @@ def synthetic_ner(n: int, seed: int) -> list[tuple[list[str], list[str]]]:
 
 def write_conll(path: Path, sentences, crlf: bool = False, docstart: bool = True) -> Path:
     nl = "\r\n" if crlf else "\n"
-    lines = (["-DOCSTART- -X- -X- O", ""] if docstart else [])
+    lines = ["-DOCSTART- -X- -X- O", ""] if docstart else []
     for words, tags in sentences:
         lines += [f"{w}\t{t}" for w, t in zip(words, tags)] + [""]
     path.write_bytes(nl.join(lines).encode("utf-8"))
@@ -60,9 +60,15 @@ def train_tokenizer(path: Path, vocab_size: int = 300) -> Path:
 
     tok = build_tokenizer(lowercase=True)
     corpus = [" ".join(w) for w, _ in synthetic_ner(300, 0)] + ["hello new york , said obama ."]
-    tok.train_from_iterator(corpus, trainer=trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##",
-        show_progress=False))
+    tok.train_from_iterator(
+        corpus,
+        trainer=trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(SPECIAL_TOKENS),
+            continuing_subword_prefix="##",
+            show_progress=False,
+        ),
+    )
     path.write_text(tok.to_str(), encoding="utf-8")
     return path
 
@@ -76,10 +82,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny mo
 
 
 def task(d: Path, **over) -> dict:
-    t = {"type": "token_classification", "source": "local",
-         "local": {"train": str(d / "train.conll"), "validation": str(d / "dev.conll")},
-         "text_columns": ["tokens"], "label_column": "ner_tags", "label_names": TAGS,
-         "splits": {"train": "train", "validation": "validation", "test": None}}
+    t = {
+        "type": "token_classification",
+        "source": "local",
+        "local": {"train": str(d / "train.conll"), "validation": str(d / "dev.conll")},
+        "text_columns": ["tokens"],
+        "label_column": "ner_tags",
+        "label_names": TAGS,
+        "splits": {"train": "train", "validation": "validation", "test": None},
+    }
     t.update(over)
     return t
 
@@ -88,17 +99,21 @@ def task(d: Path, **over) -> dict:
 # CoNLL files and BIO
 # ---------------------------------------------------------------------------------------------
 def test_conll_reader_blank_lines_docstart_crlf_and_columns(tmp_path):
-    text = ("-DOCSTART- -X- -X- O\r\n\r\n"
-            "EU NNP B-NP B-ORG\r\nrejects VBZ B-VP O\r\n\t\r\n   \r\n"    # whitespace-only lines end a sentence too
-            "Peter NNP B-NP B-PER\r\nBlackburn NNP I-NP I-PER\r\n\r\n"
-            "-DOCSTART- -X- -X- O\r\n"
-            "Gurez\tB-location,B-person\r\n")                              # no final blank line; WNUT-17 test style
+    text = (
+        "-DOCSTART- -X- -X- O\r\n\r\n"
+        "EU NNP B-NP B-ORG\r\nrejects VBZ B-VP O\r\n\t\r\n   \r\n"  # whitespace-only lines end a sentence too
+        "Peter NNP B-NP B-PER\r\nBlackburn NNP I-NP I-PER\r\n\r\n"
+        "-DOCSTART- -X- -X- O\r\n"
+        "Gurez\tB-location,B-person\r\n"
+    )  # no final blank line; WNUT-17 test style
     path = tmp_path / "x.conll"
     path.write_bytes(text.encode())
     stats = {}
     cols = read_conll(path, stats)
-    assert cols == {"tokens": [["EU", "rejects"], ["Peter", "Blackburn"], ["Gurez"]],
-                    "ner_tags": [["B-ORG", "O"], ["B-PER", "I-PER"], ["B-location"]]}
+    assert cols == {
+        "tokens": [["EU", "rejects"], ["Peter", "Blackburn"], ["Gurez"]],
+        "ner_tags": [["B-ORG", "O"], ["B-PER", "I-PER"], ["B-location"]],
+    }
     assert stats == {"sentences": 3, "tokens": 5, "multi_tags": 1}
 
 
@@ -201,26 +216,48 @@ def trained(tmp_path_factory, tok_path):
     write_conll(d / "dev.conll", synthetic_ner(60, 2))
     ckpt_path = make_pretrain_checkpoint(d / "pre.pt", tok_path)
     ckpt = load_pretrained(ckpt_path)
-    cfg = FinetuneConfig.from_params({"task": task(d), "epochs": 4, "seeds": [0], "batch_size": 16, "lr": 2e-3,
-                                      "warmup": 0.0, "max_len": 48})
+    cfg = FinetuneConfig.from_params(
+        {"task": task(d), "epochs": 4, "seeds": [0], "batch_size": 16, "lr": 2e-3, "warmup": 0.0, "max_len": 48}
+    )
     data = load_task_data(cfg.task, load_tokenizer(tok_path), max_len=48)
     summary, best = finetune(ckpt, data, cfg, progress=False)
     out = d / "ft"
-    save_finetuned(out / "model.pt", state_dict=best.state_dict, model_config=ckpt["model_config"],
-                   label_names=data.label_names, task=data.task_info(), tokenizer_sha256=sha256_file(tok_path),
-                   mode="full", seed=0, metrics=checkpoint_metrics(summary, best, [0]), provenance={},
-                   num_labels=data.num_labels)
+    save_finetuned(
+        out / "model.pt",
+        state_dict=best.state_dict,
+        model_config=ckpt["model_config"],
+        label_names=data.label_names,
+        task=data.task_info(),
+        tokenizer_sha256=sha256_file(tok_path),
+        mode="full",
+        seed=0,
+        metrics=checkpoint_metrics(summary, best, [0]),
+        provenance={},
+        num_labels=data.num_labels,
+    )
     shutil.copyfile(tok_path, out / "tokenizer.json")
-    return {"dir": d, "ckpt": ckpt, "data": data, "summary": summary, "best": best, "model": out / "model.pt",
-            "cfg": cfg}
+    return {
+        "dir": d,
+        "ckpt": ckpt,
+        "data": data,
+        "summary": summary,
+        "best": best,
+        "model": out / "model.pt",
+        "cfg": cfg,
+    }
 
 
 def test_full_finetuning_learns_the_entities(trained):
     s = trained["summary"]
     assert s["task_type"] == "token_classification"
     assert s["validation_f1"]["mean"] > 0.8, s  # names from a closed list: a tiny model finds them
-    assert set(s["per_seed"]["0"]) >= {"validation_f1", "validation_precision", "validation_recall",
-                                       "validation_accuracy", "validation_loss"}
+    assert set(s["per_seed"]["0"]) >= {
+        "validation_f1",
+        "validation_precision",
+        "validation_recall",
+        "validation_accuracy",
+        "validation_loss",
+    }
     assert s["best_validation_f1"] == trained["best"].score
 
 
@@ -243,8 +280,10 @@ def test_predict_prints_spans_with_character_offsets(trained, capsys):
     clf = Classifier.load(trained["model"])
     [out] = clf.predict([text])
     assert out["tags"] == ["O", "B-PER", "I-PER", "O", "O", "B-LOC", "I-LOC", "O"]
-    assert out["entities"] == [{"type": "PER", "text": "Carol Smith", "start": 11, "end": 22},
-                               {"type": "LOC", "text": "New York", "start": 31, "end": 39}]
+    assert out["entities"] == [
+        {"type": "PER", "text": "Carol Smith", "start": 11, "end": 22},
+        {"type": "LOC", "text": "New York", "start": 31, "end": 39},
+    ]
     main_predict([text, "met bob in paris", "--model", str(trained["model"])])
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert lines[0] == {"text": text, "entities": out["entities"]}
@@ -257,7 +296,8 @@ def test_spans_and_text_offsets(tok_path):
     enc = encode_text(tok, text, max_len=32)
     assert [text[s:e] for s, e in enc["offsets"]] == ["Hello", "New", "York", "!"]
     assert spans(text, ["O", "B-LOC", "I-LOC", "O"], enc["offsets"]) == [
-        {"type": "LOC", "text": "New  York", "start": 6, "end": 15}]
+        {"type": "LOC", "text": "New  York", "start": 6, "end": 15}
+    ]
 
 
 def test_pyfunc_frame_gives_entities(trained):
@@ -346,12 +386,24 @@ def declared_evaluate_outputs(root: Path) -> list[str]:
 @pytest.mark.slow
 def test_dvc_repro_token_classification_end_to_end(tmp_path):
     crlf = lambda s: write_conll(tmp_path / "x", s, crlf=True).read_bytes()  # noqa: E731
-    files = {"ner-train.conll": crlf(synthetic_ner(160, 1)), "ner-dev.conll": crlf(synthetic_ner(40, 2)),
-             "ner-test.txt": crlf(synthetic_ner(40, 3))}  # a .txt file read as CoNLL through format: conll
-    t = {"type": "token_classification", "source": "local", "format": "conll",
-         "local": {"train": "data/sources/ner-train.conll", "validation": "data/sources/ner-dev.conll",
-                   "test": "data/sources/ner-test.txt"},
-         "text_columns": ["tokens"], "label_column": "ner_tags", "label_names": TAGS}
+    files = {
+        "ner-train.conll": crlf(synthetic_ner(160, 1)),
+        "ner-dev.conll": crlf(synthetic_ner(40, 2)),
+        "ner-test.txt": crlf(synthetic_ner(40, 3)),
+    }  # a .txt file read as CoNLL through format: conll
+    t = {
+        "type": "token_classification",
+        "source": "local",
+        "format": "conll",
+        "local": {
+            "train": "data/sources/ner-train.conll",
+            "validation": "data/sources/ner-dev.conll",
+            "test": "data/sources/ner-test.txt",
+        },
+        "text_columns": ["tokens"],
+        "label_column": "ner_tags",
+        "label_names": TAGS,
+    }
     root, env = tiny_repo(tmp_path / "repo", t, files)
     out = dvc_repro(root, env)
     assert "Running stage 'finetune'" in out and "Running stage 'evaluate'" in out

@@ -16,8 +16,10 @@ from pipeline.tokenizer import SPECIAL_IDS, SPECIAL_TOKENS, load_tokenizer, read
 from pipeline.tokenizer_training import corpus_alphabet, tokenizer_stats, train_wordpiece
 from tests.conftest import REPO
 
-WORDS = ("the quick brown fox jumps over lazy dog while seven wizards quietly hex jovial boxers near "
-         "university library station mountain river history philosophy anarchism autism science").split()
+WORDS = (
+    "the quick brown fox jumps over lazy dog while seven wizards quietly hex jovial boxers near "
+    "university library station mountain river history philosophy anarchism autism science"
+).split()
 
 
 def write_corpus(path: Path, n_docs: int = 300, seed: int = 0) -> Path:
@@ -42,8 +44,13 @@ def trained(tmp_path_factory):
 def test_outputs_special_ids_and_vocab_txt(trained):
     _, out, info = trained
     tok = load_tokenizer(out / "tokenizer.json")
-    assert {t: tok.token_to_id(t) for t in SPECIAL_TOKENS} == {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3,
-                                                                "[MASK]": 4}
+    assert {t: tok.token_to_id(t) for t in SPECIAL_TOKENS} == {
+        "[PAD]": 0,
+        "[UNK]": 1,
+        "[CLS]": 2,
+        "[SEP]": 3,
+        "[MASK]": 4,
+    }
     vocab = read_vocab(out / "vocab.txt")
     assert vocab[:5] == list(SPECIAL_TOKENS)
     # vocab.txt is the tokenizer's vocabulary in id order, no gaps, no duplicates
@@ -55,7 +62,9 @@ def test_outputs_special_ids_and_vocab_txt(trained):
     assert any(t.startswith("##") for t in vocab) and "quick" in vocab
     # only the five real special tokens are "added" (special) tokens
     added = json.loads((out / "tokenizer.json").read_text())["added_tokens"]
-    assert [(a["id"], a["content"], a["special"]) for a in added] == [(i, t, True) for i, t in enumerate(SPECIAL_TOKENS)]
+    assert [(a["id"], a["content"], a["special"]) for a in added] == [
+        (i, t, True) for i, t in enumerate(SPECIAL_TOKENS)
+    ]
 
 
 def test_round_trip_template_and_normalisation(trained):
@@ -81,8 +90,7 @@ def test_round_trip_template_and_normalisation(trained):
 
 def test_training_is_deterministic(tmp_path, trained):
     corpus, out, info = trained
-    again = train_wordpiece(corpus, tmp_path / "again", vocab_size=200, lowercase=True, min_frequency=2,
-                            progress=False)
+    again = train_wordpiece(corpus, tmp_path / "again", vocab_size=200, lowercase=True, min_frequency=2, progress=False)
     assert again == info
     assert (tmp_path / "again" / "tokenizer.json").read_bytes() == (out / "tokenizer.json").read_bytes()
 
@@ -92,11 +100,22 @@ def test_training_is_deterministic_across_processes(tmp_path):
     run to run (huggingface/tokenizers#1794; on this very corpus 8 runs gave 8 different
     tokenizer.json files). Ours must not."""
     corpus = write_corpus(tmp_path / "train.txt", n_docs=400, seed=3)
-    script = ("import sys; from pathlib import Path; from pipeline.tokenizer_training import train_wordpiece\n"
-              "print(train_wordpiece(Path(sys.argv[1]), Path(sys.argv[2]), vocab_size=300, lowercase=True,"
-              " min_frequency=2, progress=False)['tokenizer_sha256'])\n")
-    shas = {subprocess.run([sys.executable, "-c", script, str(corpus), str(tmp_path / f"o{i}")], cwd=REPO, check=True,
-                           capture_output=True, text=True, timeout=120).stdout.strip() for i in range(3)}
+    script = (
+        "import sys; from pathlib import Path; from pipeline.tokenizer_training import train_wordpiece\n"
+        "print(train_wordpiece(Path(sys.argv[1]), Path(sys.argv[2]), vocab_size=300, lowercase=True,"
+        " min_frequency=2, progress=False)['tokenizer_sha256'])\n"
+    )
+    shas = {
+        subprocess.run(
+            [sys.executable, "-c", script, str(corpus), str(tmp_path / f"o{i}")],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout.strip()
+        for i in range(3)
+    }
     assert len(shas) == 1
 
 
@@ -113,8 +132,9 @@ def test_limit_alphabet_and_small_corpus_vocab(tmp_path):
     corpus.write_text("aaa bbb ccc\n" * 5 + "zzz ☃\n", encoding="utf-8")
     assert corpus_alphabet(corpus, lowercase=True, limit=None) == ["a", "b", "c", "z", "☃"]
     assert corpus_alphabet(corpus, lowercase=True, limit=3) == ["a", "b", "c"]
-    info = train_wordpiece(corpus, tmp_path / "out", vocab_size=1000, lowercase=True, min_frequency=1,
-                           limit_alphabet=3, progress=False)
+    info = train_wordpiece(
+        corpus, tmp_path / "out", vocab_size=1000, lowercase=True, min_frequency=1, limit_alphabet=3, progress=False
+    )
     vocab = read_vocab(tmp_path / "out" / "vocab.txt")
     assert info["vocab_size"] == len(vocab) < 1000  # the corpus has fewer pieces than requested
     assert sorted(t for t in vocab[5:] if len(t) == 1) == ["a", "b", "c"]
@@ -139,11 +159,21 @@ def test_stats_on_crafted_corpus(tmp_path):
     valid.write_text("aaa bbb ☃\naaa, bbb\nccc ccc ccc ccc\n", encoding="utf-8")
     stats = tokenizer_stats(tmp_path / "out" / "tokenizer.json", valid)
     # tokens: [aaa bbb UNK] [aaa , bbb] [ccc ccc ccc ccc] = 3 + 3 + 4; words 3 + 2 + 4
-    assert stats == {"documents": 3, "tokens": 10, "words": 9, "unk_rate": pytest.approx(1 / 10),
-                     "tokens_per_word": pytest.approx(10 / 9)}
+    assert stats == {
+        "documents": 3,
+        "tokens": 10,
+        "words": 9,
+        "unk_rate": pytest.approx(1 / 10),
+        "tokens_per_word": pytest.approx(10 / 9),
+    }
     first = tokenizer_stats(tmp_path / "out" / "tokenizer.json", valid, max_docs=1)
-    assert first == {"documents": 1, "tokens": 3, "words": 3, "unk_rate": pytest.approx(1 / 3),
-                     "tokens_per_word": pytest.approx(1.0)}
+    assert first == {
+        "documents": 1,
+        "tokens": 3,
+        "words": 3,
+        "unk_rate": pytest.approx(1 / 3),
+        "tokens_per_word": pytest.approx(1.0),
+    }
     empty = tmp_path / "empty.txt"
     empty.write_text("", encoding="utf-8")
     assert tokenizer_stats(tmp_path / "out" / "tokenizer.json", empty)["documents"] == 0
@@ -172,26 +202,33 @@ def test_load_tokenizer_errors(tmp_path, trained):
     # a valid tokenizer whose special tokens sit at other ids
     from tokenizers import Tokenizer, models
 
-    other = Tokenizer(models.WordPiece({"[UNK]": 0, "[PAD]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4, "a": 5},
-                                       unk_token="[UNK]"))
+    other = Tokenizer(
+        models.WordPiece({"[UNK]": 0, "[PAD]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4, "a": 5}, unk_token="[UNK]")
+    )
     other.save(str(tmp_path / "other.json"))
-    with pytest.raises(BertraceError, match=r"other\.json: special tokens have ids \{'\[PAD\]': 1, '\[UNK\]': 0\}"
-                                            r".*rerun the tokenizer stage"):
+    with pytest.raises(
+        BertraceError,
+        match=r"other\.json: special tokens have ids \{'\[PAD\]': 1, '\[UNK\]': 0\}"
+        r".*rerun the tokenizer stage",
+    ):
         load_tokenizer(tmp_path / "other.json")
 
 
 def test_train_errors(tmp_path):
     with pytest.raises(BertraceError, match=r"train\.txt: not found; run the clean stage"):
-        train_wordpiece(tmp_path / "train.txt", tmp_path / "out", vocab_size=100, lowercase=True, min_frequency=2,
-                        progress=False)
+        train_wordpiece(
+            tmp_path / "train.txt", tmp_path / "out", vocab_size=100, lowercase=True, min_frequency=2, progress=False
+        )
     (tmp_path / "train.txt").write_text("", encoding="utf-8")
     with pytest.raises(BertraceError, match=r"train\.txt: empty"):
-        train_wordpiece(tmp_path / "train.txt", tmp_path / "out", vocab_size=100, lowercase=True, min_frequency=2,
-                        progress=False)
+        train_wordpiece(
+            tmp_path / "train.txt", tmp_path / "out", vocab_size=100, lowercase=True, min_frequency=2, progress=False
+        )
     (tmp_path / "train.txt").write_text("some text\n", encoding="utf-8")
     with pytest.raises(BertraceError, match=r"vocab_size=5 is too small"):
-        train_wordpiece(tmp_path / "train.txt", tmp_path / "out", vocab_size=5, lowercase=True, min_frequency=2,
-                        progress=False)
+        train_wordpiece(
+            tmp_path / "train.txt", tmp_path / "out", vocab_size=5, lowercase=True, min_frequency=2, progress=False
+        )
     assert not (tmp_path / "out").exists()
 
 

@@ -26,12 +26,21 @@ COMMIT = "c0ffee" * 6 + "abcd"
 
 
 def _record(stage, params, inputs, outputs, upstream=None, dirty=False, **extra):
-    rec = {"record_version": 1, "stage": stage,
-           "git": {"commit": COMMIT, "dirty": dirty, "dirty_paths": ["x.py"] if dirty else []},
-           "params": params, "params_hash": params_hash(params),
-           "inputs": inputs, "outputs": outputs, "upstream": upstream or {},
-           "libraries": {}, "pipeline_run_id": "run1", "mlflow_run_id": None,
-           "started": "2026-01-01T00:00:00+00:00", "finished": f"2026-01-01T00:00:0{len(stage) % 10}+00:00"}
+    rec = {
+        "record_version": 1,
+        "stage": stage,
+        "git": {"commit": COMMIT, "dirty": dirty, "dirty_paths": ["x.py"] if dirty else []},
+        "params": params,
+        "params_hash": params_hash(params),
+        "inputs": inputs,
+        "outputs": outputs,
+        "upstream": upstream or {},
+        "libraries": {},
+        "pipeline_run_id": "run1",
+        "mlflow_run_id": None,
+        "started": "2026-01-01T00:00:00+00:00",
+        "finished": f"2026-01-01T00:00:0{len(stage) % 10}+00:00",
+    }
     rec.update(extra)
     return rec
 
@@ -67,39 +76,91 @@ def _build_chain(root: Path) -> Path:
         _write(root, "data/examples/manifest.json", '{"shards": 1}')
     h = lambda rel: hash_path(root / rel)  # noqa: E731
     download = _record("download", {"n": 1}, {}, {"data/raw": h("data/raw")})
-    clean = _record("clean", {"min": 2}, {"data/raw": h("data/raw")}, {"data/clean/train.txt": h("data/clean/train.txt")},
-                    {"download": download})
-    tok = _record("tokenizer", {"vocab": 100}, {"data/clean/train.txt": h("data/clean/train.txt")},
-                  {"data/tokenizer/tokenizer.json": h("data/tokenizer/tokenizer.json"),
-                   "data/tokenizer/vocab.txt": h("data/tokenizer/vocab.txt")}, {"clean": clean})
+    clean = _record(
+        "clean",
+        {"min": 2},
+        {"data/raw": h("data/raw")},
+        {"data/clean/train.txt": h("data/clean/train.txt")},
+        {"download": download},
+    )
+    tok = _record(
+        "tokenizer",
+        {"vocab": 100},
+        {"data/clean/train.txt": h("data/clean/train.txt")},
+        {
+            "data/tokenizer/tokenizer.json": h("data/tokenizer/tokenizer.json"),
+            "data/tokenizer/vocab.txt": h("data/tokenizer/vocab.txt"),
+        },
+        {"clean": clean},
+    )
     # the tokenizer output as DVC cached it; the examples stage recorded dvc.lock's md5 for it
-    listing = [{"md5": _cache_put(root, (root / "data/tokenizer" / n).read_bytes()), "relpath": n}
-               for n in ("tokenizer.json", "vocab.txt")]
+    listing = [
+        {"md5": _cache_put(root, (root / "data/tokenizer" / n).read_bytes()), "relpath": n}
+        for n in ("tokenizer.json", "vocab.txt")
+    ]
     tok_md5 = _cache_put(root, json.dumps(listing).encode(), ".dir")
-    ex = _record("examples", {"seq": 32}, {"data/clean/train.txt": h("data/clean/train.txt"),
-                                          "data/tokenizer/tokenizer.json": h("data/tokenizer/tokenizer.json")},
-                 {"data/examples/manifest.json": h("data/examples/manifest.json")},
-                 {"clean": clean, "tokenizer": tok},
-                 dvc_lock={"tokenizer": {"outs": {"data/tokenizer": tok_md5}, "deps": {}}})
-    pre = _record("pretrain", {"lr": 1e-3}, {"data/examples/manifest.json": h("data/examples/manifest.json")}, {},
-                  {"examples": ex}, dirty=True, tokenizer_sha256=h("data/tokenizer/tokenizer.json"),
-                  examples_manifest_sha256=h("data/examples/manifest.json"), device="cpu")
+    ex = _record(
+        "examples",
+        {"seq": 32},
+        {
+            "data/clean/train.txt": h("data/clean/train.txt"),
+            "data/tokenizer/tokenizer.json": h("data/tokenizer/tokenizer.json"),
+        },
+        {"data/examples/manifest.json": h("data/examples/manifest.json")},
+        {"clean": clean, "tokenizer": tok},
+        dvc_lock={"tokenizer": {"outs": {"data/tokenizer": tok_md5}, "deps": {}}},
+    )
+    pre = _record(
+        "pretrain",
+        {"lr": 1e-3},
+        {"data/examples/manifest.json": h("data/examples/manifest.json")},
+        {},
+        {"examples": ex},
+        dirty=True,
+        tokenizer_sha256=h("data/tokenizer/tokenizer.json"),
+        examples_manifest_sha256=h("data/examples/manifest.json"),
+        device="cpu",
+    )
     prov = root / "data/provenance"
     prov.mkdir(parents=True)
     for rec in (download, clean, tok, ex):
         (prov / f"{rec['stage']}.json").write_text(json.dumps(rec))
     best = root / "data/pretrain/best.pt"
     best.parent.mkdir(parents=True)
-    torch.save({"format": "bertrace-pretrain-checkpoint", "version": 1, "model": {"w": torch.zeros(2)},
-                "model_config": {"hidden": 2}, "provenance": pre}, best)
+    torch.save(
+        {
+            "format": "bertrace-pretrain-checkpoint",
+            "version": 1,
+            "model": {"w": torch.zeros(2)},
+            "model_config": {"hidden": 2},
+            "provenance": pre,
+        },
+        best,
+    )
     (prov / "pretrain.json").write_text(json.dumps({**pre, "outputs": {"data/pretrain/best.pt": sha256_file(best)}}))
-    ft = _record("finetune", {"epochs": 1}, {"data/pretrain/best.pt": sha256_file(best),
-                                             "data/tokenizer/tokenizer.json": h("data/tokenizer/tokenizer.json")}, {},
-                 pretrain=pre, pretrain_checkpoint_sha256=sha256_file(best))
+    ft = _record(
+        "finetune",
+        {"epochs": 1},
+        {
+            "data/pretrain/best.pt": sha256_file(best),
+            "data/tokenizer/tokenizer.json": h("data/tokenizer/tokenizer.json"),
+        },
+        {},
+        pretrain=pre,
+        pretrain_checkpoint_sha256=sha256_file(best),
+    )
     model = root / "data/finetune/model.pt"
     model.parent.mkdir(parents=True)
-    torch.save({"format": "x", "model": {"w": torch.zeros(2)}, "model_config": {"hidden": 2}, "num_labels": 2,
-                "provenance": ft}, model)
+    torch.save(
+        {
+            "format": "x",
+            "model": {"w": torch.zeros(2)},
+            "model_config": {"hidden": 2},
+            "num_labels": 2,
+            "provenance": ft,
+        },
+        model,
+    )
     return root
 
 
@@ -131,13 +192,19 @@ def test_lineage_order_and_content(chain):
 
 def test_download_source_names_the_hub_id_and_revision():
     hub = {"dataset": "Salesforce/wikitext", "config": "wikitext-2-raw-v1", "revision": "main"}
-    assert trace._source({"params": {"source": "hub", "hub": hub}, "mirror": "m.yaml"}) == \
-        "hub Salesforce/wikitext wikitext-2-raw-v1 @ main (through the mirror m.yaml)"
+    assert (
+        trace._source({"params": {"source": "hub", "hub": hub}, "mirror": "m.yaml"})
+        == "hub Salesforce/wikitext wikitext-2-raw-v1 @ main (through the mirror m.yaml)"
+    )
     resolved = {"type": "hub", **hub, "resolved_revision": "b08601e"}  # a record that keeps the manifest's source
-    assert trace._source({"params": {"source": "hub", "hub": hub}, "source": resolved}) == \
-        "hub Salesforce/wikitext wikitext-2-raw-v1 @ b08601e"
-    assert trace._source({"params": {"source": "local", "local": {"path": "data/sources"}}, "mirror": "m"}) == \
-        "local data/sources"
+    assert (
+        trace._source({"params": {"source": "hub", "hub": hub}, "source": resolved})
+        == "hub Salesforce/wikitext wikitext-2-raw-v1 @ b08601e"
+    )
+    assert (
+        trace._source({"params": {"source": "local", "local": {"path": "data/sources"}}, "mirror": "m"})
+        == "local data/sources"
+    )
 
 
 def _no_accelerator(monkeypatch):
@@ -163,17 +230,33 @@ def test_trace_says_whether_this_machine_recomputes_the_weights(chain, capsys, m
     here would match, naming each difference."""
     _no_accelerator(monkeypatch)
     threads = torch.get_num_threads()
-    native = {"kernels": "native", "cpu_capability": "AVX512", "device": "cpu", "precision": "bf16",
-              "threads": threads, "threads_fixed": True, "machine": "x86_64", "cpu": cpu_model()}
+    native = {
+        "kernels": "native",
+        "cpu_capability": "AVX512",
+        "device": "cpu",
+        "precision": "bf16",
+        "threads": threads,
+        "threads_fixed": True,
+        "machine": "x86_64",
+        "cpu": cpu_model(),
+    }
     native["host_specific"] = host_specific_reasons(native)
-    ran = {"device": "cpu", "precision": "bf16", "torch": torch.__version__, "world_size": 1,
-           "determinism": {"deterministic": True, "num_threads": threads},
-           "platform": {"machine": "x86_64", "system": "Linux"}, "arithmetic": native}
+    ran = {
+        "device": "cpu",
+        "precision": "bf16",
+        "torch": torch.__version__,
+        "world_size": 1,
+        "determinism": {"deterministic": True, "num_threads": threads},
+        "platform": {"machine": "x86_64", "system": "Linux"},
+        "arithmetic": native,
+    }
     params = {"device": "cpu", "precision": "auto", "num_threads": 0}
     node = {"stage": "pretrain", "params": params, "inputs": {}, "outputs": {}, "compute": trace._compute(ran)}
     lin = {"target": "best.pt", "kind": "pre-training checkpoint", "chain": [node]}
-    assert "computed on cpu (x86_64 Linux), bf16 autocast, torch " f"{torch.__version__}, {threads} CPU thread" \
-        in trace.format_tree(lin)
+    assert (
+        "computed on cpu (x86_64 Linux), bf16 autocast, torch "
+        f"{torch.__version__}, {threads} CPU thread" in trace.format_tree(lin)
+    )
     assert "native kernels (AVX512)" in trace.format_tree(lin)
     monkeypatch.setenv("BERTRACE_CPU_BF16", "1")  # a CPU with bf16 instructions: the same run
     assert trace.compute_differences(node["compute"], params) == ([], [])
@@ -181,7 +264,8 @@ def test_trace_says_whether_this_machine_recomputes_the_weights(chain, capsys, m
     elsewhere = trace._compute({**ran, "arithmetic": {**native, "cpu": "AMD EPYC 9B14"}})
     assert trace.compute_differences(elsewhere, params)[0] == [
         "host-specific arithmetic (compute.kernels native (AVX512 kernels), bf16 autocast): rebuild on a "
-        f"AMD EPYC 9B14 host; this one is a {cpu_model()}"]
+        f"AMD EPYC 9B14 host; this one is a {cpu_model()}"
+    ]
     # portable arithmetic: auto is fp32 under the pins, and any x86-64 CPU with AVX2 rebuilds it
     portable = {**native, "kernels": "portable", "cpu_capability": "AVX2", "precision": "fp32", "host_specific": []}
     portable.pop("cpu")
@@ -192,22 +276,26 @@ def test_trace_says_whether_this_machine_recomputes_the_weights(chain, capsys, m
     assert trace.this_machine(lin)[0].startswith("this machine: pretrain here matches the record's device, precision")
     monkeypatch.setenv("BERTRACE_CPU_BF16", "0")  # without: auto trains fp32 here
     diffs, _ = trace.compute_differences(node["compute"], params)
-    assert diffs == ["precision auto gives fp32 here (this CPU has no bf16 instructions: AVX512-BF16, AMX or "
-                     "Arm BF16), bf16 when recorded"]
+    assert diffs == [
+        "precision auto gives fp32 here (this CPU has no bf16 instructions: AVX512-BF16, AMX or "
+        "Arm BF16), bf16 when recorded"
+    ]
     explicit = {**params, "precision": "bf16"}  # asked for: emulated, not the recorded rounding
     assert "bf16 is emulated on this CPU" in trace.compute_differences(node["compute"], explicit)[0][0]
-    other = trace._compute({**ran, "precision": "fp32", "torch": "2.0.0",
-                            "determinism": {"num_threads": threads + 1}})
+    other = trace._compute({**ran, "precision": "fp32", "torch": "2.0.0", "determinism": {"num_threads": threads + 1}})
     assert trace.compute_differences(other, params)[0] == [
         f"{threads} CPU threads here, {threads + 1} when recorded (pretrain.num_threads: {threads + 1} runs with as many)",
-        f"torch {torch.__version__} here, 2.0.0 when recorded"]
+        f"torch {torch.__version__} here, 2.0.0 when recorded",
+    ]
     assert trace.compute_differences(other, {**params, "num_threads": threads + 1})[0] == [
-        f"torch {torch.__version__} here, 2.0.0 when recorded"]
+        f"torch {torch.__version__} here, 2.0.0 when recorded"
+    ]
     lines = trace.this_machine({"chain": [{**node, "compute": other}]})
     assert lines[0] == "this machine: `dvc repro` of pretrain here gives other weights than recorded:"
     assert lines[1].startswith(f"   {threads} CPU threads here") and len(lines) == 3
     assert trace.compute_differences({**node["compute"], "device": "cuda:0"}, {"device": "auto"})[0] == [
-        "device cpu here, cuda when recorded"]
+        "device cpu here, cuda when recorded"
+    ]
     # a stage record (data/provenance/pretrain.json) names no precision: trace says it cannot tell
     monkeypatch.chdir(chain)
     assert trace_cli.main(["data/provenance/pretrain.json"]) == 0
@@ -243,8 +331,16 @@ def test_tampered_file_is_changed_and_fails(chain, capsys):
     vocab.write_text("[PAD]\n[UNK]\n[EVIL]\n")
     lin = trace.lineage(chain / "data/finetune/model.pt")
     bad = [r for r in trace.verify(lin, chain) if r["status"] != "ok"]
-    assert bad == [{"stage": "tokenizer", "role": "output", "path": "data/tokenizer/vocab.txt",
-                    "recorded": before, "actual": hash_path(vocab), "status": "changed"}]
+    assert bad == [
+        {
+            "stage": "tokenizer",
+            "role": "output",
+            "path": "data/tokenizer/vocab.txt",
+            "recorded": before,
+            "actual": hash_path(vocab),
+            "status": "changed",
+        }
+    ]
     with pytest.raises(SystemExit) as e:
         trace_cli.main([str(chain / "data/finetune/model.pt"), "--verify", "--root", str(chain)])
     assert e.value.code == 1
@@ -270,8 +366,17 @@ def test_broken_cross_link_names_both_hashes(chain, capsys):
     torch.save(ckpt, chain / "forged.pt")
     results = trace.verify(trace.lineage(chain / "forged.pt"), chain)
     link = [r for r in results if r["role"] == "link" and r["status"] == "changed"]
-    assert link == [{"stage": "examples", "role": "link", "path": "data/tokenizer/tokenizer.json",
-                     "recorded": "0" * 64, "actual": tok, "status": "changed", "upstream": "tokenizer"}]
+    assert link == [
+        {
+            "stage": "examples",
+            "role": "link",
+            "path": "data/tokenizer/tokenizer.json",
+            "recorded": "0" * 64,
+            "actual": tok,
+            "status": "changed",
+            "upstream": "tokenizer",
+        }
+    ]
     with pytest.raises(SystemExit) as e:
         trace_cli.main([str(chain / "forged.pt"), "--verify", "--root", str(chain)])
     assert e.value.code == 1
@@ -337,9 +442,16 @@ def test_exported_directory(chain, capsys):
     ckpt = torch.load(model, weights_only=True)
     hf = chain / "exported"
     hf.mkdir()
-    (hf / "bertrace_export.json").write_text(json.dumps({
-        "kind": "classifier", "source_checkpoint": "data/finetune/model.pt", "source_sha256": sha256_file(model),
-        "provenance": ckpt["provenance"]}))
+    (hf / "bertrace_export.json").write_text(
+        json.dumps(
+            {
+                "kind": "classifier",
+                "source_checkpoint": "data/finetune/model.pt",
+                "source_sha256": sha256_file(model),
+                "provenance": ckpt["provenance"],
+            }
+        )
+    )
     lin = trace.lineage(hf)
     assert lin["kind"] == "Hugging Face export of data/finetune/model.pt"
     assert [n["stage"] for n in lin["chain"]] == STAGES
@@ -349,9 +461,15 @@ def test_exported_directory(chain, capsys):
     mlm = chain / "mlflow-model"
     (mlm / "artifacts").mkdir(parents=True)
     shutil.copy(model, mlm / "artifacts/model.pt")
-    (mlm / "MLmodel").write_text(yaml.safe_dump({
-        "run_id": "r1", "flavors": {"python_function": {"artifacts": {"checkpoint": {"path": "artifacts/model.pt"}}}},
-        "metadata": {"bertrace_checkpoint_sha256": sha256_file(model)}}))
+    (mlm / "MLmodel").write_text(
+        yaml.safe_dump(
+            {
+                "run_id": "r1",
+                "flavors": {"python_function": {"artifacts": {"checkpoint": {"path": "artifacts/model.pt"}}}},
+                "metadata": {"bertrace_checkpoint_sha256": sha256_file(model)},
+            }
+        )
+    )
     lin = trace.lineage(mlm)
     assert lin["kind"] == "MLflow model directory (run r1)" and lin["target_sha256"] == sha256_file(model)
     assert [r["status"] for r in trace.verify(lin, chain) if r["role"] == "target"] == ["ok"]
@@ -377,9 +495,14 @@ def test_mlflow_run_id_and_model_uris(chain, monkeypatch, capsys):
         model_dir = chain / "mlflow-model"
         (model_dir / "artifacts").mkdir(parents=True)
         shutil.copy("data/finetune/model.pt", model_dir / "artifacts/model.pt")
-        (model_dir / "MLmodel").write_text(yaml.safe_dump({
-            "flavors": {"python_function": {"artifacts": {"checkpoint": {"path": "artifacts/model.pt"}}}},
-            "metadata": {"bertrace_checkpoint_sha256": sha256_file("data/finetune/model.pt")}}))
+        (model_dir / "MLmodel").write_text(
+            yaml.safe_dump(
+                {
+                    "flavors": {"python_function": {"artifacts": {"checkpoint": {"path": "artifacts/model.pt"}}}},
+                    "metadata": {"bertrace_checkpoint_sha256": sha256_file("data/finetune/model.pt")},
+                }
+            )
+        )
         mlflow.log_artifacts(str(model_dir), "model")
         run_id = run.mlflow_run_id
     client = mlflow.MlflowClient()
@@ -465,7 +588,9 @@ def test_verify_rehashes_every_shard_of_the_examples_manifest(shard_chain, capsy
     results = trace.verify(trace.lineage(shard_chain / "data/finetune/model.pt"), shard_chain)
     shards = [r for r in results if r["role"] == "shard"]
     assert {r["path"]: r["recorded"] for r in shards} == _shards(shard_chain)
-    assert {(r["stage"], r["status"], r["manifest"]) for r in shards} == {("examples", "ok", "data/examples/manifest.json")}
+    assert {(r["stage"], r["status"], r["manifest"]) for r in shards} == {
+        ("examples", "ok", "data/examples/manifest.json")
+    }
 
 
 def test_rewritten_or_truncated_shard_is_changed_with_both_hashes(shard_chain, capsys):
@@ -481,9 +606,11 @@ def test_rewritten_or_truncated_shard_is_changed_with_both_hashes(shard_chain, c
         captured = capsys.readouterr()
         text = captured.out
         assert "3 shards listed in data/examples/manifest.json: 1 ok, 2 CHANGED" in text
-        for shard, now in (("data/examples/train/shard-00001.parquet", sha256_file(flipped)),
-                           ("data/examples/valid/shard-00000.parquet", sha256_file(cut))):
-            block = text[text.index(f"CHANGED {shard}  (shard listed in data/examples/manifest.json)"):]
+        for shard, now in (
+            ("data/examples/train/shard-00001.parquet", sha256_file(flipped)),
+            ("data/examples/valid/shard-00000.parquet", sha256_file(cut)),
+        ):
+            block = text[text.index(f"CHANGED {shard}  (shard listed in data/examples/manifest.json)") :]
             assert block.splitlines()[1:3] == [f"   recorded {recorded[shard]}", f"   now      {now}"]
         assert "train/shard-00000.parquet" not in text  # the intact shard: counted, not listed
         assert "does not match" in captured.err
@@ -492,7 +619,9 @@ def test_rewritten_or_truncated_shard_is_changed_with_both_hashes(shard_chain, c
     out = json.loads(capsys.readouterr().out)
     assert out["summary"]["changed"] == 2
     assert {v["path"] for v in out["verification"] if v["status"] == "changed"} == {
-        "data/examples/train/shard-00001.parquet", "data/examples/valid/shard-00000.parquet"}
+        "data/examples/train/shard-00001.parquet",
+        "data/examples/valid/shard-00000.parquet",
+    }
 
 
 def test_shard_not_present_is_listed_and_a_changed_manifest_is_not_trusted(shard_chain, capsys):
@@ -511,5 +640,6 @@ def test_shard_not_present_is_listed_and_a_changed_manifest_is_not_trusted(shard
     manifest_path.write_text(json.dumps(manifest))
     results = trace.verify(trace.lineage(shard_chain / "data/pretrain/best.pt"), shard_chain)
     assert not [r for r in results if r["role"] == "shard"]
-    assert ("pretrain", "input", "changed") in {(r["stage"], r["role"], r["status"]) for r in results
-                                                if r["path"] == "data/examples/manifest.json"}
+    assert ("pretrain", "input", "changed") in {
+        (r["stage"], r["role"], r["status"]) for r in results if r["path"] == "data/examples/manifest.json"
+    }

@@ -17,9 +17,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.check_report import CheckResult, ValidationReport
 from pipeline.io import read_json, sha256_file, write_json
 from pipeline.masking import MaskingSpec, mask_sequence
-from pipeline.check_report import CheckResult, ValidationReport
 from pipeline.validate import validate_corpus, validate_shards
 
 VOCAB, MAX_LEN, MAX_PRED, PROB = 300, 32, 5, 0.15
@@ -40,8 +40,11 @@ def make_rows(n: int, seed: int, *, static: bool = True, prob: float = PROB) -> 
         a = rng.integers(5, VOCAB, rng.integers(8, 15))
         b = rng.integers(5, VOCAB, rng.integers(8, 15))
         ids = np.concatenate([[CLS], a, [SEP], b, [SEP]]).astype(np.int64)
-        row = {"input_ids": ids.tolist(), "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1),
-               "next_sentence_label": i % 2}
+        row = {
+            "input_ids": ids.tolist(),
+            "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1),
+            "next_sentence_label": i % 2,
+        }
         if static:
             masked, pos, lab = mask_sequence(ids, rng, spec)
             row.update(input_ids=masked.tolist(), masked_lm_positions=pos.tolist(), masked_lm_ids=lab.tolist())
@@ -50,8 +53,11 @@ def make_rows(n: int, seed: int, *, static: bool = True, prob: float = PROB) -> 
 
 
 def schema(static: bool) -> pa.Schema:
-    fields = [("input_ids", pa.list_(pa.uint16())), ("token_type_ids", pa.list_(pa.uint8())),
-              ("next_sentence_label", pa.int8())]
+    fields = [
+        ("input_ids", pa.list_(pa.uint16())),
+        ("token_type_ids", pa.list_(pa.uint8())),
+        ("next_sentence_label", pa.int8()),
+    ]
     if static:
         fields += [("masked_lm_positions", pa.list_(pa.uint16())), ("masked_lm_ids", pa.list_(pa.uint16()))]
     return pa.schema(fields)
@@ -73,12 +79,24 @@ def write_examples(root: Path, *, static: bool = True, prob: float = PROB) -> Pa
             seed += 1
             shards.append({"path": rel})
         splits[split] = {"documents": 10, "shards": shards}
-    write_json(root / "manifest.json", {
-        "schema_version": 1, "masking": "static" if static else "dynamic", "tokenizer_sha256": "0" * 64,
-        "vocab_size": VOCAB, "special_ids": SPECIALS, "max_seq_len": MAX_LEN, "masked_lm_prob": PROB,
-        "max_predictions_per_seq": MAX_PRED, "whole_word_masking": False, "seed": 1, "params": {},
-        "inputs": {}, "splits": splits,
-    })
+    write_json(
+        root / "manifest.json",
+        {
+            "schema_version": 1,
+            "masking": "static" if static else "dynamic",
+            "tokenizer_sha256": "0" * 64,
+            "vocab_size": VOCAB,
+            "special_ids": SPECIALS,
+            "max_seq_len": MAX_LEN,
+            "masked_lm_prob": PROB,
+            "max_predictions_per_seq": MAX_PRED,
+            "whole_word_masking": False,
+            "seed": 1,
+            "params": {},
+            "inputs": {},
+            "splits": splits,
+        },
+    )
     refresh_manifest(root)
     return root
 
@@ -89,8 +107,11 @@ def refresh_manifest(root: Path) -> None:
     for info in m["splits"].values():
         for s in info["shards"]:
             t = pq.read_table(root / s["path"])
-            s.update(rows=t.num_rows, tokens=int(pc.sum(pc.list_value_length(t["input_ids"])).as_py()),
-                     sha256=sha256_file(root / s["path"]))
+            s.update(
+                rows=t.num_rows,
+                tokens=int(pc.sum(pc.list_value_length(t["input_ids"])).as_py()),
+                sha256=sha256_file(root / s["path"]),
+            )
         info["rows"] = sum(s["rows"] for s in info["shards"])
         info["tokens"] = sum(s["tokens"] for s in info["shards"])
     write_json(root / "manifest.json", m)
@@ -145,21 +166,31 @@ def test_clean_static_shards_pass(clean_static):
     report = validate_shards(clean_static)
     assert report.success, report.format_text()
     names = {r.expectation for r in report.results}
-    for expected in ["sha256_matches_manifest", "expect_column_values_to_be_in_set(first_token_id)",
-                     "expect_column_values_to_be_in_set(sep_count)", "expect_column_values_to_be_between(length)",
-                     "expect_column_values_to_be_in_set(token_type_errors)",
-                     "expect_column_pair_values_a_to_be_greater_than_b(length, max_masked_position)",
-                     "expect_column_mean_to_be_between(next_sentence_label)",
-                     "expect_column_sum_to_be_between(masked_count)"]:
+    for expected in [
+        "sha256_matches_manifest",
+        "expect_column_values_to_be_in_set(first_token_id)",
+        "expect_column_values_to_be_in_set(sep_count)",
+        "expect_column_values_to_be_between(length)",
+        "expect_column_values_to_be_in_set(token_type_errors)",
+        "expect_column_pair_values_a_to_be_greater_than_b(length, max_masked_position)",
+        "expect_column_mean_to_be_between(next_sentence_label)",
+        "expect_column_sum_to_be_between(masked_count)",
+    ]:
         assert expected in names
     # Train (300 rows) is judged on NSP balance; valid (60 rows) is only reported, with a note.
-    nsp = {Path(r.target).name: r for r in report.results
-           if r.expectation == "expect_column_mean_to_be_between(next_sentence_label)"}
+    nsp = {
+        Path(r.target).name: r
+        for r in report.results
+        if r.expectation == "expect_column_mean_to_be_between(next_sentence_label)"
+    }
     assert nsp["train"].observed == pytest.approx(0.5) and not nsp["train"].message.startswith("skipped")
     assert nsp["valid"].message.startswith("skipped") and nsp["valid"].observed == pytest.approx(0.5)
     assert "NOTE" in report.format_text() and "validation passed" in report.format_text()
-    rate = next(r for r in report.results if r.expectation == "expect_column_sum_to_be_between(masked_count)"
-                and r.target.endswith("train")).observed["rate"]
+    rate = next(
+        r
+        for r in report.results
+        if r.expectation == "expect_column_sum_to_be_between(masked_count)" and r.target.endswith("train")
+    ).observed["rate"]
     assert abs(rate - PROB) < 0.02
     d = report.to_dict()
     assert d["success"] and d["failures"] == 0 and d["checks"] == len(report.results)
@@ -174,9 +205,11 @@ def test_clean_dynamic_shards_pass_and_mask_token_fails(tmp_path):
 
     def plant_mask(rows):
         rows[7]["input_ids"][3] = MASK
+
     rewrite(root, "valid/shard-00000.parquet", plant_mask)
-    r = assert_only_failure(validate_shards(root), "expect_column_values_to_be_in_set(mask_token_count)",
-                            "valid/shard-00000.parquet", row=7)
+    r = assert_only_failure(
+        validate_shards(root), "expect_column_values_to_be_in_set(mask_token_count)", "valid/shard-00000.parquet", row=7
+    )
     assert r.sample_rows[0]["input_ids"][3] == MASK
 
 
@@ -204,9 +237,11 @@ def _unmasked(row: dict, start: int = 1) -> int:
 def test_first_token_not_cls(ex):
     def plant(rows):
         rows[5]["input_ids"][0] = 17
+
     rewrite(ex, "train/shard-00001.parquet", plant)
-    r = assert_only_failure(validate_shards(ex), "expect_column_values_to_be_in_set(first_token_id)",
-                            "train/shard-00001.parquet", row=5)
+    r = assert_only_failure(
+        validate_shards(ex), "expect_column_values_to_be_in_set(first_token_id)", "train/shard-00001.parquet", row=5
+    )
     assert r.sample_rows[0]["first_token_id"] == 17 and r.sample_rows[0]["input_ids"][0] == 17
     assert r.observed["unexpected_values"] == [{"value": 17, "count": 1}]
 
@@ -215,9 +250,11 @@ def test_three_seps(ex):
     def plant(rows):
         rows[3]["input_ids"].append(SEP)
         rows[3]["token_type_ids"].append(1)
+
     rewrite(ex, "train/shard-00000.parquet", plant)
-    r = assert_only_failure(validate_shards(ex), "expect_column_values_to_be_in_set(sep_count)",
-                            "train/shard-00000.parquet", row=3)
+    r = assert_only_failure(
+        validate_shards(ex), "expect_column_values_to_be_in_set(sep_count)", "train/shard-00000.parquet", row=3
+    )
     assert r.sample_rows[0]["sep_count"] == 3
 
 
@@ -226,18 +263,22 @@ def test_last_token_not_sep(ex):
         row = rows[9]
         i = _unmasked(row, row["token_type_ids"].index(1))  # a token of B, then move the final [SEP] before it
         row["input_ids"][-1], row["input_ids"][i] = row["input_ids"][i], SEP
+
     rewrite(ex, "train/shard-00000.parquet", plant)
-    r = assert_only_failure(validate_shards(ex), "expect_column_values_to_be_in_set(last_token_id)",
-                            "train/shard-00000.parquet", row=9)
+    r = assert_only_failure(
+        validate_shards(ex), "expect_column_values_to_be_in_set(last_token_id)", "train/shard-00000.parquet", row=9
+    )
     assert r.sample_rows[0]["input_ids"][-1] != SEP
 
 
 def test_id_out_of_vocab(ex):
     def plant(rows):
         rows[11]["input_ids"][_unmasked(rows[11])] = VOCAB + 5
+
     rewrite(ex, "valid/shard-00000.parquet", plant)
-    r = assert_only_failure(validate_shards(ex), "expect_column_values_to_be_between(max_token_id)",
-                            "valid/shard-00000.parquet", row=11)
+    r = assert_only_failure(
+        validate_shards(ex), "expect_column_values_to_be_between(max_token_id)", "valid/shard-00000.parquet", row=11
+    )
     assert r.sample_rows[0]["max_token_id"] == VOCAB + 5
 
 
@@ -247,27 +288,36 @@ def test_sequence_too_long(ex):
         extra = MAX_LEN + 3 - len(row["input_ids"])
         row["input_ids"][-1:-1] = [50] * extra
         row["token_type_ids"] += [1] * extra
+
     rewrite(ex, "train/shard-00001.parquet", plant)
-    r = assert_only_failure(validate_shards(ex), "expect_column_values_to_be_between(length)",
-                            "train/shard-00001.parquet", row=0)
+    r = assert_only_failure(
+        validate_shards(ex), "expect_column_values_to_be_between(length)", "train/shard-00001.parquet", row=0
+    )
     assert r.sample_rows[0]["length"] == MAX_LEN + 3
 
 
 def test_bad_segment_ids(ex):
     def plant(rows):
         rows[4]["token_type_ids"][2] = 1  # inside segment A
+
     rewrite(ex, "train/shard-00000.parquet", plant)
-    r = assert_only_failure(validate_shards(ex), "expect_column_values_to_be_in_set(token_type_errors)",
-                            "train/shard-00000.parquet", row=4)
+    r = assert_only_failure(
+        validate_shards(ex), "expect_column_values_to_be_in_set(token_type_errors)", "train/shard-00000.parquet", row=4
+    )
     assert r.sample_rows[0]["token_type_ids"][2] == 1
 
 
 def test_segment_ids_wrong_length(ex):
     def plant(rows):
         rows[8]["token_type_ids"].pop()
+
     rewrite(ex, "train/shard-00000.parquet", plant)
-    assert_only_failure(validate_shards(ex), "expect_column_values_to_be_in_set(token_type_length_diff)",
-                        "train/shard-00000.parquet", row=8)
+    assert_only_failure(
+        validate_shards(ex),
+        "expect_column_values_to_be_in_set(token_type_length_diff)",
+        "train/shard-00000.parquet",
+        row=8,
+    )
 
 
 def test_nsp_label_out_of_set(ex):
@@ -275,6 +325,7 @@ def test_nsp_label_out_of_set(ex):
         rows[12]["next_sentence_label"] = 2
         rows[13]["next_sentence_label"] = -1
         rows[14]["next_sentence_label"] = 1 - rows[14]["next_sentence_label"]  # keep the mean in range
+
     rewrite(ex, "train/shard-00000.parquet", plant)
     report = validate_shards(ex)
     (r,) = failed(report, "expect_column_values_to_be_in_set(next_sentence_label)")
@@ -307,8 +358,7 @@ def test_normalizer_check_fails_when_uncased_stripping_deletes_letters(tmp_path)
     from pipeline.validate import NORMALIZER_CHECK, validate_normalizer
 
     corpus = tmp_path / "train.txt"
-    corpus.write_text("অক্সিজেন একটি রাসায়নিক মৌল। পৃথিবীর বায়ুমণ্ডলে অক্সিজেন দ্বিতীয় সর্বাধিক গ্যাস।\n" * 5,
-                      encoding="utf-8")
+    corpus.write_text("অক্সিজেন একটি রাসায়নিক মৌল। পৃথিবীর বায়ুমণ্ডলে অক্সিজেন দ্বিতীয় সর্বাধিক গ্যাস।\n" * 5, encoding="utf-8")
     for strip, ok in ((True, False), ("auto", True), (False, True)):
         path = tmp_path / f"tok-{strip}.json"
         tok = build_tokenizer(lowercase=True, strip_accents=strip)
@@ -342,11 +392,13 @@ def test_masked_position_on_sep(ex):
         sep = row["input_ids"].index(SEP)
         pairs = sorted(zip(row["masked_lm_positions"] + [sep], row["masked_lm_ids"] + [SEP]))
         row["masked_lm_positions"], row["masked_lm_ids"] = [p for p, _ in pairs], [i for _, i in pairs]
+
     rows_before = pq.read_table(ex / "valid/shard-00000.parquet").to_pylist()
     bad = next(i for i, r in enumerate(rows_before) if i >= 20 and len(r["masked_lm_positions"]) < MAX_PRED)
     rewrite(ex, "valid/shard-00000.parquet", plant)
-    r = assert_only_failure(validate_shards(ex), "expect_column_values_to_be_in_set(masked_special)",
-                            "valid/shard-00000.parquet", row=bad)
+    r = assert_only_failure(
+        validate_shards(ex), "expect_column_values_to_be_in_set(masked_special)", "valid/shard-00000.parquet", row=bad
+    )
     assert SEP in r.sample_rows[0]["masked_lm_ids"]
 
 
@@ -356,9 +408,14 @@ def test_masked_positions_not_increasing(ex):
         p[0], p[1] = p[1], p[0]
         i = rows[2]["masked_lm_ids"]
         i[0], i[1] = i[1], i[0]
+
     rewrite(ex, "train/shard-00000.parquet", plant)
-    assert_only_failure(validate_shards(ex), "expect_column_values_to_be_in_set(positions_not_increasing)",
-                        "train/shard-00000.parquet", row=2)
+    assert_only_failure(
+        validate_shards(ex),
+        "expect_column_values_to_be_in_set(positions_not_increasing)",
+        "train/shard-00000.parquet",
+        row=2,
+    )
 
 
 def test_masked_position_outside_sequence(ex):
@@ -368,41 +425,56 @@ def test_masked_position_outside_sequence(ex):
     def plant(rows):
         rows[bad]["masked_lm_positions"].append(len(rows[bad]["input_ids"]) + 4)
         rows[bad]["masked_lm_ids"].append(77)
+
     rewrite(ex, "train/shard-00001.parquet", plant)
-    r = assert_only_failure(validate_shards(ex),
-                            "expect_column_pair_values_a_to_be_greater_than_b(length, max_masked_position)",
-                            "train/shard-00001.parquet", row=bad)
+    r = assert_only_failure(
+        validate_shards(ex),
+        "expect_column_pair_values_a_to_be_greater_than_b(length, max_masked_position)",
+        "train/shard-00001.parquet",
+        row=bad,
+    )
     assert r.sample_rows[0]["max_masked_position"][1] == len(r.sample_rows[0]["input_ids"]) + 4
 
 
 def test_too_many_masked_positions_and_label_length(ex):
     def plant(rows):
         row = rows[1]
-        free = [i for i in range(1, len(row["input_ids"]) - 1)
-                if i not in row["masked_lm_positions"] and row["input_ids"][i] > MASK]
+        free = [
+            i
+            for i in range(1, len(row["input_ids"]) - 1)
+            if i not in row["masked_lm_positions"] and row["input_ids"][i] > MASK
+        ]
         add = free[: MAX_PRED + 1 - len(row["masked_lm_positions"])]
         pairs = sorted(zip(row["masked_lm_positions"] + add, row["masked_lm_ids"] + [row["input_ids"][i] for i in add]))
         row["masked_lm_positions"], row["masked_lm_ids"] = [p for p, _ in pairs], [i for _, i in pairs]
         rows[2]["masked_lm_ids"].pop()
+
     rewrite(ex, "train/shard-00000.parquet", plant)
     report = validate_shards(ex)
     assert {r.expectation for r in report.failures} == {
-        "expect_column_values_to_be_between(masked_count)", "expect_column_values_to_be_in_set(masked_lm_length_diff)"}
+        "expect_column_values_to_be_between(masked_count)",
+        "expect_column_values_to_be_in_set(masked_lm_length_diff)",
+    }
     assert [s["row"] for s in failed(report, "expect_column_values_to_be_between(masked_count)")[0].sample_rows] == [1]
-    assert [s["row"] for s in failed(report, "expect_column_values_to_be_in_set(masked_lm_length_diff)")[0].sample_rows] == [2]
+    assert [
+        s["row"] for s in failed(report, "expect_column_values_to_be_in_set(masked_lm_length_diff)")[0].sample_rows
+    ] == [2]
 
 
 def test_stray_mask_token(ex):
     def plant(rows):
         rows[30]["input_ids"][_unmasked(rows[30])] = MASK
+
     rewrite(ex, "train/shard-00000.parquet", plant)
-    assert_only_failure(validate_shards(ex), "expect_column_values_to_be_in_set(stray_mask_tokens)",
-                        "train/shard-00000.parquet", row=30)
+    assert_only_failure(
+        validate_shards(ex), "expect_column_values_to_be_in_set(stray_mask_tokens)", "train/shard-00000.parquet", row=30
+    )
 
 
 def test_null_values(ex):
     def plant(rows):
         rows[10]["input_ids"][4] = None
+
     rewrite(ex, "train/shard-00000.parquet", plant)
     report = validate_shards(ex)
     (r,) = failed(report, "expect_column_values_to_be_in_set(null_values)")
@@ -436,9 +508,11 @@ def test_token_and_split_counts_vs_manifest(ex):
     write_json(ex / "manifest.json", m)
     report = validate_shards(ex)
     got = {(r.expectation, str(Path(r.target).relative_to(ex))): r for r in report.failures}
-    assert set(got) == {("expect_column_sum_to_be_between(length)", "train/shard-00000.parquet"),
-                        ("expect_table_row_count_to_equal", "valid"),
-                        ("expect_column_sum_to_be_between(length)", "valid")}
+    assert set(got) == {
+        ("expect_column_sum_to_be_between(length)", "train/shard-00000.parquet"),
+        ("expect_table_row_count_to_equal", "valid"),
+        ("expect_column_sum_to_be_between(length)", "valid"),
+    }
     assert got[("expect_table_row_count_to_equal", "valid")].observed == 60
 
 
@@ -446,6 +520,7 @@ def test_masked_label_out_of_vocab_and_empty_row(ex):
     def plant(rows):
         rows[3]["masked_lm_ids"][0] = VOCAB
         rows[4].update(input_ids=[], token_type_ids=[], masked_lm_positions=[], masked_lm_ids=[])
+
     rewrite(ex, "valid/shard-00000.parquet", plant)
     report = validate_shards(ex)
     (r,) = failed(report, "expect_column_values_to_be_between(max_masked_lm_id)")
@@ -501,8 +576,9 @@ def refresh_manifest_sha_only(root: Path) -> None:
     write_json(root / "manifest.json", m)
 
 
-@pytest.mark.parametrize("content,needle", [(None, "not found"), ("{not json", "not valid JSON"),
-                                            ('{"masking": "static"}', "missing key")])
+@pytest.mark.parametrize(
+    "content,needle", [(None, "not found"), ("{not json", "not valid JSON"), ('{"masking": "static"}', "missing key")]
+)
 def test_bad_manifest(tmp_path, content, needle):
     if content is not None:
         (tmp_path / "manifest.json").write_text(content)
@@ -553,33 +629,53 @@ def test_clean_corpus_passes(tmp_path):
 
 def test_corpus_empty_line(tmp_path):
     train = TRAIN[:5] + [""] + TRAIN[5:]
-    r = only_corpus_failure(validate_corpus(corpus(tmp_path, train, VALID), min_chars=0),
-                            "expect_column_values_to_not_match_regex(text)", "train.txt", line=6)
+    r = only_corpus_failure(
+        validate_corpus(corpus(tmp_path, train, VALID), min_chars=0),
+        "expect_column_values_to_not_match_regex(text)",
+        "train.txt",
+        line=6,
+    )
     assert "empty" in r.message
 
 
 def test_corpus_duplicate(tmp_path):
     train = TRAIN + [TRAIN[3]]
-    r = only_corpus_failure(validate_corpus(corpus(tmp_path, train, VALID), min_chars=50),
-                            "expect_column_values_to_be_unique(document_hash)", "train.txt", line=41)
+    r = only_corpus_failure(
+        validate_corpus(corpus(tmp_path, train, VALID), min_chars=50),
+        "expect_column_values_to_be_unique(document_hash)",
+        "train.txt",
+        line=41,
+    )
     assert {s["first_seen_line"] for s in r.sample_rows} == {4}
 
 
 def test_corpus_too_short_and_too_long(tmp_path):
     train = TRAIN[:7] + ["short"] + TRAIN[7:]
-    r = only_corpus_failure(validate_corpus(corpus(tmp_path, train, VALID), min_chars=50),
-                            "expect_column_value_lengths_to_be_between(text)", "train.txt", line=8)
+    r = only_corpus_failure(
+        validate_corpus(corpus(tmp_path, train, VALID), min_chars=50),
+        "expect_column_value_lengths_to_be_between(text)",
+        "train.txt",
+        line=8,
+    )
     assert r.sample_rows[0]["chars"] == 5
     valid = VALID + ["x" * 1000]
-    only_corpus_failure(validate_corpus(corpus(tmp_path, TRAIN, valid), min_chars=50, max_chars=500),
-                        "expect_column_value_lengths_to_be_between(text)", "valid.txt", line=6)
+    only_corpus_failure(
+        validate_corpus(corpus(tmp_path, TRAIN, valid), min_chars=50, max_chars=500),
+        "expect_column_value_lengths_to_be_between(text)",
+        "valid.txt",
+        line=6,
+    )
 
 
 @pytest.mark.parametrize("sep", ["\r", "\u2028", "\x85", "\x0b", "\x0c", "\x1d"])
 def test_corpus_embedded_line_separator(tmp_path, sep):
     valid = VALID[:2] + ["first half of an article" + sep + "second half of the same article here"] + VALID[2:]
-    r = only_corpus_failure(validate_corpus(corpus(tmp_path, TRAIN, valid), min_chars=50),
-                            "expect_column_values_to_not_match_regex(text)", "valid.txt", line=3)
+    r = only_corpus_failure(
+        validate_corpus(corpus(tmp_path, TRAIN, valid), min_chars=50),
+        "expect_column_values_to_not_match_regex(text)",
+        "valid.txt",
+        line=3,
+    )
     assert sep.encode("unicode_escape").decode() in r.sample_rows[0]["text"]
 
 
@@ -597,7 +693,9 @@ def test_corpus_train_valid_overlap(tmp_path):
     fails = {Path(r.target).name: r for r in report.failures}
     assert set(fails) == {"train.txt", "valid.txt"}
     for r in fails.values():
-        assert r.expectation == "expect_column_values_to_be_unique(document_hash across files)" and r.unexpected_count == 1
+        assert (
+            r.expectation == "expect_column_values_to_be_unique(document_hash across files)" and r.unexpected_count == 1
+        )
     assert fails["valid.txt"].sample_rows == [{"line": 6, "also_in": f"{tmp_path / 'train.txt'}:13"}]
     assert fails["train.txt"].sample_rows == [{"line": 13, "also_in": f"{tmp_path / 'valid.txt'}:6"}]
 
@@ -617,7 +715,9 @@ def test_corpus_row_bounds_missing_file_bad_utf8(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"fine line of text\nbad \xff byte\n")
     report = validate_corpus([tmp_path / "nope.txt", tmp_path / "bad.txt"], min_chars=1)
     assert [(r.expectation, Path(r.target).name) for r in report.failures] == [
-        ("file_exists", "nope.txt"), ("utf8_decodable", "bad.txt")]
+        ("file_exists", "nope.txt"),
+        ("utf8_decodable", "bad.txt"),
+    ]
     assert report.failures[1].sample_rows == [{"line": 2, "byte": 22}]
 
 
@@ -629,9 +729,11 @@ def test_corpus_streamed_in_chunks(tmp_path, monkeypatch):
     train = TRAIN[:15] + ["too short"] + TRAIN[15:30] + ["tiny"] + TRAIN[30:] + [TRAIN[33], "x\ry" * 30]
     report = validate_corpus(corpus(tmp_path, train, VALID), min_chars=50)
     fails = {r.expectation: r for r in report.failures}
-    assert set(fails) == {"expect_column_value_lengths_to_be_between(text)",
-                          "expect_column_values_to_be_unique(document_hash)",
-                          "expect_column_values_to_not_match_regex(text)"}
+    assert set(fails) == {
+        "expect_column_value_lengths_to_be_between(text)",
+        "expect_column_values_to_be_unique(document_hash)",
+        "expect_column_values_to_not_match_regex(text)",
+    }
     short = fails["expect_column_value_lengths_to_be_between(text)"]
     assert short.unexpected_count == 2 and [s["line"] for s in short.sample_rows] == [16, 32]
     assert short.observed["rows"] == len(train)
@@ -640,13 +742,20 @@ def test_corpus_streamed_in_chunks(tmp_path, monkeypatch):
     assert dup.sample_rows[0]["text"].startswith("This is a perfectly ordinary article number 33")
     (sep,) = fails["expect_column_values_to_not_match_regex(text)"].sample_rows
     assert sep["line"] == 44 and "\\r" in sep["text"]
-    rows = next(r for r in report.results if r.expectation == "expect_table_row_count_to_be_between"
-                and r.target.endswith("train.txt"))
+    rows = next(
+        r
+        for r in report.results
+        if r.expectation == "expect_table_row_count_to_be_between" and r.target.endswith("train.txt")
+    )
     assert rows.success and rows.observed == len(train)
 
 
 def test_corpus_whitespace_only_line(tmp_path):
     train = TRAIN[:2] + ["\u00a0 \u3000\t"] + TRAIN[2:]
-    r = only_corpus_failure(validate_corpus(corpus(tmp_path, train, VALID), min_chars=0),
-                            "expect_column_values_to_not_match_regex(text)", "train.txt", line=3)
+    r = only_corpus_failure(
+        validate_corpus(corpus(tmp_path, train, VALID), min_chars=0),
+        "expect_column_values_to_not_match_regex(text)",
+        "train.txt",
+        line=3,
+    )
     assert "empty" in r.message

@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
+from test_pretrain import run, tiny_cfg
+from test_pretrain_data import FIRST, VOCAB, make_examples
 
 from pipeline import checkpoint as ckpt_lib
 from pipeline.errors import BertraceError
 from pipeline.wordvec import EmbeddingInit, nearest, skipgram_vectors, standardise, training_rows
-from test_pretrain import run, tiny_cfg
-from test_pretrain_data import FIRST, VOCAB, make_examples
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CYCLE = VOCAB - FIRST  # the synthetic rows count up through ids FIRST..VOCAB-1 and wrap
@@ -20,8 +20,9 @@ CYCLE = VOCAB - FIRST  # the synthetic rows count up through ids FIRST..VOCAB-1 
 
 @pytest.fixture(scope="module")
 def static(tmp_path_factory):
-    return make_examples(tmp_path_factory.mktemp("wv"), masking="static", train_rows=512, valid_rows=32,
-                         rows_per_shard=128, max_len=48)
+    return make_examples(
+        tmp_path_factory.mktemp("wv"), masking="static", train_rows=512, valid_rows=32, rows_per_shard=128, max_len=48
+    )
 
 
 def _manifest(d):
@@ -39,8 +40,9 @@ def test_training_rows_put_the_masked_ids_back(static):
 
 
 def test_vectors_learn_which_ids_occur_together_and_are_deterministic(static):
-    cfg = EmbeddingInit(method="skipgram", window=2, epochs=20, lr=2e-2, subsample=0, batch_rows=64,
-                        shared_negatives=16)
+    cfg = EmbeddingInit(
+        method="skipgram", window=2, epochs=20, lr=2e-2, subsample=0, batch_rows=64, shared_negatives=16
+    )
     vectors, counts, record = skipgram_vectors(static, _manifest(static), 16, cfg)
     assert vectors.shape == (VOCAB, 16) and counts[:FIRST].sum() <= counts[1] + counts[4]  # no [CLS]/[SEP]/[PAD]
     assert record["pairs"] > 0 and record["updates"] == 20 * 8 and 0 < record["loss"] < 4.0
@@ -83,5 +85,8 @@ def test_bad_embedding_init_params_are_clear_errors(static, tmp_path):
         tiny_cfg(embedding_init={"method": "skipgram", "window": 0})
     first, _ = run(tiny_cfg(max_steps=2), static, tmp_path / "a")
     with pytest.raises(BertraceError, match="pretrain.init"):
-        run(tiny_cfg(max_steps=2, init=str(tmp_path / "a" / "last.pt"), embedding_init={"method": "skipgram"}),
-            static, tmp_path / "b")
+        run(
+            tiny_cfg(max_steps=2, init=str(tmp_path / "a" / "last.pt"), embedding_init={"method": "skipgram"}),
+            static,
+            tmp_path / "b",
+        )

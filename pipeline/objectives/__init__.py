@@ -10,8 +10,12 @@ from pipeline.objectives.bert import BertPretraining, MlmNspParams, MlmPretraini
 from pipeline.objectives.clm import CausalLM
 from pipeline.objectives.electra import ElectraParams, ElectraPretraining
 
-OBJECTIVES: dict[str, type[Objective]] = {"mlm_nsp": BertPretraining, "mlm": MlmPretraining,
-                                          "electra": ElectraPretraining, "clm": CausalLM}
+OBJECTIVES: dict[str, type[Objective]] = {
+    "mlm_nsp": BertPretraining,
+    "mlm": MlmPretraining,
+    "electra": ElectraPretraining,
+    "clm": CausalLM,
+}
 
 
 def make_objective(cfg) -> Objective:
@@ -19,5 +23,14 @@ def make_objective(cfg) -> Objective:
     return OBJECTIVES[cfg.objective].from_config(cfg)
 
 
-__all__ = ["OBJECTIVES", "BertPretraining", "CausalLM", "ElectraParams", "ElectraPretraining", "MlmNspParams", "MlmPretraining",
-           "Objective", "make_objective"]
+__all__ = [
+    "OBJECTIVES",
+    "BertPretraining",
+    "CausalLM",
+    "ElectraParams",
+    "ElectraPretraining",
+    "MlmNspParams",
+    "MlmPretraining",
+    "Objective",
+    "make_objective",
+]

@@ -58,7 +58,8 @@ class Objective:
                 f"params.yaml: pretrain.objective is {self.name!r}, which trains on examples.mode "
                 f"{self.examples_mode}, but {examples_dir}/manifest.json holds {kind} (examples.mode: {mode}); "
                 f"set examples.mode: {self.examples_mode} and rerun the examples stage, or set pretrain.objective: "
-                f"{fix}")
+                f"{fix}"
+            )
 
     def flops_per_token(self, config: BertConfig, manifest: dict[str, Any]) -> float:
         """Training FLOPs per input token (forward + backward) for MFU and ``train_flops``."""

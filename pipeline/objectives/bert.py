@@ -76,8 +76,14 @@ class BertPretraining(Objective):
         # padded: decided on the host by the loader's collate (no GPU→CPU read of the mask)
         # training: the MLM loss fused with the decoder (no logits); evaluation: logits, for the accuracy
         labels = batch.masked_lm_labels if model.training and torch.is_grad_enabled() else None
-        return model(batch.input_ids, batch.token_type_ids, batch.attention_mask, batch.masked_positions,
-                     padded=batch.padded, mlm_labels=labels)
+        return model(
+            batch.input_ids,
+            batch.token_type_ids,
+            batch.attention_mask,
+            batch.masked_positions,
+            padded=batch.padded,
+            mlm_labels=labels,
+        )
 
     def losses(self, out: PreTrainingOutput, batch) -> dict[str, torch.Tensor]:
         loss, mlm, nsp = pretraining_loss(out, batch.masked_lm_labels, batch.next_sentence_labels, self.nsp_weight)
@@ -87,14 +93,19 @@ class BertPretraining(Objective):
         # mlm loss sum, mlm correct, mlm count, nsp loss sum, nsp correct, nsp count
         mlm, nsp = out.mlm_logits.float(), out.nsp_logits.float()
         device = mlm.device
-        return torch.stack([t.double() for t in (
-            F.cross_entropy(mlm, batch.masked_lm_labels, reduction="sum"),
-            (mlm.argmax(-1) == batch.masked_lm_labels).sum(),
-            torch.tensor(batch.masked_lm_labels.numel(), device=device),
-            F.cross_entropy(nsp, batch.next_sentence_labels, reduction="sum"),
-            (nsp.argmax(-1) == batch.next_sentence_labels).sum(),
-            torch.tensor(batch.size, device=device),
-        )])
+        return torch.stack(
+            [
+                t.double()
+                for t in (
+                    F.cross_entropy(mlm, batch.masked_lm_labels, reduction="sum"),
+                    (mlm.argmax(-1) == batch.masked_lm_labels).sum(),
+                    torch.tensor(batch.masked_lm_labels.numel(), device=device),
+                    F.cross_entropy(nsp, batch.next_sentence_labels, reduction="sum"),
+                    (nsp.argmax(-1) == batch.next_sentence_labels).sum(),
+                    torch.tensor(batch.size, device=device),
+                )
+            ]
+        )
 
     def eval_metrics(self, sums: list[float]) -> dict[str, float]:
         if sums[2] == 0:

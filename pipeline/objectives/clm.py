@@ -40,8 +40,14 @@ class CausalLM(Objective):
     name = "clm"
     examples_mode = "causal"
     loss_names = ("loss",)
-    val_names = ("val_loss", "val_perplexity", "val_bits_per_byte", "val_next_token_acc", "val_unigram_loss",
-                 "val_unigram_bits_per_byte")
+    val_names = (
+        "val_loss",
+        "val_perplexity",
+        "val_bits_per_byte",
+        "val_next_token_acc",
+        "val_unigram_loss",
+        "val_unigram_bits_per_byte",
+    )
     best_metric = "val_loss"
 
     def __init__(self):
@@ -53,8 +59,10 @@ class CausalLM(Objective):
         valid = manifest["splits"].get("valid") or {}
         bpt = valid.get("bytes_per_token")
         if not bpt or bpt <= 0:
-            raise BertraceError(f"{Path(examples_dir) / 'manifest.json'}: no bytes_per_token for the valid split; "
-                                "rerun the examples stage (dvc repro examples)")
+            raise BertraceError(
+                f"{Path(examples_dir) / 'manifest.json'}: no bytes_per_token for the valid split; "
+                "rerun the examples stage (dvc repro examples)"
+            )
         self.bytes_per_token = float(bpt)
         self.unigram = torch.from_numpy(unigram_log_probs(manifest, examples_dir))
 
@@ -87,12 +95,17 @@ class CausalLM(Objective):
     def eval_sums(self, out: GPTOutput, batch) -> torch.Tensor:
         # loss sum (nats), correct, targets, unigram loss sum (nats)
         logits, targets = out.logits.float(), self.targets(batch)
-        return torch.stack([t.double() for t in (
-            F.cross_entropy(logits, targets, reduction="sum"),
-            (logits.argmax(-1) == targets).sum(),
-            torch.tensor(targets.numel(), device=logits.device),
-            self.unigram_nats(targets),
-        )])
+        return torch.stack(
+            [
+                t.double()
+                for t in (
+                    F.cross_entropy(logits, targets, reduction="sum"),
+                    (logits.argmax(-1) == targets).sum(),
+                    torch.tensor(targets.numel(), device=logits.device),
+                    self.unigram_nats(targets),
+                )
+            ]
+        )
 
     def unigram_nats(self, targets: torch.Tensor) -> torch.Tensor:
         """Sum over ``targets`` of ``-log p_unigram(target)`` (0 when :meth:`prepare` was not called)."""
@@ -137,11 +150,14 @@ def unigram_log_probs(manifest: dict[str, Any], examples_dir) -> np.ndarray:
     info = manifest.get("unigram") or {}
     path = Path(examples_dir) / info.get("path", UNIGRAM_COUNTS)
     if not path.is_file():
-        raise BertraceError(f"{path}: the training split's unigram counts are missing; rerun the examples stage "
-                            "(dvc repro examples)")
+        raise BertraceError(
+            f"{path}: the training split's unigram counts are missing; rerun the examples stage (dvc repro examples)"
+        )
     if info.get("sha256") and sha256_file(path) != info["sha256"]:
-        raise BertraceError(f"{path}: sha256 differs from {Path(examples_dir) / 'manifest.json'}; rerun the "
-                            "examples stage (dvc repro examples)")
+        raise BertraceError(
+            f"{path}: sha256 differs from {Path(examples_dir) / 'manifest.json'}; rerun the "
+            "examples stage (dvc repro examples)"
+        )
     counts = np.load(path, allow_pickle=False).astype(np.float64)
     return np.log((counts + 1.0) / (counts.sum() + len(counts)))
 

@@ -19,12 +19,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
 from pydantic import field_validator
 
 from pipeline.config import Float, Section
-from pipeline.errors import BertraceError
 from pipeline.electra import ElectraForPreTraining, ElectraOutput, generator_config, uniform_noise
+from pipeline.errors import BertraceError
 from pipeline.model import BertConfig
 from pipeline.objectives.base import Objective
 
@@ -53,8 +52,9 @@ class ElectraParams(Section):
         return v
 
 
-def electra_losses(out: ElectraOutput, masked_lm_labels: torch.Tensor, attention_mask: torch.Tensor | None,
-                   disc_weight: float = 50.0) -> dict[str, torch.Tensor]:
+def electra_losses(
+    out: ElectraOutput, masked_lm_labels: torch.Tensor, attention_mask: torch.Tensor | None, disc_weight: float = 50.0
+) -> dict[str, torch.Tensor]:
     """``{loss, gen_loss, disc_loss}``: generator cross entropy over the masked positions, the
     discriminator's sigmoid cross entropy averaged over the non-padding positions."""
     gen = F.cross_entropy(out.gen_logits.float(), masked_lm_labels.reshape(-1).long())
@@ -72,8 +72,16 @@ class ElectraPretraining(Objective):
 
     name = "electra"
     loss_names = ("loss", "gen_loss", "disc_loss", "replaced_fraction")
-    val_names = ("val_loss", "val_gen_loss", "val_gen_acc", "val_disc_loss", "val_disc_acc", "val_disc_precision",
-                 "val_disc_recall", "val_replaced_fraction")
+    val_names = (
+        "val_loss",
+        "val_gen_loss",
+        "val_gen_acc",
+        "val_disc_loss",
+        "val_disc_acc",
+        "val_disc_precision",
+        "val_disc_recall",
+        "val_replaced_fraction",
+    )
     best_metric = "val_disc_loss"
 
     def __init__(self, params: ElectraParams | None = None, seed: int = 0, pooler_activation: str | None = None):
@@ -115,7 +123,7 @@ class ElectraPretraining(Objective):
         g = self.gen_config(config)
         E, V = config.embedding_dim, config.vocab_size
         gen = encoder(g, min(1.0, f)) + 6 * f * (g.hidden_size * E + E * V)
-        disc = encoder(config, 1.0) + 6 * (config.hidden_size ** 2 + config.hidden_size)
+        disc = encoder(config, 1.0) + 6 * (config.hidden_size**2 + config.hidden_size)
         return float(gen + disc)
 
     def _noise(self, model: ElectraForPreTraining, batch) -> torch.Tensor:
@@ -131,8 +139,15 @@ class ElectraPretraining(Objective):
 
     def forward(self, model: torch.nn.Module, batch) -> ElectraOutput:
         noise = self._noise(model, batch)
-        return model(batch.input_ids, batch.token_type_ids, batch.attention_mask, batch.masked_positions,
-                     batch.masked_lm_labels, noise, padded=batch.padded)
+        return model(
+            batch.input_ids,
+            batch.token_type_ids,
+            batch.attention_mask,
+            batch.masked_positions,
+            batch.masked_lm_labels,
+            noise,
+            padded=batch.padded,
+        )
 
     def losses(self, out: ElectraOutput, batch) -> dict[str, torch.Tensor]:
         losses = electra_losses(out, batch.masked_lm_labels, batch.attention_mask, self.params.disc_weight)
@@ -150,17 +165,22 @@ class ElectraPretraining(Objective):
         pred = (disc > 0) & mask
         bce = F.binary_cross_entropy_with_logits(disc, out.disc_labels, reduction="none")
         device = gen.device
-        return torch.stack([t.double() for t in (
-            F.cross_entropy(gen, labels, reduction="sum"),
-            (gen.argmax(-1) == labels).sum(),
-            torch.tensor(labels.numel(), device=device),
-            (bce * mask).sum(),
-            ((pred == actual) & mask).sum(),
-            mask.sum(),
-            (pred & actual).sum(),
-            pred.sum(),
-            actual.sum(),
-        )])
+        return torch.stack(
+            [
+                t.double()
+                for t in (
+                    F.cross_entropy(gen, labels, reduction="sum"),
+                    (gen.argmax(-1) == labels).sum(),
+                    torch.tensor(labels.numel(), device=device),
+                    (bce * mask).sum(),
+                    ((pred == actual) & mask).sum(),
+                    mask.sum(),
+                    (pred & actual).sum(),
+                    pred.sum(),
+                    actual.sum(),
+                )
+            ]
+        )
 
     def eval_metrics(self, sums: list[float]) -> dict[str, float]:
         if sums[2] == 0 or sums[5] == 0:
@@ -176,4 +196,3 @@ class ElectraPretraining(Objective):
             "val_disc_recall": sums[6] / sums[8] if sums[8] else 0.0,
             "val_replaced_fraction": sums[8] / sums[5],
         }
-
