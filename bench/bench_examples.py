@@ -46,7 +46,7 @@ PARAMS = dict(
 
 
 def google_input(train_txt: Path, out: Path) -> None:
-    from pipeline.sentences import split_sentences
+    from pipeline.data.sentences import split_sentences
 
     with open(train_txt, encoding="utf-8") as fin, open(out, "w", encoding="utf-8") as fout:
         for line in fin:

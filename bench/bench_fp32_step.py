@@ -2,12 +2,12 @@
 as a share of this host's fp32 matmul peak (issue targets: >= 7x at 2/128 and >= 4x at 4/256,
 dropout 0.1; BENCHMARKS.md).
 
-Runs under params.yaml's default ``compute.kernels: portable`` (the pins of pipeline/arithmetic.py,
+Runs under params.yaml's default ``compute.kernels: portable`` (the pins of pipeline/core/arithmetic.py,
 set before torch loads, oneDNN off), 2 threads, so both models compute as a stage would. Per
 config: our BertForPreTraining (masked positions gathered, the MLM loss fused with the decoder)
 and HF's, the same weights, batches and AdamW, steps interleaved in one process
 (bench/bench_model.py's ``--variants`` timing, median of paired ratios). The peak is a 2048^3
-sgemm timed in the same process; a step's FLOP/s is ``pipeline.model.flops_per_token`` (forward +
+sgemm timed in the same process; a step's FLOP/s is ``pipeline.models.bert.flops_per_token`` (forward +
 backward matmuls of the work our model does) times tokens/s.
 
     .venv/bin/python bench/bench_fp32_step.py [--steps 12] [--json bench/out/fp32-step.json]
@@ -22,7 +22,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 
-from pipeline.arithmetic import ComputeConfig, process_env  # noqa: E402  (torch-free)
+from pipeline.core.arithmetic import ComputeConfig, process_env  # noqa: E402  (torch-free)
 
 os.environ.update(process_env(ComputeConfig()))  # before torch loads, as stages/arithmetic.py does
 
@@ -36,8 +36,8 @@ import bench_model  # noqa: E402
 import measure  # noqa: E402
 import torch  # noqa: E402
 
-from pipeline.device import apply_arithmetic  # noqa: E402
-from pipeline.model import flops_per_token  # noqa: E402
+from pipeline.core.device import apply_arithmetic  # noqa: E402
+from pipeline.models.bert import flops_per_token  # noqa: E402
 
 CONFIGS = [("2/128", 2, 128, 7.0), ("4/256", 4, 256, 4.0)]  # name, layers, hidden, target ratio vs HF
 

@@ -1,4 +1,4 @@
-"""Training-step throughput: our GPT (pipeline/gpt.py) vs transformers.GPT2LMHeadModel.
+"""Training-step throughput: our GPT (pipeline/models/gpt.py) vs transformers.GPT2LMHeadModel.
 
 Both models get the same config, the same initial weights (ours copied into HF's), the same
 batches of ``--seq`` tokens (packed blocks: no padding) and the same fused AdamW (decay groups
@@ -30,10 +30,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.gpt import GPT, flops_per_token  # noqa: E402
-from pipeline.hf_gpt import hf_gpt2_config, to_hf_gpt2_state_dict  # noqa: E402
-from pipeline.model import BertConfig, num_parameters, param_groups  # noqa: E402
-from pipeline.objectives.clm import CausalLM  # noqa: E402
+from pipeline.interop.hf_gpt import hf_gpt2_config, to_hf_gpt2_state_dict  # noqa: E402
+from pipeline.models.bert import BertConfig, num_parameters, param_groups  # noqa: E402
+from pipeline.models.gpt import GPT, flops_per_token  # noqa: E402
+from pipeline.pretrain.objectives.clm import CausalLM  # noqa: E402
 
 VARIANTS = ("ours", "hf", "ours_bf16", "hf_bf16")
 

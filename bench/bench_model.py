@@ -16,7 +16,7 @@ above its RSS after imports.
 ``--variants`` times several set-ups against each other in one process, the steps rotating
 among them (the first is the reference of the ratios): ``hf`` (transformers.BertForPreTraining,
 MLM + NSP), ``ours`` (BertForPreTraining, MLM + NSP), ``mlm`` (ours, MLM only as
-``pretrain.objective: mlm``), ``electra`` (pipeline/objectives/electra.py: generator at 1/4
+``pretrain.objective: mlm``), ``electra`` (pipeline/pretrain/objectives/electra.py: generator at 1/4
 width, sampling, discriminator on every position), each with ``-bf16`` (CPU/CUDA autocast) and/or
 ``-compile`` suffixes:
 
@@ -38,10 +38,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.device import peak_flops  # noqa: E402
-from pipeline.formats import MASK_ID  # noqa: E402
-from pipeline.hf import hf_config, to_hf_state_dict  # noqa: E402
-from pipeline.model import (  # noqa: E402
+from pipeline.core.device import peak_flops  # noqa: E402
+from pipeline.core.formats import MASK_ID  # noqa: E402
+from pipeline.interop.hf import hf_config, to_hf_state_dict  # noqa: E402
+from pipeline.models.bert import (  # noqa: E402
     BertConfig,
     BertForPreTraining,
     flops_per_token,
@@ -72,7 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--peak-tflops",
         type=float,
         default=None,
-        help="accelerator peak for MFU (default: pipeline.device.PEAK_FLOPS for this GPU and --dtype)",
+        help="accelerator peak for MFU (default: pipeline.core.device.PEAK_FLOPS for this GPU and --dtype)",
     )
     p.add_argument("--no-memory", action="store_true", help="skip the CPU peak-RSS probes")
     p.add_argument(
@@ -190,8 +190,8 @@ def build_variant(args, name: str):
     config = make_config(args)
     device_type = args.device.split(":")[0]
     if kind == "electra":
-        from pipeline.electra import ElectraForPreTraining, generator_config, uniform_noise
-        from pipeline.objectives.electra import electra_losses
+        from pipeline.models.electra import ElectraForPreTraining, generator_config, uniform_noise
+        from pipeline.pretrain.objectives.electra import electra_losses
 
         model = ElectraForPreTraining(config, generator_config(config))
     else:

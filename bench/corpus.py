@@ -65,7 +65,7 @@ def replicate(source: str, times: int, out_dir: Path) -> Path:
 
 
 def download(src_dir: Path, raw_dir: Path) -> dict:
-    from pipeline.corpus import download_corpus
+    from pipeline.data.download import download_corpus
 
     return download_corpus(
         {"source": "local", "local": {"path": str(src_dir), "format": "auto"}}, raw_dir, progress=False
@@ -73,13 +73,13 @@ def download(src_dir: Path, raw_dir: Path) -> dict:
 
 
 def clean(raw_dir: Path, clean_dir: Path, valid_fraction: float = 0.1) -> dict:
-    from pipeline.clean import clean_corpus
+    from pipeline.data.clean import clean_corpus
 
     return clean_corpus(raw_dir, clean_dir, min_chars=200, valid_fraction=valid_fraction, seed=0, progress=False)
 
 
 def tokenizer(clean_dir: Path, tok_dir: Path, vocab_size: int = 16000) -> dict:
-    from pipeline.tokenizer_training import train_wordpiece
+    from pipeline.data.tokenizer_training import train_wordpiece
 
     return train_wordpiece(
         clean_dir / "train.txt", tok_dir, vocab_size=vocab_size, lowercase=True, min_frequency=2, progress=False

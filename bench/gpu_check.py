@@ -49,7 +49,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
-from pipeline.formats import SCHEMA_VERSION  # noqa: E402
+from pipeline.core.formats import SCHEMA_VERSION  # noqa: E402
 
 CHECKS = ("bf16", "fp16", "resume", "exact", "compile", "ddp", "finetune")
 TINY = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "max_position": 64}
@@ -143,7 +143,7 @@ def synth_task(out: Path, n_train: int, n_valid: int) -> tuple[dict, Path]:
     tokenizer trained on it."""
     from tokenizers import trainers
 
-    from pipeline.tokenizer import SPECIAL_TOKENS, build_tokenizer
+    from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
     words = "the a movie film story plot actor scene was is very quite rather this that".split()
     rng = random.Random(0)
@@ -228,7 +228,7 @@ class Ctx:
 
 
 def _cfg(ctx: Ctx, **kw):
-    from pipeline.train import PretrainConfig
+    from pipeline.pretrain.loop import PretrainConfig
 
     base = dict(
         model=ctx.model("speed"),
@@ -254,7 +254,7 @@ def _cfg(ctx: Ctx, **kw):
 
 
 def _pretrain(cfg, examples: Path, out: Path, **kw) -> dict:
-    from pipeline.train import pretrain
+    from pipeline.pretrain.loop import pretrain
 
     return pretrain(cfg, examples_dir=examples, out_dir=out, provenance={}, progress=False, **kw)
 
@@ -267,7 +267,7 @@ def _speed(result: dict, metrics: dict) -> dict:
 def check_precision(ctx: Ctx, precision: str) -> dict:
     if precision == "fp16" and not ctx.cuda:
         return {"status": "SKIP", "note": "fp16 autocast needs CUDA"}
-    from pipeline.device import bf16_native
+    from pipeline.core.device import bf16_native
 
     if precision == "bf16" and ctx.cuda and not bf16_native():
         return {"status": "SKIP", "note": "no native bf16 on this GPU (auto picks fp16)"}
@@ -420,10 +420,10 @@ def check_ddp(ctx: Ctx) -> dict:
 
 def check_finetune(ctx: Ctx) -> dict:
     """Item 10: fine-tuning and evaluation (autocast on CUDA) learn a trivially learnable task."""
-    from pipeline.finetune import FinetuneConfig, train_seed
-    from pipeline.model import BertForPreTraining, config_from_params
-    from pipeline.task_data import load_task_data
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.data.tokenizer import load_tokenizer
+    from pipeline.finetune.loop import FinetuneConfig, train_seed
+    from pipeline.finetune.task_data import load_task_data
+    from pipeline.models.bert import BertForPreTraining, config_from_params
 
     task, tok_path = synth_task(ctx.work / "task", 400 if ctx.cpu else 20_000, 200 if ctx.cpu else 2000)
     config = config_from_params(ctx.model("speed" if ctx.cuda else "small"), vocab_size=1000)

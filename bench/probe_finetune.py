@@ -27,8 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from probe_pretrain import parse_variant  # noqa: E402
 
-from pipeline.errors import BertraceError  # noqa: E402
-from pipeline.finetune import (  # noqa: E402
+from pipeline.core.errors import BertraceError  # noqa: E402
+from pipeline.data.tokenizer import load_tokenizer  # noqa: E402
+from pipeline.finetune.loop import (  # noqa: E402
     FinetuneConfig,
     check_tokenizer,
     load_pretrained,
@@ -36,8 +37,7 @@ from pipeline.finetune import (  # noqa: E402
     summarize,
     train_seed,
 )
-from pipeline.task_data import load_task_data  # noqa: E402
-from pipeline.tokenizer import load_tokenizer  # noqa: E402
+from pipeline.finetune.task_data import load_task_data  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -28,7 +28,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.train import PretrainConfig, pretrain  # noqa: E402
+from pipeline.pretrain.loop import PretrainConfig, pretrain  # noqa: E402
 
 
 def parse_variant(text: str) -> dict:

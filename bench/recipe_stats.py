@@ -3,7 +3,7 @@
 Builds a corpus from ``../shared/data`` with the pipeline's own clean and tokenizer steps
 (:func:`bench.corpus.prepare`: default the first 10 files of the WikiExtractor extract, ~10 MB,
 507 train articles in Wikipedia's order, vocabulary 16000), runs
-:func:`pipeline.examples.generate_examples` once per seed (``dupe_factor: 1``, static masking)
+:func:`pipeline.data.examples.generate_examples` once per seed (``dupe_factor: 1``, static masking)
 on the train split and prints mean and std over the seeds of:
 
 * ``instances`` (train rows), ``nsp_random`` (NotNext share), mean A / B lengths, ``short_rows``
@@ -80,8 +80,8 @@ class _ArticleIndex:
     """Which article a token span comes from: every ``WINDOW``-gram of every article, hashed."""
 
     def __init__(self, docs: list[str], tok):
-        from pipeline.encode import SentenceEncoder
-        from pipeline.sentences import split_sentences
+        from pipeline.data.encode import SentenceEncoder
+        from pipeline.data.sentences import split_sentences
 
         enc = SentenceEncoder(tok, np.uint32)
         keys, owners = [], []
@@ -119,8 +119,8 @@ def measure(work: Path, cfg_kwargs: dict, seed: int, out: Path, cache: dict) -> 
     import pyarrow.parquet as pq
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    from pipeline.examples import ExamplesConfig, generate_examples
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.data.examples import ExamplesConfig, generate_examples
+    from pipeline.data.tokenizer import load_tokenizer
 
     train, tokenizer = work / "clean" / "train.txt", work / "tokenizer" / "tokenizer.json"
     cfg = ExamplesConfig(**{**cfg_kwargs, "seed": seed})

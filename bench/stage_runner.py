@@ -26,7 +26,7 @@ def main() -> None:
     p.add_argument("--docs-per-shard", type=int, default=256)
     args = p.parse_args()
     if args.stage == "clean":
-        from pipeline.clean import clean_corpus
+        from pipeline.data.clean import clean_corpus
 
         raw, out = map(Path, args.paths)
         result = clean_corpus(
@@ -41,14 +41,14 @@ def main() -> None:
             progress=False,
         )
     elif args.stage == "tokenizer":
-        from pipeline.tokenizer_training import train_wordpiece
+        from pipeline.data.tokenizer_training import train_wordpiece
 
         clean, out = map(Path, args.paths)
         result = train_wordpiece(
             clean / "train.txt", out, vocab_size=16000, lowercase=True, min_frequency=2, progress=False
         )
     else:
-        from pipeline.examples import ExamplesConfig, generate_examples
+        from pipeline.data.examples import ExamplesConfig, generate_examples
 
         clean, tok, out = map(Path, args.paths)
         cfg = ExamplesConfig(

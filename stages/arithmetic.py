@@ -1,7 +1,7 @@
-"""The CPU kernel pins of params.yaml ``compute`` (pipeline/arithmetic.py), set in this process's
+"""The CPU kernel pins of params.yaml ``compute`` (pipeline/core/arithmetic.py), set in this process's
 environment before torch loads: ATen, MKL and oneDNN read them once, at their first kernel, so
 every stage that runs torch imports this module first. A stage whose torch was already loaded
-(an in-process call) is checked instead: :func:`pipeline.device.apply_arithmetic` fails there
+(an in-process call) is checked instead: :func:`pipeline.core.device.apply_arithmetic` fails there
 when the pins did not take effect."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.arithmetic import ComputeConfig, process_env
-from pipeline.errors import BertraceError
+from pipeline.core.arithmetic import ComputeConfig, process_env
+from pipeline.core.errors import BertraceError
 
 PARAMS_FILE = Path("params.yaml")
 

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from pipeline.clean import CleanConfig, clean_corpus
-from pipeline.distributed import Engine
+from pipeline.data.clean import CleanConfig, clean_corpus
+from pipeline.data.engine import Engine
 from stages.common import StageRun, load_params, run_stage
 
 RAW = Path("data/raw")

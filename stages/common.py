@@ -19,10 +19,10 @@ from typing import Any, Callable
 
 import yaml
 
-from pipeline import provenance as prov
-from pipeline import tracking
-from pipeline.errors import BertraceError
-from pipeline.io import read_json, write_json
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import read_json, write_json
+from pipeline.lineage import provenance as prov
+from pipeline.lineage import tracking
 
 PARAMS_FILE = "params.yaml"
 PROVENANCE_DIR = Path("data/provenance")
@@ -67,17 +67,17 @@ class StageRun:
     pipeline-run id shared by all stages of one ``dvc repro``; collects input/output hashes
     for the provenance record (and the upstream stages' ``dvc.lock`` entries as they are when
     the stage starts); keeps the ``bertrace.chain.*`` tags (tokenizer, examples, checkpoint
-    hashes, see :func:`pipeline.provenance.chain_ids`) current on the run and its child runs;
+    hashes, see :func:`pipeline.lineage.provenance.chain_ids`) current on the run and its child runs;
     on exit logs wall time and peak memory and closes the run (FAILED when an exception escapes,
     KILLED when interrupted or terminated).
 
     Every name that reaches MLflow (param, tag and metric keys, artifact folders) goes through
-    :func:`pipeline.tracking.mlflow_name`; renamed ones are listed with their originals in the
+    :func:`pipeline.lineage.tracking.mlflow_name`; renamed ones are listed with their originals in the
     ``names.json`` artifact, and every input and output file (path → sha256) in ``files.json``
     (per-file tags only for the first ``MAX_FILE_TAGS`` files). On start, runs of this stage that
-    a killed process left ``RUNNING`` are marked ``KILLED`` (:func:`pipeline.tracking.close_stale_runs`).
+    a killed process left ``RUNNING`` are marked ``KILLED`` (:func:`pipeline.lineage.tracking.close_stale_runs`).
 
-    Under DVC the run is nested in its pipeline run's parent run (:func:`pipeline.tracking.pipeline_parent`),
+    Under DVC the run is nested in its pipeline run's parent run (:func:`pipeline.lineage.tracking.pipeline_parent`),
     which gets the stage's params and metrics and links the upstream stages DVC did not rerun
     (``bertrace.reused.<stage>``).
     """
@@ -105,7 +105,7 @@ class StageRun:
         self.git = prov.git_state()
         self.dvc_lock = prov.dvc_lock_upstream(stage)  # before DVC rewrites this stage's own entry
         self.mlflow_run_id: str | None = None
-        self.parent_run_id: str | None = None  # the pipeline run's parent (pipeline.tracking, "One parent run")
+        self.parent_run_id: str | None = None  # the pipeline run's parent (pipeline.lineage.tracking, "One parent run")
         self._mlflow = None
         self._chain_tags: dict[str, str] = {}
         self._dag_records: dict[str, Any] | None = None
@@ -189,7 +189,7 @@ class StageRun:
         return self
 
     def _pipeline_parent(self, experiment_id: str, exp: dict[str, Any]) -> str | None:
-        """The parent run of this pipeline run (:func:`pipeline.tracking.pipeline_parent`), or None
+        """The parent run of this pipeline run (:func:`pipeline.lineage.tracking.pipeline_parent`), or None
         for a stage run on its own."""
         if not tracking.in_pipeline():
             return None
@@ -358,7 +358,7 @@ class StageRun:
             )
 
     def provenance(self) -> dict[str, Any]:
-        """The stage's record: code, params and input/output hashes only (:func:`pipeline.provenance.build_record`)."""
+        """The stage's record: code, params and input/output hashes only (:func:`pipeline.lineage.provenance.build_record`)."""
         return prov.build_record(
             self.stage,
             self.params,
@@ -377,7 +377,7 @@ class StageRun:
         return prov.with_run(record, self.run_log(record))
 
     def run_log(self, record: dict[str, Any]) -> dict[str, Any]:
-        """When, where and by which runs ``record`` was made (:func:`pipeline.provenance.build_run_log`)."""
+        """When, where and by which runs ``record`` was made (:func:`pipeline.lineage.provenance.build_run_log`)."""
         return prov.build_run_log(
             record,
             git=self.git,

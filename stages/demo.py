@@ -3,7 +3,7 @@
 Serves the fine-tuned model with Gradio on http://127.0.0.1:PORT (only this machine): a text
 box, the model's answer (label probabilities; tags for NER, a score for regression, streamed
 text for a causal LM) and the checkpoint's trace summary beside it. Ctrl-C stops it.
-Gradio is an optional extra: ``pip install -e '.[demo]'``. Logic: pipeline/demo.py.
+Gradio is an optional extra: ``pip install -e '.[demo]'``. Logic: pipeline/apps/demo.py.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    from pipeline import demo
+    from pipeline.apps import demo
 
     demo.require_gradio()  # before loading a model: the install hint comes first
-    from pipeline.device import resolve_device
+    from pipeline.core.device import resolve_device
 
     model = demo.load_model(args.model, device=resolve_device(args.device, "--device"))
     app = demo.build_app(model, demo.trace_summary(args.model, args.root))

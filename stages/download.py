@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from pipeline.corpus import DownloadConfig, download_corpus
+from pipeline.data.download import DownloadConfig, download_corpus
 from stages.common import StageRun, load_params, run_stage
 
 OUT = Path("data/raw")

@@ -1,7 +1,7 @@
 """DVC stage `evaluate`: the fine-tuned classifier on the task's held-out splits.
 
 Loads ``data/finetune/model.pt`` (+ its ``tokenizer.json``), re-reads the task data named by
-``finetune.task`` (through ``pipeline.task_data``, encoded with the checkpoint's max_len and
+``finetune.task`` (through ``pipeline.finetune.task_data``, encoded with the checkpoint's max_len and
 truncation) and writes ``metrics/eval.json`` (dev/test accuracy and macro F1; every number in
 ``reports/evaluate.json``), ``plots/confusion.csv`` (DVC confusion plot),
 ``reports/confusion.png``, ``reports/evaluation.md`` and ``data/provenance/evaluate.json``.
@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 
-from pipeline import provenance as prov
-from pipeline.device import apply_arithmetic, resolve_device
-from pipeline.errors import BertraceError
-from pipeline.evaluate import (
+from pipeline.core.device import apply_arithmetic, resolve_device
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import read_json, write_json
+from pipeline.evaluate.inference import Classifier
+from pipeline.evaluate.report import (
     EvaluateConfig,
     collapse_warnings,
     evaluate_logits,
@@ -35,11 +36,10 @@ from pipeline.evaluate import (
     write_confusion_csv,
     write_report,
 )
-from pipeline.inference import Classifier
-from pipeline.io import read_json, write_json
-from pipeline.scorecard import SCORECARD_JSON, run_row, write_run_row
-from pipeline.scorecard import task_name as scorecard_task
-from pipeline.task_data import evaluate_roles, load_task_data
+from pipeline.finetune.task_data import evaluate_roles, load_task_data
+from pipeline.lineage import provenance as prov
+from pipeline.reports.scorecard import SCORECARD_JSON, run_row, write_run_row
+from pipeline.reports.scorecard import task_name as scorecard_task
 from stages.arithmetic import compute_config
 from stages.common import DETAILS_DIR, PROVENANCE_DIR, StageRun, load_params, run_stage
 
@@ -109,7 +109,7 @@ def main(progress: bool = True) -> dict:
                 f"{clf.label_names} that {model_path} was trained with; evaluate with the task it "
                 "was fine-tuned on (rerun dvc repro finetune)"
             )
-        if clf.task_type != "classification":  # NER / regression: pipeline/evaluate_tasks.py
+        if clf.task_type != "classification":  # NER / regression: pipeline/evaluate/tasks.py
             return _evaluate_task(run, cfg, clf, data, splits, model_path, ckpt_sha, tok_sha, t0, progress)
 
         results, notes, predictions = {}, [], {}
@@ -208,7 +208,7 @@ def main(progress: bool = True) -> dict:
             run.add_output(path)
             run.log_artifact(path, "evaluation")
         if cfg.log_model and run.mlflow_run_id is not None:
-            from pipeline.pyfunc import log_pyfunc
+            from pipeline.interop.pyfunc import log_pyfunc
 
             info = log_pyfunc(model_path, "model", registered_model_name=cfg.registered_model_name or None)
             run.set_tags({"bertrace.pyfunc_model_uri": info.model_uri})
@@ -225,7 +225,7 @@ def main(progress: bool = True) -> dict:
 def _no_scatter(task_type: str) -> None:
     """The declared scatter outputs for a task type without scores: a header-only CSV and a PNG
     that says so (DVC needs every declared output)."""
-    from pipeline.evaluate_tasks import plot_scatter, write_scatter_csv
+    from pipeline.evaluate.tasks import plot_scatter, write_scatter_csv
 
     write_scatter_csv(SCATTER_CSV, None, None)
     plot_scatter(
@@ -251,8 +251,8 @@ def _evaluate_task(
     progress: bool,
 ) -> dict:
     """The evaluate stage for ``token_classification`` and ``regression`` checkpoints: the same
-    declared files as classification (see :mod:`pipeline.evaluate_tasks`)."""
-    from pipeline.evaluate_tasks import (
+    declared files as classification (see :mod:`pipeline.evaluate.tasks`)."""
+    from pipeline.evaluate.tasks import (
         GRADES,
         details_for_dvc,
         plot_scatter,
@@ -323,7 +323,7 @@ def _evaluate_task(
         _no_scatter(task_type)
         figures = [("word-level tag confusion", CONFUSION_PNG.name)]
     else:
-        from pipeline.task_metrics import score_buckets
+        from pipeline.finetune.task_metrics import score_buckets
 
         write_confusion_csv(CONFUSION_CSV, score_buckets(gold), score_buckets(pred), GRADES)
         plot_confusion(
@@ -375,7 +375,7 @@ def _evaluate_task(
         run.add_output(path)
         run.log_artifact(path, "evaluation")
     if cfg.log_model and run.mlflow_run_id is not None:
-        from pipeline.pyfunc import log_pyfunc
+        from pipeline.interop.pyfunc import log_pyfunc
 
         info = log_pyfunc(model_path, "model", registered_model_name=cfg.registered_model_name or None)
         run.set_tags({"bertrace.pyfunc_model_uri": info.model_uri})

@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from pipeline.distributed import Engine
-from pipeline.examples import ExamplesConfig, generate_examples
-from pipeline.io import sha256_file
+from pipeline.core.io import sha256_file
+from pipeline.data.engine import Engine
+from pipeline.data.examples import ExamplesConfig, generate_examples
 from stages.common import StageRun, load_params, run_stage
 
 CLEAN = Path("data/clean")

@@ -13,7 +13,7 @@ checkpoint with params.yaml ``finetune_variants.NAME`` laid over ``finetune`` (e
 "Fine-tuning variants" table shows them) and ``data/provenance/finetune_variant@NAME.json``.
 
 ``finetune.checkpoint`` may also be a published checkpoint (a Hugging Face model directory or hub
-pointer file, ``pipeline/hf_import.py``): its converted tokenizer is the one written next to the
+pointer file, ``pipeline/interop/hf_import.py``): its converted tokenizer is the one written next to the
 model, and its ``imported`` record (source, revision, sha256 of every file read) ends the chain.
 """
 
@@ -32,9 +32,11 @@ from pathlib import Path
 
 import torch
 
-from pipeline.device import apply_arithmetic
-from pipeline.errors import BertraceError
-from pipeline.finetune import (
+from pipeline.core.device import apply_arithmetic
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import atomic_path, sha256_bytes
+from pipeline.data.tokenizer import load_tokenizer
+from pipeline.finetune.loop import (
     FinetuneConfig,
     architecture,
     check_tokenizer,
@@ -46,10 +48,8 @@ from pipeline.finetune import (
     save_finetuned,
     variant_params,
 )
-from pipeline.hf_import import describe, import_checkpoint, is_hf_source, write_tokenizer
-from pipeline.io import atomic_path, sha256_bytes
-from pipeline.task_data import load_task_data
-from pipeline.tokenizer import load_tokenizer
+from pipeline.finetune.task_data import load_task_data
+from pipeline.interop.hf_import import describe, import_checkpoint, is_hf_source, write_tokenizer
 from stages.arithmetic import compute_config
 from stages.common import StageRun, load_params, run_stage, source_tags
 
@@ -79,7 +79,7 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
         torch.set_num_threads(cfg.threads)
     mirror = cfg.mirror or os.environ.get("BERTRACE_HUB_MIRROR") or None
     max_len, truncation = cfg.max_len, cfg.truncation
-    # A Hugging Face model directory or hub pointer file (pipeline/hf_import.py) brings its own tokenizer:
+    # A Hugging Face model directory or hub pointer file (pipeline/interop/hf_import.py) brings its own tokenizer:
     # finetune.tokenizer names the same path, so DVC tracks it instead of the tokenizer stage's output.
     imported = is_hf_source(cfg.checkpoint)
     if imported and cfg.tokenizer != cfg.checkpoint:

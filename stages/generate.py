@@ -5,7 +5,7 @@
     bertrace generate "in 1990 ," --top-k 40 --top-p 0.9 --seed 7 --max-new-tokens 80
 
 The text (the prompt as the tokenizer normalises it, then the continuation) is written to stdout
-as the tokens are produced; a summary line goes to stderr. Logic: pipeline/generate.py.
+as the tokens are produced; a summary line goes to stderr. Logic: pipeline/apps/generate.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.errors import BertraceError
+from pipeline.core.errors import BertraceError
 
 PRETRAIN_DIR = Path("data/pretrain")
 
@@ -64,7 +64,7 @@ def default_checkpoint(directory: Path = PRETRAIN_DIR) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    from pipeline.generate import check_sampling, generate_text, load_causal_lm
+    from pipeline.apps.generate import check_sampling, generate_text, load_causal_lm
 
     check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     checkpoint = args.checkpoint or default_checkpoint()

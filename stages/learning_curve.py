@@ -17,12 +17,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.finetune import FinetuneConfig, check_tokenizer, checkpoint_objective, finetune, load_pretrained
-from pipeline.io import sha256_file, write_json
-from pipeline.learning_curve import curve_points, plot_curve, read_series, run_curve, save_series, write_curve_csv
-from pipeline.scorecard import read_references
-from pipeline.task_data import load_task_data
-from pipeline.tokenizer import load_tokenizer
+from pipeline.core.io import sha256_file, write_json
+from pipeline.data.tokenizer import load_tokenizer
+from pipeline.finetune.loop import FinetuneConfig, check_tokenizer, checkpoint_objective, finetune, load_pretrained
+from pipeline.finetune.task_data import load_task_data
+from pipeline.reports.learning_curve import (
+    curve_points,
+    plot_curve,
+    read_series,
+    run_curve,
+    save_series,
+    write_curve_csv,
+)
+from pipeline.reports.scorecard import read_references
 from stages.common import StageRun, load_params, run_stage
 
 PRETRAIN_DIR = Path("data/pretrain")

@@ -4,7 +4,7 @@ Writes the plots dvc.yaml declares (pre-training loss and validation curves, the
 matrix, the learning curve, ...) into one self-contained HTML file that opens offline: each plot
 is rendered to SVG by vl-convert and inlined, where ``dvc plots show`` loads Vega from a CDN.
 The learning curve (``make learning-curve``) is drawn only when it was made from the current
-pre-trained checkpoint; otherwise the page says it is stale and why. Logic: pipeline/plots_report.py.
+pre-trained checkpoint; otherwise the page says it is stale and why. Logic: pipeline/reports/plots.py.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.errors import BertraceError
-from pipeline.plots_report import REPORT, write_report
+from pipeline.core.errors import BertraceError
+from pipeline.reports.plots import REPORT, write_report
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def cli(argv: list[str] | None = None) -> int:
     """``main`` with a user error as one line and exit status 2 (no stages.common: the DVC stage's
-    code deps stay this file and pipeline/plots_report.py)."""
+    code deps stay this file and pipeline/reports/plots.py)."""
     try:
         main(argv)
     except BertraceError as e:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.errors import BertraceError
+from pipeline.core.errors import BertraceError
 
 DEFAULT_MODEL = Path("data/finetune/model.pt")
 CHUNK = 4096  # lines classified (and printed) at a time with --file
@@ -69,7 +69,7 @@ def main_predict(argv: list[str] | None = None) -> None:
     args = _predict_parser().parse_args(argv)
     if bool(args.texts) == bool(args.file):
         raise BertraceError("bertrace predict: give texts as arguments or --file FILE (one of the two)")
-    from pipeline.inference import Classifier
+    from pipeline.evaluate.inference import Classifier
 
     clf = Classifier.load(args.model)
     source = _chunks(iter(args.texts), CHUNK) if args.texts else _chunks(_lines(args.file), CHUNK)
@@ -123,7 +123,7 @@ def _export_parser() -> argparse.ArgumentParser:
 
 def main_export(argv: list[str] | None = None) -> None:
     args = _export_parser().parse_args(argv)
-    from pipeline.export import export_hf
+    from pipeline.interop.export import export_hf
 
     info = export_hf(args.checkpoint, args.hf, tokenizer_path=args.tokenizer, verify=not args.no_verify)
     check = info.get("verification")

@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pipeline.device import apply_arithmetic
-from pipeline.errors import BertraceError
-from pipeline.io import sha256_file, write_json
-from pipeline.pretrain_data import load_manifest, verify_shards
-from pipeline.train import TRAIN_CURVE, VAL_CURVE, PretrainConfig, pretrain
+from pipeline.core.device import apply_arithmetic
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import sha256_file, write_json
+from pipeline.pretrain.data import load_manifest, verify_shards
+from pipeline.pretrain.loop import TRAIN_CURVE, VAL_CURVE, PretrainConfig, pretrain
 from stages.arithmetic import compute_config
 from stages.common import DETAILS_DIR, METRICS_DIR, StageRun, load_params, run_stage
 
@@ -46,7 +46,7 @@ def _init_distributed(cfg: PretrainConfig) -> tuple[int, int]:
     backend = "nccl" if use_cuda else "gloo"
     if use_cuda:
         gpus = torch.cuda.device_count()
-        torch.cuda.set_device(local_rank % gpus)  # the GPU pipeline.device.resolve_device gives this rank
+        torch.cuda.set_device(local_rank % gpus)  # the GPU pipeline.core.device.resolve_device gives this rank
         if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > gpus:  # NCCL refuses two ranks on one GPU
             backend = "gloo"
             if rank == 0:

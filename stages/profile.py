@@ -12,8 +12,8 @@ import sys
 
 import yaml
 
-from pipeline.errors import BertraceError
-from pipeline.profiles import apply_overrides, flatten_overrides, load_profile, profile_path, shell_args
+from pipeline.core.errors import BertraceError
+from pipeline.reports.profiles import apply_overrides, flatten_overrides, load_profile, profile_path, shell_args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.errors import BertraceError
-from pipeline.io import read_json, write_json
-from pipeline.scorecard import (
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import read_json, write_json
+from pipeline.reports.scorecard import (
     PROFILES_DIR,
     ROW_KEYS,
     SCORECARD_JSON,

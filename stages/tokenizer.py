@@ -2,15 +2,15 @@
 
 Besides UNK rate and tokens per word on valid, it measures what the normaliser does to the
 corpus's letters (``normalizer``: the share removed or changed, case folding aside; see
-``pipeline.tokenizer.normalizer_report``) and warns above ``tokenizer.warn_chars_altered``:
+``pipeline.data.tokenizer.normalizer_report``) and warns above ``tokenizer.warn_chars_altered``:
 uncased BERT's accent stripping deletes letters in scripts whose combining marks are letters.
 """
 
 import sys
 from pathlib import Path
 
-from pipeline.tokenizer import describe_alterations, words_altered
-from pipeline.tokenizer_training import TokenizerConfig, tokenizer_stats, train_wordpiece
+from pipeline.data.tokenizer import describe_alterations, words_altered
+from pipeline.data.tokenizer_training import TokenizerConfig, tokenizer_stats, train_wordpiece
 from stages.common import StageRun, load_params, run_stage
 
 CLEAN = Path("data/clean")

@@ -26,7 +26,7 @@ import argparse
 import json
 import sys
 
-from pipeline import trace
+from pipeline.lineage import trace
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,11 +16,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.check_report import ValidationReport
-from pipeline.errors import BertraceError
-from pipeline.gx_suites import build_data_docs
-from pipeline.io import write_json
-from pipeline.validate import ValidateConfig, validate_corpus, validate_normalizer, validate_shards
+from pipeline.checks.gx import build_data_docs
+from pipeline.checks.report import ValidationReport
+from pipeline.checks.validate import ValidateConfig, validate_corpus, validate_normalizer, validate_shards
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import write_json
 from stages.common import METRICS_DIR, StageRun, load_params, run_stage
 
 CLEAN = Path("data/clean")

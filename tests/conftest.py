@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.arithmetic import ComputeConfig, process_env
+from pipeline.core.arithmetic import ComputeConfig, process_env
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

@@ -35,7 +35,7 @@ def run(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.Comple
 
 def other_deps() -> list[str]:
     """dvc.yaml dependencies that no stage writes and that are not data (e.g. reports/profiles)."""
-    from pipeline.provenance import dvc_paths, dvc_stages
+    from pipeline.lineage.provenance import dvc_paths, dvc_stages
 
     stages = dvc_stages(REPO)  # foreach stages expanded
     outs = {

@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from pipeline.arithmetic import ComputeConfig, process_env  # noqa: E402  (torch-free)
+from pipeline.core.arithmetic import ComputeConfig, process_env  # noqa: E402  (torch-free)
 
 os.environ.update(process_env(ComputeConfig()))  # before torch loads, as stages.arithmetic does
 
@@ -34,9 +34,9 @@ import tempfile  # noqa: E402
 import torch  # noqa: E402
 from test_pretrain_data import make_examples  # noqa: E402
 
-from pipeline.device import apply_arithmetic, arithmetic_state, cpu_model  # noqa: E402
-from pipeline.finetune import FinetuneConfig, build_model, load_pretrained, task_loss  # noqa: E402
-from pipeline.train import PretrainConfig, pretrain  # noqa: E402
+from pipeline.core.device import apply_arithmetic, arithmetic_state, cpu_model  # noqa: E402
+from pipeline.finetune.loop import FinetuneConfig, build_model, load_pretrained, task_loss  # noqa: E402
+from pipeline.pretrain.loop import PretrainConfig, pretrain  # noqa: E402
 
 GOLDEN = REPO / "tests" / "golden" / "weights.json"
 MODEL = {

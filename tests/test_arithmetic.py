@@ -1,6 +1,6 @@
 """params.yaml ``compute``: the CPU kernel pins reach a stage process before torch loads, a pin
 set too late is one clear error, and the record says which arithmetic a run used and whether
-another kind of host rebuilds its bytes (pipeline/arithmetic.py, stages/arithmetic.py)."""
+another kind of host rebuilds its bytes (pipeline/core/arithmetic.py, stages/arithmetic.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import sys
 import pytest
 import yaml
 
-from pipeline.arithmetic import PORTABLE_ENV, ComputeConfig, host_line, host_specific_reasons, process_env
-from pipeline.errors import BertraceError
+from pipeline.core.arithmetic import PORTABLE_ENV, ComputeConfig, host_line, host_specific_reasons, process_env
+from pipeline.core.errors import BertraceError
 from tests.conftest import REPO
 
 PROBE = (
@@ -56,7 +56,7 @@ def test_a_stage_process_sets_the_pins_before_torch_loads(tmp_path):
 def test_pins_set_after_torch_ran_a_kernel_are_one_clear_error():
     code = (
         "import os, torch; torch.ones(3).sum(); os.environ.update(%r); "
-        "from pipeline.device import apply_arithmetic; from pipeline.arithmetic import ComputeConfig; "
+        "from pipeline.core.device import apply_arithmetic; from pipeline.core.arithmetic import ComputeConfig; "
         "from stages.common import run_stage; run_stage(lambda: apply_arithmetic(ComputeConfig()))"
     )
     env = {**_unpinned_env(), "ATEN_CPU_CAPABILITY": "default"}

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.clean import clean_corpus, split_score, wikitext_heading
-from pipeline.corpus import download_corpus
-from pipeline.errors import BertraceError
-from pipeline.io import sha256_file
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import sha256_file
+from pipeline.data.clean import clean_corpus, split_score, wikitext_heading
+from pipeline.data.download import download_corpus
 from tests.conftest import REPO, shared_file
 
 WIKITEXT = (

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from pipeline.examples import ExamplesConfig, generate_examples
-from pipeline.tokenizer_training import train_wordpiece
+from pipeline.data.examples import ExamplesConfig, generate_examples
+from pipeline.data.tokenizer_training import train_wordpiece
 from tests.conftest import REPO, shared_file
 
 

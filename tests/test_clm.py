@@ -1,4 +1,4 @@
-"""The ``clm`` pre-training objective (pipeline/objectives/clm.py) through the Trainer, its metrics,
+"""The ``clm`` pre-training objective (pipeline/pretrain/objectives/clm.py) through the Trainer, its metrics,
 exact resume, the objective/examples-mode checks, fine-tuning a causal checkpoint and loading it for
 inference, and (slow) the causal DAG end to end under `dvc repro`."""
 
@@ -18,19 +18,19 @@ import yaml
 from test_finetune import synthetic_rows, train_tokenizer, write_csv
 from test_pretrain_data import make_examples
 
-from pipeline.checkpoint import save_checkpoint
-from pipeline.errors import BertraceError
-from pipeline.examples import ExamplesConfig, generate_examples
-from pipeline.finetune import FinetuneConfig, build_model, load_pretrained, save_finetuned, train_seed
-from pipeline.gpt import GPT, GPTForSequenceClassification, causal_lm_loss
-from pipeline.inference import Classifier
-from pipeline.io import sha256_file
-from pipeline.model import BertConfig
-from pipeline.objectives import OBJECTIVES, CausalLM
-from pipeline.pretrain_data import PretrainingData, collate_packed
-from pipeline.task_data import load_task_data
-from pipeline.tokenizer import load_tokenizer
-from pipeline.train import PretrainConfig, pretrain
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import sha256_file
+from pipeline.data.examples import ExamplesConfig, generate_examples
+from pipeline.data.tokenizer import load_tokenizer
+from pipeline.evaluate.inference import Classifier
+from pipeline.finetune.loop import FinetuneConfig, build_model, load_pretrained, save_finetuned, train_seed
+from pipeline.finetune.task_data import load_task_data
+from pipeline.models.bert import BertConfig
+from pipeline.models.gpt import GPT, GPTForSequenceClassification, causal_lm_loss
+from pipeline.pretrain.checkpoint import save_checkpoint
+from pipeline.pretrain.data import PretrainingData, collate_packed
+from pipeline.pretrain.loop import PretrainConfig, pretrain
+from pipeline.pretrain.objectives.registry import OBJECTIVES, CausalLM
 from tests.conftest import REPO, shared_file
 
 MODEL = {
@@ -68,7 +68,7 @@ def packed(tmp_path_factory):
 
     from tokenizers import trainers
 
-    from pipeline.tokenizer import SPECIAL_TOKENS, build_tokenizer
+    from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
     root = tmp_path_factory.mktemp("lm")
     rng = random.Random(0)
@@ -314,7 +314,7 @@ DDP_WORKER = r"""
 import json, sys
 from pathlib import Path
 import torch.distributed as dist
-from pipeline.train import PretrainConfig, pretrain
+from pipeline.pretrain.loop import PretrainConfig, pretrain
 dist.init_process_group("gloo")
 examples, out, model = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
 cfg = PretrainConfig(objective="clm", embedding_init={"method": "random"}, model=model, batch_size=8, lr=3e-3, warmup=2, max_steps=6, eval_every=3,
@@ -373,7 +373,7 @@ def test_ddp_two_cpu_ranks(packed, tmp_path):
 def test_the_gpt_profile_is_the_default_budget_with_the_causal_objective():
     """profiles/gpt.yaml changes only what makes the DAG causal: same corpus, tokenizer, model size,
     updates, batch and fine-tuning as the encoder's default, so the two compare at the same budget."""
-    from pipeline.profiles import apply_overrides, flatten_overrides, load_profile
+    from pipeline.reports.profiles import apply_overrides, flatten_overrides, load_profile
 
     params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
     flat = flatten_overrides(load_profile("gpt", REPO / "profiles"), params)
@@ -391,7 +391,7 @@ def test_the_causal_dag_runs_end_to_end_under_dvc(tmp_path):
     """`dvc repro` of every stage with the gpt profile's params on a slice of WikiText-2 (tiny model)."""
     from test_dvc_pipeline import _run, _tiny_finetune, _tiny_pretrain, copy_repo
 
-    from pipeline.profiles import apply_overrides, flatten_overrides, load_profile
+    from pipeline.reports.profiles import apply_overrides, flatten_overrides, load_profile
 
     root = tmp_path / "repo"
     copy_repo(root)

@@ -10,20 +10,20 @@ import sys
 import pytest
 import yaml
 
-from pipeline.errors import BertraceError
+from pipeline.core.errors import BertraceError
 from tests.conftest import REPO
 
 
 def _sections():
-    from pipeline.arithmetic import ComputeConfig
-    from pipeline.clean import CleanConfig
-    from pipeline.corpus import DownloadConfig
-    from pipeline.evaluate import EvaluateConfig
-    from pipeline.examples import ExamplesConfig
-    from pipeline.finetune import FinetuneConfig
-    from pipeline.tokenizer_training import TokenizerConfig
-    from pipeline.train import PretrainConfig
-    from pipeline.validate import ValidateConfig
+    from pipeline.checks.validate import ValidateConfig
+    from pipeline.core.arithmetic import ComputeConfig
+    from pipeline.data.clean import CleanConfig
+    from pipeline.data.download import DownloadConfig
+    from pipeline.data.examples import ExamplesConfig
+    from pipeline.data.tokenizer_training import TokenizerConfig
+    from pipeline.evaluate.report import EvaluateConfig
+    from pipeline.finetune.loop import FinetuneConfig
+    from pipeline.pretrain.loop import PretrainConfig
 
     return {
         "download": DownloadConfig,
@@ -77,7 +77,7 @@ def test_wrong_types_name_the_key_the_value_and_the_fix(section, key, value, mes
 
 
 def test_unknown_keys_list_the_valid_ones():
-    from pipeline.tokenizer_training import TokenizerConfig
+    from pipeline.data.tokenizer_training import TokenizerConfig
 
     with pytest.raises(
         BertraceError,
@@ -88,7 +88,7 @@ def test_unknown_keys_list_the_valid_ones():
 
 
 def test_yaml_numbers_without_a_dot_and_single_seeds_are_read_as_meant():
-    from pipeline.finetune import FinetuneConfig
+    from pipeline.finetune.loop import FinetuneConfig
 
     cfg = FinetuneConfig.from_params(yaml.safe_load("lr: 5e-5\nseeds: 0\nepochs: 2.0"))  # YAML 1.1: '5e-5' is a str
     assert (cfg.lr, cfg.seeds, cfg.epochs) == (5e-5, [0], 2)  # seeds: 0 is seed 0 (it used to run seed 42)

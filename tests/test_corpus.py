@@ -13,11 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import corpus
-from pipeline.corpus import download_corpus, list_source_files
-from pipeline.errors import BertraceError
-from pipeline.hub import is_network_error, resolve_mirror
-from pipeline.io import sha256_file
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import sha256_file
+from pipeline.data import download as corpus
+from pipeline.data.download import download_corpus, list_source_files
+from pipeline.data.hub import is_network_error, resolve_mirror
 from tests.conftest import REPO, shared_file
 
 WIKITEXT = (
@@ -410,8 +410,8 @@ def test_hub_unreachable_error_explains_local_and_mirror_options(tmp_path):
     """Offline mode (as on a machine without internet): fails at once, no retry loop."""
     script = (
         "import sys; from pathlib import Path\n"
-        "from pipeline.corpus import download_corpus\n"
-        "from pipeline.errors import BertraceError\n"
+        "from pipeline.data.download import download_corpus\n"
+        "from pipeline.core.errors import BertraceError\n"
         "p = {'source': 'hub', 'hub': {'dataset': 'Salesforce/wikitext', 'config': 'wikitext-2-raw-v1',"
         " 'revision': 'main', 'splits': ['test'], 'format': 'wikitext'}}\n"
         "try:\n"
@@ -459,7 +459,7 @@ def test_hub_loading_path_with_a_local_dataset_folder(tmp_path):
     folder.mkdir()
     pq.write_table(pa.table({"text": ["", " = T = \n", "", " body . \n"], "n": [1, 2, 3, 4]}), folder / "test.parquet")
     script = (
-        "import sys; from pipeline import corpus; from pipeline.errors import BertraceError\n"
+        "import sys; from pipeline.data import download as corpus; from pipeline.core.errors import BertraceError\n"
         "ds = corpus._load_hub_split(sys.argv[1], None, 'main', 'test', 'text')\n"
         "print(list(corpus._hub_rows(ds, 'text', fmt='wikitext')))\n"
         "print(corpus._sniff_rows(corpus._hub_rows(ds, 'text', limit=10)))\n"

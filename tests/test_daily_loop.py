@@ -78,8 +78,8 @@ def _temp_workspace(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 
 def test_mirror_paths_resolve_from_the_original_repo_in_a_dvc_temp_workspace(tmp_path, monkeypatch):
-    from pipeline.errors import BertraceError
-    from pipeline.hub import repo_path, resolve_mirror_entries
+    from pipeline.core.errors import BertraceError
+    from pipeline.data.hub import repo_path, resolve_mirror_entries
 
     repo, workspace, dev = _temp_workspace(tmp_path)
     monkeypatch.chdir(workspace)
@@ -104,7 +104,7 @@ def test_mirror_paths_resolve_from_the_original_repo_in_a_dvc_temp_workspace(tmp
 
 
 def test_mlflow_store_of_a_temp_workspace_is_the_original_repos(tmp_path, monkeypatch):
-    from pipeline import tracking
+    from pipeline.lineage import tracking
 
     repo, workspace, _ = _temp_workspace(tmp_path)
     monkeypatch.chdir(workspace)
@@ -120,8 +120,8 @@ def test_mlflow_store_of_a_temp_workspace_is_the_original_repos(tmp_path, monkey
 
 
 def test_git_state_and_trace_of_a_dvc_experiment(tmp_path, monkeypatch):
-    from pipeline.provenance import git_state
-    from pipeline.trace import format_tree
+    from pipeline.lineage.provenance import git_state
+    from pipeline.lineage.trace import format_tree
 
     (tmp_path / "params.yaml").write_text(
         yaml.safe_dump({"finetune": {"lr": 0.001, "epochs": 3}, "clean": {"seed": 1}})
@@ -184,8 +184,8 @@ def test_git_state_and_trace_of_a_dvc_experiment(tmp_path, monkeypatch):
 
 
 def test_collapsed_predictions_warn_in_the_report_and_mark_the_scorecard_row():
-    from pipeline.evaluate import collapse_warnings, evaluate_logits, render_report
-    from pipeline.scorecard import render_scorecard
+    from pipeline.evaluate.report import collapse_warnings, evaluate_logits, render_report
+    from pipeline.reports.scorecard import render_scorecard
 
     labels = np.array([0] * 55 + [1] * 45)
     one_class = np.tile([2.0, -1.0], (100, 1))  # always "negative"
@@ -221,7 +221,7 @@ def test_collapsed_predictions_warn_in_the_report_and_mark_the_scorecard_row():
 
 
 def test_metrics_summaries_hold_the_few_numbers_a_user_compares():
-    from pipeline.evaluate import metrics_summary
+    from pipeline.evaluate.report import metrics_summary
     from stages.pretrain import metrics_summary as pretrain_summary
 
     details = {
@@ -268,7 +268,7 @@ def _stage(stage: str, pipeline_id: str, metrics: dict, monkeypatch) -> str:
 def test_one_parent_run_per_pipeline_run_with_stage_runs_nested_and_reused_stages_linked(tmp_path, monkeypatch):
     import mlflow
 
-    from pipeline import tracking
+    from pipeline.lineage import tracking
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "dvc.yaml").write_text(
@@ -326,8 +326,8 @@ def test_one_parent_run_per_pipeline_run_with_stage_runs_nested_and_reused_stage
 
 
 def test_data_docs_page_of_a_corrupted_shard_shows_the_failing_expectation_and_its_values(tmp_path):
-    from pipeline.gx_suites import build_data_docs
-    from pipeline.validate import validate_shards
+    from pipeline.checks.gx import build_data_docs
+    from pipeline.checks.validate import validate_shards
     from tests.test_validate import VOCAB, _unmasked, rewrite, write_examples
 
     examples = write_examples(tmp_path / "examples")

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script
     sys.path.insert(0, str(REPO))
 
-from pipeline.errors import BertraceError  # noqa: E402
+from pipeline.core.errors import BertraceError  # noqa: E402
 from tests.test_evaluate import make_finetuned  # noqa: E402
 
 SENTENCE = "a gripping , funny film"
@@ -153,8 +153,8 @@ def model_pt(tmp_path_factory) -> Path:
 
 
 def test_outputs_match_the_classifier_and_trace_summary_names_the_chain(model_pt):
-    from pipeline import demo
-    from pipeline.inference import Classifier
+    from pipeline.apps import demo
+    from pipeline.evaluate.inference import Classifier
 
     m = demo.load_model(model_pt)
     assert m.kind == "classification"
@@ -175,7 +175,7 @@ def test_outputs_match_the_classifier_and_trace_summary_names_the_chain(model_pt
 
 
 def test_a_sentence_pair_model_gets_two_text_boxes(tmp_path):
-    from pipeline import demo
+    from pipeline.apps import demo
 
     m = demo.load_model(
         make_finetuned(
@@ -194,7 +194,7 @@ def test_a_sentence_pair_model_gets_two_text_boxes(tmp_path):
 
 
 def test_trace_summary_of_a_checkpoint_without_provenance_says_so(tmp_path):
-    from pipeline import demo
+    from pipeline.apps import demo
 
     bare = make_finetuned(tmp_path / "ft", provenance={})
     assert demo.trace_summary(bare).startswith("**No trace**")
@@ -204,8 +204,8 @@ def test_trace_summary_of_a_checkpoint_without_provenance_says_so(tmp_path):
 def test_a_masked_lm_checkpoint_is_a_clear_error(tmp_path):
     import torch
 
-    from pipeline import demo
-    from pipeline.model import BertForPreTraining
+    from pipeline.apps import demo
+    from pipeline.models.bert import BertForPreTraining
     from tests.test_evaluate import tiny_config
 
     config = tiny_config(300)
@@ -241,8 +241,8 @@ def _save_head(out_dir: Path, head, label_names: list[str], task_type: str, num_
     import torch
     from tokenizers import Tokenizer
 
-    from pipeline.finetune import save_finetuned
-    from pipeline.io import sha256_file
+    from pipeline.core.io import sha256_file
+    from pipeline.finetune.loop import save_finetuned
     from tests.test_evaluate import fake_chain, tiny_config, train_tiny_tokenizer
 
     tok = train_tiny_tokenizer(out_dir / "tokenizer.json")
@@ -268,8 +268,8 @@ def test_each_kind_of_model_gets_its_output(tmp_path):
     """Regression: a score; NER: the text with entity spans; causal LM: text growing as it streams."""
     import torch
 
-    from pipeline import demo
-    from pipeline.model import BertForSequenceClassification
+    from pipeline.apps import demo
+    from pipeline.models.bert import BertForSequenceClassification
 
     reg = demo.load_model(_save_head(tmp_path / "reg", BertForSequenceClassification, [], "regression", 1))
     assert reg.kind == "regression"
@@ -277,7 +277,7 @@ def test_each_kind_of_model_gets_its_output(tmp_path):
     assert demo.score(reg, SENTENCE) == pytest.approx(reg.model.predict([SENTENCE])[0]["score"])
 
     try:
-        from pipeline.model import BertForTokenClassification
+        from pipeline.models.bert import BertForTokenClassification
     except ImportError:
         BertForTokenClassification = None
     if BertForTokenClassification is not None:
@@ -292,13 +292,13 @@ def test_each_kind_of_model_gets_its_output(tmp_path):
             assert 0 <= e["start"] < e["end"] <= len(value["text"]) and e["entity"] in ("PER", "LOC")
 
     try:
-        from pipeline.gpt import GPT
+        from pipeline.models.gpt import GPT
     except ImportError:
         GPT = None
     if GPT is not None:
         from tokenizers import Tokenizer
 
-        from pipeline.io import sha256_file
+        from pipeline.core.io import sha256_file
         from tests.test_evaluate import tiny_config, train_tiny_tokenizer
 
         tok = train_tiny_tokenizer(tmp_path / "lm" / "tokenizer.json")
@@ -326,7 +326,7 @@ def test_each_kind_of_model_gets_its_output(tmp_path):
 @pytest.mark.skipif(browser_skip_reason() is not None, reason=str(browser_skip_reason()))
 def test_demo_page_in_headless_chromium(model_pt, tmp_path):
     """`bertrace demo` on a free port; Chromium types a sentence and reads the page."""
-    from pipeline.inference import Classifier
+    from pipeline.evaluate.inference import Classifier
 
     port = free_port()
     proc = start_demo(model_pt, port, cwd=tmp_path)

@@ -137,15 +137,16 @@ def test_pipeline_modules_of_no_stage_are_the_tools_ones():
         if p.relative_to(REPO).as_posix() not in used
     )
     assert unused == [
-        "pipeline/demo.py",
-        "pipeline/export.py",
-        "pipeline/export_gpt.py",
-        "pipeline/export_writer.py",
-        "pipeline/generate.py",
-        "pipeline/hf_gpt.py",
-        "pipeline/learning_curve.py",
-        "pipeline/profiles.py",
-        "pipeline/trace.py",
+        "pipeline/apps/__init__.py",  # apps/ (the demo, generation) is the CLI's only
+        "pipeline/apps/demo.py",
+        "pipeline/apps/generate.py",
+        "pipeline/interop/export.py",
+        "pipeline/interop/export_gpt.py",
+        "pipeline/interop/export_writer.py",
+        "pipeline/interop/hf_gpt.py",
+        "pipeline/lineage/trace.py",
+        "pipeline/reports/learning_curve.py",
+        "pipeline/reports/profiles.py",
     ], unused
 
 

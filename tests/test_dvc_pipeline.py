@@ -43,7 +43,7 @@ def _ran(output: str) -> set[str]:
 def _stages(root: Path) -> list[str]:
     """dvc.yaml's stage names in order, ``foreach`` stages expanded as DVC names them
     (``finetune_variant@frozen``)."""
-    from pipeline.provenance import dvc_stages
+    from pipeline.lineage.provenance import dvc_stages
 
     return list(dvc_stages(root))
 
@@ -126,7 +126,7 @@ def tiny_params(params: dict) -> dict:
 
 def _copy_other_deps(root: Path) -> None:
     """Copy the dvc.yaml dependencies that no stage writes (e.g. reports/profiles) and the copy lacks."""
-    from pipeline.provenance import dvc_paths, dvc_stages
+    from pipeline.lineage.provenance import dvc_paths, dvc_stages
 
     stages = dvc_stages(REPO)
     outs = {
@@ -221,7 +221,7 @@ def test_mlflow_has_one_run_per_stage_with_a_shared_pipeline_run_id(repo):
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{root}/mlflow.db")
     exp = client.get_experiment_by_name("bertrace")
     runs = client.search_runs([exp.experiment_id], max_results=100)
-    # one parent run for the `dvc repro` (pipeline.tracking), the stage runs nested, the seeds under finetune's
+    # one parent run for the `dvc repro` (pipeline.lineage.tracking), the stage runs nested, the seeds under finetune's
     (parent,) = [r for r in runs if r.data.tags.get("bertrace.run_kind") == "pipeline"]
     stage_runs = [r for r in runs if r.data.tags.get("bertrace.run_kind") == "stage"]
     seed_runs = [r for r in runs if "bertrace.seed" in r.data.tags]
@@ -494,15 +494,15 @@ def test_a_tokenizer_param_makes_the_tokenizer_stage_stale(repo):
     "path, expected",
     [
         # the pre-training loop: pre-training (and so what follows it), nothing upstream
-        ("pipeline/train.py", {"pretrain"}),
+        ("pipeline/pretrain/loop.py", {"pretrain"}),
         # export is used by `bertrace export` only: no stage; the Hugging Face name maps also convert a
-        # published checkpoint (finetune.checkpoint, pretrain.init: pipeline/hf_import.py)
-        ("pipeline/hf.py", {"pretrain", "finetune", *VARIANTS}),
-        ("pipeline/export.py", set()),
+        # published checkpoint (finetune.checkpoint, pretrain.init: pipeline/interop/hf_import.py)
+        ("pipeline/interop/hf.py", {"pretrain", "finetune", *VARIANTS}),
+        ("pipeline/interop/export.py", set()),
         # masking: the examples stage (static masks) and pre-training (dynamic masks) both import it
-        ("pipeline/masking.py", {"examples", "pretrain"}),
+        ("pipeline/data/masking.py", {"examples", "pretrain"}),
         # device resolution: the stages that run a model, not the data stages
-        ("pipeline/device.py", {"pretrain", "finetune", *VARIANTS, "evaluate"}),
+        ("pipeline/core/device.py", {"pretrain", "finetune", *VARIANTS, "evaluate"}),
         # a reference number is not a param: only the scorecard is redrawn
         ("reports/references.yaml", {"scorecard"}),
     ],

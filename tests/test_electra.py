@@ -1,4 +1,4 @@
-"""ELECTRA (pipeline/electra.py, pipeline/objectives/electra.py): equivalence with transformers' ElectraForPreTraining /
+"""ELECTRA (pipeline/models/electra.py, pipeline/pretrain/objectives/electra.py): equivalence with transformers' ElectraForPreTraining /
 ElectraForMaskedLM, sampling and labels, learning on tiny shards, exact resume, the checkpoint in
 fine-tuning, the Hugging Face export and import; and the objective names (mlm_nsp, mlm, electra)."""
 
@@ -9,13 +9,13 @@ import torch
 from test_pretrain import TINY, run, tiny_cfg, train_logs
 from test_pretrain_data import make_examples
 
-from pipeline import checkpoint as ckpt_lib
-from pipeline.electra import ElectraForPreTraining, generator_config, sample_tokens, uniform_noise
-from pipeline.errors import BertraceError
-from pipeline.model import BertConfig, BertForSequenceClassification
-from pipeline.objectives import OBJECTIVES, ElectraPretraining
-from pipeline.objectives.electra import electra_losses
-from pipeline.train import PretrainConfig
+from pipeline.core.errors import BertraceError
+from pipeline.models.bert import BertConfig, BertForSequenceClassification
+from pipeline.models.electra import ElectraForPreTraining, generator_config, sample_tokens, uniform_noise
+from pipeline.pretrain import checkpoint as ckpt_lib
+from pipeline.pretrain.loop import PretrainConfig
+from pipeline.pretrain.objectives.electra import electra_losses
+from pipeline.pretrain.objectives.registry import OBJECTIVES, ElectraPretraining
 
 V = 100
 
@@ -138,7 +138,7 @@ def test_sampling_replaces_only_masked_positions_and_labels_what_changed():
 
 def _hf_models(c: BertConfig, g: BertConfig):
     transformers = pytest.importorskip("transformers")
-    from pipeline.hf import electra_hf_config
+    from pipeline.interop.hf import electra_hf_config
 
     torch.manual_seed(3)
     disc = transformers.ElectraForPreTraining(transformers.ElectraConfig(**electra_hf_config(c))).eval()
@@ -155,7 +155,7 @@ def _hf_models(c: BertConfig, g: BertConfig):
 def test_logits_and_losses_match_transformers_electra():
     """Weights of random transformers ElectraForPreTraining (discriminator) and ElectraForMaskedLM
     (generator, tied embeddings) copied into ours: logits within 1e-5, losses equal."""
-    from pipeline.hf import load_hf_electra_state_dict, to_hf_electra_state_dict
+    from pipeline.interop.hf import load_hf_electra_state_dict, to_hf_electra_state_dict
 
     c = small_config()
     g = generator_config(c)
@@ -194,7 +194,7 @@ def test_logits_and_losses_match_transformers_electra():
 def test_electra_state_dict_from_hf_imports_a_discriminator():
     """What HF checkpoint import (#17) calls: a published ElectraForPreTraining -> our BertConfig
     and a state dict whose ``bert.*`` fine-tuning loads; the encoder's outputs equal HF's."""
-    from pipeline.hf import electra_state_dict_from_hf
+    from pipeline.interop.hf import electra_state_dict_from_hf
 
     c = small_config()
     disc, _ = _hf_models(c, generator_config(c))
@@ -295,8 +295,8 @@ def test_electra_trains_and_records_its_metrics(examples, tmp_path):
 
 
 def test_electra_validation_is_the_same_draw_every_time(examples, tmp_path):
-    from pipeline.pretrain_data import PretrainingData
-    from pipeline.train import evaluate
+    from pipeline.pretrain.data import PretrainingData
+    from pipeline.pretrain.loop import evaluate
 
     cfg = electra_cfg(max_steps=1)
     obj = ElectraPretraining.from_config(cfg)
@@ -342,11 +342,11 @@ def test_hf_export_of_electra_pretraining_and_finetuned(tmp_path):
     transformers = pytest.importorskip("transformers")
     from tokenizers import Tokenizer
 
-    from pipeline.checkpoint import save_checkpoint
-    from pipeline.export import export_hf
-    from pipeline.finetune import save_finetuned
-    from pipeline.io import sha256_file
-    from pipeline.task_data import collate, encode_examples
+    from pipeline.core.io import sha256_file
+    from pipeline.finetune.loop import save_finetuned
+    from pipeline.finetune.task_data import collate, encode_examples
+    from pipeline.interop.export import export_hf
+    from pipeline.pretrain.checkpoint import save_checkpoint
     from tests.test_evaluate import fake_chain, sentences
 
     data, tok_path = _tokenizer_layout(tmp_path)
@@ -423,7 +423,7 @@ def test_hf_export_of_electra_pretraining_and_finetuned(tmp_path):
 def test_cpu_precision_auto_is_bf16_where_native_and_deterministic(examples, tmp_path, monkeypatch):
     """``precision: auto`` on a CPU: fp32 under the portable pins; with native kernels bf16 autocast
     where the CPU has bf16 instructions (AVX512-BF16, AMX, Arm BF16), fp32 elsewhere; a bf16 run is as reproducible as an fp32 one (same bytes twice)."""
-    from pipeline.device import cpu_bf16_native, resolve_precision
+    from pipeline.core.device import cpu_bf16_native, resolve_precision
 
     cpu = torch.device("cpu")
     monkeypatch.setenv("BERTRACE_CPU_BF16", "1")

@@ -18,8 +18,9 @@ import pytest
 import torch
 import yaml
 
-from pipeline.errors import BertraceError
-from pipeline.evaluate import (
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import sha256_file
+from pipeline.evaluate.report import (
     classification_metrics,
     confusion_matrix,
     evaluate_logits,
@@ -29,7 +30,6 @@ from pipeline.evaluate import (
     render_report,
     write_confusion_csv,
 )
-from pipeline.io import sha256_file
 
 try:  # scikit-learn is a test extra; the helpers below are also used by tests/test_export.py
     import sklearn.metrics as sklearn_metrics
@@ -58,7 +58,7 @@ def train_tiny_tokenizer(path: Path, vocab_size: int = 300) -> Path:
     """WordPiece with the pipeline's normaliser / template; [PAD] [UNK] [CLS] [SEP] [MASK] = 0..4."""
     from tokenizers import trainers
 
-    from pipeline.tokenizer import SPECIAL_TOKENS, build_tokenizer
+    from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
     tok = build_tokenizer(lowercase=True)
     tok.train_from_iterator(
@@ -77,7 +77,7 @@ def train_tiny_tokenizer(path: Path, vocab_size: int = 300) -> Path:
 
 
 def tiny_config(vocab_size: int):
-    from pipeline.model import BertConfig
+    from pipeline.models.bert import BertConfig
 
     return BertConfig(
         vocab_size=vocab_size, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position=64
@@ -152,8 +152,8 @@ def make_finetuned(
 ) -> Path:
     """``out_dir/model.pt`` + ``out_dir/tokenizer.json`` as the finetune stage writes them, with a random
     tiny BertForSequenceClassification (classifier weights scaled so predictions vary)."""
-    from pipeline.finetune import save_finetuned
-    from pipeline.model import BertForSequenceClassification
+    from pipeline.finetune.loop import save_finetuned
+    from pipeline.models.bert import BertForSequenceClassification
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tok_path = out_dir / "tokenizer.json"
@@ -169,7 +169,7 @@ def make_finetuned(
     model = BertForSequenceClassification(config, len(label_names)).eval()
     # A random encoder maps every text to nearly the same [CLS] vector: scale the classifier up and
     # centre its logits on sample texts so that the predicted class varies.
-    from pipeline.task_data import collate, encode_examples
+    from pipeline.finetune.task_data import collate, encode_examples
 
     ids, types, _ = encode_examples(Tokenizer.from_file(str(tok_path)), sentences(64, 99), None, max_len)
     batch = collate([(i, t, 0) for i, t in zip(ids, types)])
@@ -381,7 +381,7 @@ def _write_split(path: Path, texts: list[str], labels: list[int]) -> Path:
 
 @needs_sklearn
 def test_evaluate_stage_end_to_end(tmp_path, monkeypatch):
-    from pipeline.inference import Classifier
+    from pipeline.evaluate.inference import Classifier
     from stages import evaluate as stage
 
     monkeypatch.chdir(tmp_path)

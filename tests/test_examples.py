@@ -15,17 +15,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.errors import BertraceError
-from pipeline.examples import (
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import sha256_file
+from pipeline.data.examples import (
     SPECIAL_IDS,
     ExamplesConfig,
     generate_examples,
     truncate_pair,
     truncation_amounts,
 )
-from pipeline.io import sha256_file
-from pipeline.sentences import split_sentences
-from pipeline.shards import document_order, id_dtype, partition_sizes
+from pipeline.data.sentences import split_sentences
+from pipeline.data.shards import document_order, id_dtype, partition_sizes
 
 CLS, SEP, MASK, UNK = SPECIAL_IDS["[CLS]"], SPECIAL_IDS["[SEP]"], SPECIAL_IDS["[MASK]"], SPECIAL_IDS["[UNK]"]
 MAX_LEN = 64
@@ -151,7 +151,7 @@ def test_pairing_tiles_each_document_with_put_back():
     """One-token sentences and max_seq_len 8 (target 5 tokens) make truncation impossible, so
     the own-document spans (every A, and B when IsNext) must tile each document exactly: the
     unused sentences of a NotNext chunk are put back (Google's ``i -= num_unused_segments``)."""
-    from pipeline.examples import _pairs_for_document, _Partition
+    from pipeline.data.examples import _pairs_for_document, _Partition
 
     part = _Partition.__new__(_Partition)
     part.doc_n = [23, 7, 40, 1, 12]
@@ -176,7 +176,7 @@ def test_pairing_tiles_each_document_with_put_back():
 
 
 def test_id_dtype_and_schema_follow_vocab_size():
-    from pipeline.examples import shard_schema
+    from pipeline.data.examples import shard_schema
 
     assert id_dtype(65536) == np.uint16 and id_dtype(65537) == np.uint32
     schema = shard_schema(np.uint32, "static")
@@ -412,8 +412,8 @@ def test_whole_word_masking_runs(corpus, tmp_path):
 def test_mask_candidates_google_includes_unk(whole_word):
     """Google skips only [CLS] and [SEP] (create_masked_lm_predictions, l. 348): [UNK] can be a
     prediction target. ``skip_special`` (the old recipe) never picks a special id."""
-    from pipeline.examples import _mask_rows
-    from pipeline.masking import MaskingSpec, mask_sequence
+    from pipeline.data.examples import _mask_rows
+    from pipeline.data.masking import MaskingSpec, mask_sequence
 
     rng = np.random.default_rng(0)
     vocab = 50
@@ -450,7 +450,7 @@ def test_mask_candidates_google_includes_unk(whole_word):
 def test_dynamic_masking_follows_the_manifest():
     """The loader builds its MaskingSpec from the manifest; a manifest without the key (written
     before mask_candidates existed) keeps the old candidate set."""
-    from pipeline.pretrain_data import masking_spec
+    from pipeline.pretrain.data import masking_spec
 
     manifest = {"vocab_size": 100, "masked_lm_prob": 0.15, "max_predictions_per_seq": 20}
     assert masking_spec(manifest).skipped_ids == tuple(SPECIAL_IDS.values())
@@ -693,8 +693,8 @@ TRICKY = [
 
 @pytest.mark.parametrize("max_cache", [1 << 19, 5])
 def test_sentence_encoder_gives_the_tokenizers_ids(corpus, max_cache):
-    from pipeline.encode import SentenceEncoder
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.data.encode import SentenceEncoder
+    from pipeline.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(corpus["tokenizer"])
     lines = corpus["train"].read_text(encoding="utf-8").splitlines()[:10]
@@ -711,7 +711,7 @@ def test_sentence_encoder_gives_the_tokenizers_ids(corpus, max_cache):
 def test_sentence_encoder_falls_back_for_other_tokenizers(corpus):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from pipeline.encode import SentenceEncoder
+    from pipeline.data.encode import SentenceEncoder
 
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel()  # spaces are part of the tokens: no chunking

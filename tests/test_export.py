@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.errors import BertraceError
-from pipeline.inference import Classifier
-from pipeline.io import sha256_file
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import sha256_file
+from pipeline.evaluate.inference import Classifier
 from tests.test_evaluate import make_finetuned, sentences, tiny_config, train_tiny_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -51,7 +51,7 @@ def pair_dir(tmp_path_factory, ckpt_dir) -> Path:
 
 
 def _hf_logits(model, ids, types) -> np.ndarray:
-    from pipeline.task_data import collate
+    from pipeline.finetune.task_data import collate
 
     batch = collate([(i, t, 0) for i, t in zip(ids, types)])
     with torch.no_grad():
@@ -98,8 +98,8 @@ def test_tokenizer_hash_mismatch_names_both_hashes(ckpt_dir, tmp_path):
 
 
 def test_wrong_kind_of_checkpoint_is_a_clear_error(tmp_path, ckpt_dir):
-    from pipeline.checkpoint import save_checkpoint
-    from pipeline.model import BertForPreTraining
+    from pipeline.models.bert import BertForPreTraining
+    from pipeline.pretrain.checkpoint import save_checkpoint
 
     config = tiny_config(100)
     pre = save_checkpoint(
@@ -131,7 +131,7 @@ def test_pair_model_takes_pairs(pair_dir):
 
     import pandas as pd
 
-    from pipeline.pyfunc import predict_frame
+    from pipeline.interop.pyfunc import predict_frame
 
     frame = pd.DataFrame({"hypothesis": ["it was great", "dull plot"], "premise": ["the film was good", "bad"]})
     out = predict_frame(clf, frame)
@@ -149,7 +149,7 @@ def out_pairs(clf):
 
 
 def test_hf_export_classifier_matches_our_logits_and_tokens(ckpt_dir, tmp_path):
-    from pipeline.export import export_hf
+    from pipeline.interop.export import export_hf
 
     out = tmp_path / "hf"
     info = export_hf(ckpt_dir / "model.pt", out)
@@ -205,10 +205,10 @@ def test_hf_export_classifier_matches_our_logits_and_tokens(ckpt_dir, tmp_path):
 def test_hf_export_pretraining_checkpoint(ckpt_dir, tmp_path):
     from tokenizers import Tokenizer
 
-    from pipeline.checkpoint import save_checkpoint
-    from pipeline.export import export_hf
-    from pipeline.model import BertForPreTraining
-    from pipeline.task_data import collate, encode_examples
+    from pipeline.finetune.task_data import collate, encode_examples
+    from pipeline.interop.export import export_hf
+    from pipeline.models.bert import BertForPreTraining
+    from pipeline.pretrain.checkpoint import save_checkpoint
 
     # the pipeline's layout: data/pretrain/best.pt, data/tokenizer/tokenizer.json
     data = tmp_path / "data"
@@ -262,9 +262,9 @@ def test_a_pre_ln_checkpoint_is_refused_naming_the_param(ckpt_dir, tmp_path):
 
     from tokenizers import Tokenizer
 
-    from pipeline.checkpoint import save_checkpoint
-    from pipeline.export import export_hf
-    from pipeline.model import BertForPreTraining
+    from pipeline.interop.export import export_hf
+    from pipeline.models.bert import BertForPreTraining
+    from pipeline.pretrain.checkpoint import save_checkpoint
 
     tok_path = ckpt_dir / "tokenizer.json"
     config = dataclasses.replace(tiny_config(Tokenizer.from_file(str(tok_path)).get_vocab_size()), pre_ln=True)
@@ -284,7 +284,7 @@ def test_a_pre_ln_checkpoint_is_refused_naming_the_param(ckpt_dir, tmp_path):
 
 
 def test_export_without_transformers_is_a_clear_error(ckpt_dir, tmp_path, monkeypatch):
-    from pipeline import export
+    from pipeline.interop import export
 
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
     with pytest.raises(BertraceError, match=r"pip install 'bertrace\[test\]'"):
@@ -299,7 +299,7 @@ def test_pyfunc_log_load_predict(ckpt_dir, tmp_path):
     import mlflow
     import pandas as pd
 
-    from pipeline.pyfunc import log_pyfunc, pip_requirements
+    from pipeline.interop.pyfunc import log_pyfunc, pip_requirements
 
     experiment = mlflow.create_experiment("pyfunc-test", artifact_location=(tmp_path / "artifacts").as_uri())
     with mlflow.start_run(experiment_id=experiment) as run:

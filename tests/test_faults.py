@@ -18,9 +18,9 @@ import pytest
 import torch
 import yaml
 
-from pipeline import checkpoint as ckpt_lib
-from pipeline.errors import BertraceError
-from pipeline.io import DiskFull, write_json
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import DiskFull, write_json
+from pipeline.pretrain import checkpoint as ckpt_lib
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "tests"))
@@ -115,7 +115,7 @@ def test_same_pipeline_run_marks_a_run_whose_process_cannot_be_checked(tmp_path,
     same `dvc repro` (pipeline run id) as the stage starting now."""
     import mlflow
 
-    from pipeline import tracking
+    from pipeline.lineage import tracking
     from stages.common import StageRun
 
     monkeypatch.chdir(tmp_path)
@@ -306,7 +306,7 @@ def test_pretrain_stage_on_a_full_tmpfs(tmp_path):
     script = (
         f"mount -t tmpfs -o size={room} none data/pretrain && cp keep/last.pt data/pretrain/ && "
         f"{sys.executable} -m stages.pretrain; rc=$?; "
-        f'{sys.executable} -c "from pipeline.checkpoint import load_checkpoint; '
+        f'{sys.executable} -c "from pipeline.pretrain.checkpoint import load_checkpoint; '
         f"print('step', load_checkpoint('data/pretrain/last.pt')['step'])\"; ls -a data/pretrain; exit $rc"
     )
     p = subprocess.run(
@@ -360,7 +360,7 @@ def test_bad_params_are_one_line_errors(tmp_path, stage, params, needles):
 def test_an_unreadable_csv_names_the_file_and_the_delimiter_params(tmp_path):
     (tmp_path / "train.csv").write_text('text;label\n"an unclosed quote;1\nfine;0\n', encoding="utf-8")
     code = (
-        "from pathlib import Path\nfrom stages.common import run_stage\nfrom pipeline.task_data import read_table\n"
+        "from pathlib import Path\nfrom stages.common import run_stage\nfrom pipeline.finetune.task_data import read_table\n"
         "run_stage(lambda: read_table(Path('train.csv')))\n"
     )
     proc = subprocess.run(
@@ -370,7 +370,7 @@ def test_an_unreadable_csv_names_the_file_and_the_delimiter_params(tmp_path):
 
 
 def test_test_split_null_with_explicit_evaluate_splits_says_how_to_fix(tmp_path):
-    from pipeline.task_data import evaluate_roles, load_task_data
+    from pipeline.finetune.task_data import evaluate_roles, load_task_data
     from tests.test_finetune import synthetic_rows, train_tokenizer, write_csv
 
     train = write_csv(tmp_path / "train.csv", ["text", "label"], synthetic_rows(20, 0))
@@ -384,7 +384,7 @@ def test_test_split_null_with_explicit_evaluate_splits_says_how_to_fix(tmp_path)
     assert evaluate_roles(task, "auto") == ["validation"]
     assert evaluate_roles(task, ["test"]) == ["test"]
     tok = train_tokenizer(tmp_path / "tok.json", [])
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.data.tokenizer import load_tokenizer
 
     with pytest.raises(BertraceError, match=r"finetune.task.splits.test is empty.*evaluate.splits: auto"):
         load_task_data(task, load_tokenizer(tok), max_len=32, roles=["validation", "test"])

@@ -16,9 +16,10 @@ import pytest
 import torch
 import yaml
 
-from pipeline.checkpoint import save_checkpoint
-from pipeline.errors import BertraceError
-from pipeline.finetune import (
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import sha256_file
+from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
+from pipeline.finetune.loop import (
     FinetuneConfig,
     LengthGroupedBatches,
     build_model,
@@ -30,10 +31,9 @@ from pipeline.finetune import (
     resolve_checkpoint,
     train_seed,
 )
-from pipeline.io import sha256_file
-from pipeline.model import BertConfig, BertForPreTraining, BertForSequenceClassification, Dropout, param_groups
-from pipeline.task_data import cut, encode_examples, head_tail_split, load_task_data, pair_budget
-from pipeline.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
+from pipeline.finetune.task_data import cut, encode_examples, head_tail_split, load_task_data, pair_budget
+from pipeline.models.bert import BertConfig, BertForPreTraining, BertForSequenceClassification, Dropout, param_groups
+from pipeline.pretrain.checkpoint import save_checkpoint
 from tests.conftest import REPO, shared_file
 
 FILLER = "the a movie film story plot actor scene was is very quite rather this that".split()
@@ -344,7 +344,7 @@ def test_csv_delimiter_is_sniffed_or_set_and_recorded(env, tmp_path):
     assert data.source["tables"][tab.as_posix()] == {"delimiter": "\t", "quoting": "none", "sniffed": False}
     assert len(data.splits["train"]) == 10
     # GLUE's .tsv keeps its rule (tab, no quoting) under auto
-    from pipeline.task_data import csv_dialect
+    from pipeline.finetune.task_data import csv_dialect
 
     assert csv_dialect(shared_file("sst2", "dev.tsv")) == {"delimiter": "\t", "quoting": "none", "sniffed": False}
     with pytest.raises(BertraceError, match="finetune.task.delimiter"):
@@ -562,7 +562,7 @@ def test_finetune_stage_end_to_end(env, tmp_path, monkeypatch):
     # it loads strictly and reproduces the reported validation accuracy
     model = BertForSequenceClassification(BertConfig.from_dict(ckpt["model_config"]), ckpt["num_labels"])
     model.load_state_dict(ckpt["model"])
-    from pipeline.finetune import evaluate
+    from pipeline.finetune.loop import evaluate
 
     data = load_task_data(env["task"], env["tokenizer"], max_len=32)
     assert evaluate(model, data.splits["validation"])["accuracy"] == pytest.approx(max(accs))
@@ -658,7 +658,7 @@ def test_probe_script_fine_tunes_each_variant(env, tmp_path):
 def test_a_variant_lays_its_keys_over_finetune():
     """params.yaml finetune_variants.<name>: nested task keys merge, others replace; unknown keys and
     the checkpoint / tokenizer (DVC deps every variant shares) are errors naming the key."""
-    from pipeline.finetune import variant_params
+    from pipeline.finetune.loop import variant_params
 
     base = {
         "mode": "full",

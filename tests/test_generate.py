@@ -1,4 +1,4 @@
-"""Sampling (pipeline/generate.py, ``bertrace generate``) and the GPT-2 export (pipeline/export_gpt.py).
+"""Sampling (pipeline/apps/generate.py, ``bertrace generate``) and the GPT-2 export (pipeline/interop/export_gpt.py).
 
 Checkpoints are built here: a tiny random GPT with random biases and LayerNorms (so its logits
 are spread and greedy choices are clear), the tiny WordPiece tokenizer of tests/test_evaluate.py,
@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.errors import BertraceError
-from pipeline.formats import SEP_ID
-from pipeline.generate import TextStream, encode_prompt, generate, generate_text, load_causal_lm, sample_next
-from pipeline.gpt import GPT, GPTForSequenceClassification
-from pipeline.io import sha256_file
+from pipeline.apps.generate import TextStream, encode_prompt, generate, generate_text, load_causal_lm, sample_next
+from pipeline.core.errors import BertraceError
+from pipeline.core.formats import SEP_ID
+from pipeline.core.io import sha256_file
+from pipeline.models.gpt import GPT, GPTForSequenceClassification
 from tests.test_evaluate import fake_chain, sentences, tiny_config, train_tiny_tokenizer
 from tests.test_gpt import _randomize
 
@@ -40,8 +40,8 @@ def save_causal_checkpoint(
     ``data/tokenizer/tokenizer.json``, as the pipeline lays them out."""
     from tokenizers import Tokenizer
 
-    from pipeline.checkpoint import save_checkpoint
-    from pipeline.model import BertForPreTraining
+    from pipeline.models.bert import BertForPreTraining
+    from pipeline.pretrain.checkpoint import save_checkpoint
 
     tok_path = data / "tokenizer" / "tokenizer.json"
     if not tok_path.exists():
@@ -118,7 +118,7 @@ def test_bad_sampling_settings_are_clear_errors(data):
 
 def test_greedy_equals_transformers_generate_on_the_export(data, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from pipeline.export import export_hf
+    from pipeline.interop.export import export_hf
 
     model, tok, _ = load_causal_lm(data / "pretrain" / "best.pt")
     info = export_hf(data / "pretrain" / "best.pt", tmp_path / "hf")
@@ -262,7 +262,7 @@ def test_cli_falls_back_to_last_pt_and_refuses_an_mlm_checkpoint(tmp_path, data)
 
 def test_export_loads_with_auto_classes_and_matches_logits(data, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from pipeline.export import export_hf
+    from pipeline.interop.export import export_hf
 
     model, tok, _ = load_causal_lm(data / "pretrain" / "best.pt")
     out = tmp_path / "hf"
@@ -296,9 +296,9 @@ def test_export_loads_with_auto_classes_and_matches_logits(data, tmp_path):
 
 def test_causal_classifier_exports_as_gpt2_for_sequence_classification(data, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from pipeline.export import export_hf
-    from pipeline.finetune import save_finetuned
-    from pipeline.task_data import collate, encode_examples
+    from pipeline.finetune.loop import save_finetuned
+    from pipeline.finetune.task_data import collate, encode_examples
+    from pipeline.interop.export import export_hf
 
     tok_path = data / "tokenizer" / "tokenizer.json"
     d = tmp_path / "ft"

@@ -1,4 +1,4 @@
-"""pipeline.gpt: the causal property, faithfulness to Hugging Face's GPT-2 (LM and sequence
+"""pipeline.models.gpt: the causal property, faithfulness to Hugging Face's GPT-2 (LM and sequence
 classification), the key/value cache, init, weight tying, the flat-row gather, FLOP count and
 the HF name mapping in both directions."""
 
@@ -11,10 +11,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pipeline.errors import BertraceError
-from pipeline.gpt import GPT, GPTForSequenceClassification, causal_lm_loss, flops_per_token, last_token_rows
-from pipeline.hf_gpt import config_from_hf_gpt2, hf_gpt2_config, load_hf_gpt2_state_dict, to_hf_gpt2_state_dict
-from pipeline.model import BertConfig, BertForPreTraining, num_parameters
+from pipeline.core.errors import BertraceError
+from pipeline.interop.hf_gpt import config_from_hf_gpt2, hf_gpt2_config, load_hf_gpt2_state_dict, to_hf_gpt2_state_dict
+from pipeline.models.bert import BertConfig, BertForPreTraining, num_parameters
+from pipeline.models.gpt import GPT, GPTForSequenceClassification, causal_lm_loss, flops_per_token, last_token_rows
 
 V = 211  # tiny vocabulary: these tests are about the math, not the size
 
@@ -305,7 +305,7 @@ def test_fused_head_and_loss_equal_logits_then_cross_entropy():
     """linear_cross_entropy (chunks that do not divide the rows, ignored targets) gives the loss and
     the gradients of F.cross_entropy(hidden @ W.T): to float32 rounding in float32, to bfloat16's
     under autocast; GPT(targets=...) trains through it and returns no logits."""
-    from pipeline.gpt import linear_cross_entropy
+    from pipeline.models.gpt import linear_cross_entropy
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(37, 16, generator=g, requires_grad=True)

@@ -32,14 +32,14 @@ import torch
 import torch.distributed as dist
 from test_pretrain_data import make_examples
 
-import pipeline.train as train
-from pipeline import device as device_lib
-from pipeline.device import mfu, peak_flops, resolve_device, resolve_precision
-from pipeline.errors import BertraceError
-from pipeline.model import BertConfig, BertForPreTraining
-from pipeline.objectives import BertPretraining
-from pipeline.pretrain_data import PretrainingData, collate
-from pipeline.train import PretrainConfig, pretrain
+import pipeline.pretrain.loop as train
+from pipeline.core import device as device_lib
+from pipeline.core.device import mfu, peak_flops, resolve_device, resolve_precision
+from pipeline.core.errors import BertraceError
+from pipeline.models.bert import BertConfig, BertForPreTraining
+from pipeline.pretrain.data import PretrainingData, collate
+from pipeline.pretrain.loop import PretrainConfig, pretrain
+from pipeline.pretrain.objectives.registry import BertPretraining
 from tests.conftest import REPO
 
 TINY = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "max_position": 64}
@@ -145,7 +145,7 @@ RESUME_WORKER = r"""
 import datetime, json, sys
 from pathlib import Path
 import torch.distributed as dist
-from pipeline.train import PretrainConfig, pretrain
+from pipeline.pretrain.loop import PretrainConfig, pretrain
 
 examples, base, model = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
@@ -263,8 +263,8 @@ DATA_WORKER = r"""
 import datetime, json, sys
 from pathlib import Path
 import torch.distributed as dist
-import pipeline.train as train
-from pipeline.train import PretrainConfig, pretrain
+import pipeline.pretrain.loop as train
+from pipeline.pretrain.loop import PretrainConfig, pretrain
 
 examples, base, model = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
@@ -490,9 +490,9 @@ def test_finetuning_reads_the_loss_back_only_when_it_logs(tmp_path, monkeypatch)
     sums stay on the device until a log line or the end of an evaluation needs them."""
     from test_finetune import make_pretrain_checkpoint, synthetic_rows, train_tokenizer, write_csv
 
-    from pipeline.finetune import FinetuneConfig, load_pretrained, train_seed
-    from pipeline.task_data import load_task_data
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.data.tokenizer import load_tokenizer
+    from pipeline.finetune.loop import FinetuneConfig, load_pretrained, train_seed
+    from pipeline.finetune.task_data import load_task_data
 
     tok_path = train_tokenizer(tmp_path / "tokenizer.json", [])
     ckpt = load_pretrained(make_pretrain_checkpoint(tmp_path / "last.pt", tok_path))

@@ -13,10 +13,10 @@ import pytest
 import torch
 import yaml
 
-from pipeline.errors import BertraceError
-from pipeline.formats import SPECIAL_TOKENS
-from pipeline.hf_import import import_checkpoint, is_hf_source, parse_source, write_tokenizer
-from pipeline.model import BertConfig, BertForPreTraining
+from pipeline.core.errors import BertraceError
+from pipeline.core.formats import SPECIAL_TOKENS
+from pipeline.interop.hf_import import import_checkpoint, is_hf_source, parse_source, write_tokenizer
+from pipeline.models.bert import BertConfig, BertForPreTraining
 
 FILLER = "the a movie film story plot actor scene was is very quite rather this that".split()
 WORDS = FILLER + ["good", "bad", "great", "awful", "café", "naïve", "running", "played"]
@@ -148,7 +148,7 @@ def test_provenance_hashes_every_file_read_and_the_tokenizer(tmp_path):
     assert prov["tokenizer"]["lowercase"] is True and prov["tokenizer"]["from"] == "vocab.txt"
     out = tmp_path / "tok" / "tokenizer.json"
     assert write_tokenizer(ckpt, out) == prov["tokenizer_sha256"]
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(out)  # our loader accepts it (special ids checked)
     assert tok.encode("Café").tokens == ["[CLS]", "cafe", "[SEP]"]  # uncased: accents stripped
@@ -271,7 +271,7 @@ def test_sources_pointer_files_and_the_offline_hub(tmp_path, monkeypatch):
         sha,
     )
     assert prov["inputs"][pointer.as_posix()]  # the pointer file is an input too
-    from pipeline.hf_import import describe
+    from pipeline.interop.hf_import import describe
 
     assert describe(prov) == f"imported from hf:google/bert_uncased_L-2_H-128_A-2@{sha}"
 
@@ -309,7 +309,7 @@ def write_task(root: Path) -> dict:
 
 
 def finetune_params(checkpoint: str, tokenizer: str, task: dict) -> dict:
-    from pipeline.finetune import FinetuneConfig
+    from pipeline.finetune.loop import FinetuneConfig
 
     params = FinetuneConfig().model_dump(mode="json")
     params.update(
@@ -330,8 +330,8 @@ def finetune_params(checkpoint: str, tokenizer: str, task: dict) -> dict:
 def test_finetune_stage_imports_trains_and_traces(tmp_path, monkeypatch, capsys):
     import stages.finetune as stage
     import stages.trace as trace_cli
-    from pipeline import trace
-    from pipeline.io import sha256_file
+    from pipeline.core.io import sha256_file
+    from pipeline.lineage import trace
 
     hf_dir = save_hf_bert(tmp_path / "published" / "bert", google_order=True)
     root = tmp_path / "repo"
@@ -360,7 +360,7 @@ def test_finetune_stage_imports_trains_and_traces(tmp_path, monkeypatch, capsys)
     imported = import_checkpoint(hf_dir)["model"]
     start, end = imported["bert.layers.0.ffn.fc.weight"], ckpt["model"]["bert.layers.0.ffn.fc.weight"]
     assert 0 < (end - start).abs().max() < 0.2
-    from pipeline.inference import Classifier
+    from pipeline.evaluate.inference import Classifier
 
     clf = Classifier.load(root / "data/finetune/model.pt")  # the written tokenizer goes with the model
     assert [p["label"] for p in clf.predict(["a very good movie", "the bad plot was quite this"])] == ["pos", "neg"]
@@ -387,7 +387,7 @@ def test_finetune_stage_imports_trains_and_traces(tmp_path, monkeypatch, capsys)
 # pretrain.init: continued pre-training
 # ---------------------------------------------------------------------------------------------
 def _tiny_pretrain(init: str | None, steps: int = 2, lr: float = 1e-3):
-    from pipeline.train import PretrainConfig
+    from pipeline.pretrain.loop import PretrainConfig
 
     return PretrainConfig(
         objective="mlm_nsp",
@@ -417,7 +417,7 @@ def _tiny_pretrain(init: str | None, steps: int = 2, lr: float = 1e-3):
 def test_pretrain_init_from_a_published_checkpoint(tmp_path):
     from test_pretrain_data import VOCAB, make_examples
 
-    from pipeline.train import pretrain
+    from pipeline.pretrain.loop import pretrain
 
     hf_dir = save_hf_bert(tmp_path / "bert", google_order=True, vocab_size=VOCAB)
     imported = import_checkpoint(hf_dir)
@@ -439,7 +439,7 @@ def test_pretrain_init_from_a_published_checkpoint(tmp_path):
     prov = last["provenance"]
     assert prov["init"]["imported_from"] == f"imported from {hf_dir.as_posix()} (local directory)"
     assert prov["upstream"]["imported"]["inputs"] == imported["provenance"]["inputs"]
-    from pipeline import trace
+    from pipeline.lineage import trace
 
     lin = trace.lineage(tmp_path / "out" / "last.pt")
     assert [n["stage"] for n in lin["chain"]] == ["pretrain", "imported"]
@@ -459,7 +459,7 @@ def test_pretrain_init_from_a_published_checkpoint(tmp_path):
 def test_pretrain_init_from_our_checkpoint(tmp_path):
     from test_pretrain_data import TOKENIZER_SHA, make_examples
 
-    from pipeline.train import pretrain
+    from pipeline.pretrain.loop import pretrain
 
     examples = make_examples(tmp_path / "ex", train_rows=32, valid_rows=8)
     pretrain(
@@ -482,7 +482,7 @@ def test_pretrain_init_from_our_checkpoint(tmp_path):
         assert (second["model"][key] - first["model"][key]).abs().max() < 1e-6, key
     init = second["provenance"]["init"]
     assert init["tokenizer_sha256"] == TOKENIZER_SHA and init["step"] == 3
-    from pipeline.io import sha256_file
+    from pipeline.core.io import sha256_file
 
     assert init["sha256"] == sha256_file(tmp_path / "a" / "last.pt")
     with pytest.raises(BertraceError, match="pretrain.init .*nope.pt: not found"):
@@ -613,7 +613,7 @@ def test_an_early_google_upload_without_model_type_and_gamma_beta_names(tmp_path
 
 
 def test_the_bert_tiny_profile_points_at_the_hub_pointer():
-    from pipeline.profiles import load_profile
+    from pipeline.reports.profiles import load_profile
     from tests.conftest import REPO
 
     profile = load_profile("bert-tiny-google", REPO / "profiles")
@@ -625,14 +625,14 @@ def test_the_bert_tiny_profile_points_at_the_hub_pointer():
 
 def test_an_electra_discriminator_imports_when_the_objective_exists(tmp_path):
     """transformers' ElectraForPreTraining (embedding_size 32 < hidden 64, Google's special ids):
-    our encoder gives its hidden states to 1e-5 (pipeline.hf.electra_state_dict_from_hf, ELECTRA objective)."""
+    our encoder gives its hidden states to 1e-5 (pipeline.interop.hf.electra_state_dict_from_hf, ELECTRA objective)."""
     import transformers
 
-    from pipeline import hf
+    from pipeline.interop import hf
 
     if not hasattr(hf, "electra_state_dict_from_hf"):
-        pytest.skip("no ELECTRA converter in pipeline.hf yet (issue #10)")
-    from pipeline.model import BertModel
+        pytest.skip("no ELECTRA converter in pipeline.interop.hf yet (issue #10)")
+    from pipeline.models.bert import BertModel
 
     tokens = vocab(True)
     config = transformers.ElectraConfig(
@@ -663,7 +663,7 @@ def test_an_electra_discriminator_imports_when_the_objective_exists(tmp_path):
         h = ref.electra(input_ids=ids, token_type_ids=types, attention_mask=mask).last_hidden_state
     torch.testing.assert_close(x[mask.bool()], h[mask.bool()], atol=1e-5, rtol=0)
     assert any(k.startswith("disc_head.") for k in ckpt["model"])  # the replaced-token head came along
-    from pipeline.finetune import build_model
+    from pipeline.finetune.loop import build_model
 
     clf = build_model(ckpt, 2).eval()  # what the finetune stage builds: ELECTRA's encoder, a fresh head
     torch.testing.assert_close(clf.bert.embeddings.word.weight, ours.embeddings.word.weight, atol=0, rtol=0)

@@ -20,9 +20,15 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.errors import BertraceError
-from pipeline.tokenizer import build_normalizer, build_tokenizer, load_tokenizer, normalizer_report, normalizer_settings
-from pipeline.tokenizer_training import train_wordpiece
+from pipeline.core.errors import BertraceError
+from pipeline.data.tokenizer import (
+    build_normalizer,
+    build_tokenizer,
+    load_tokenizer,
+    normalizer_report,
+    normalizer_settings,
+)
+from pipeline.data.tokenizer_training import train_wordpiece
 from tests.conftest import REPO
 
 # ---------------------------------------------------------------------------------------------
@@ -157,7 +163,7 @@ def test_normalizer_report_measures_the_damage(tmp_path):
 
 
 def test_sentence_encoder_matches_tokenizers_with_the_script_aware_normaliser(tmp_path):
-    from pipeline.encode import SentenceEncoder
+    from pipeline.data.encode import SentenceEncoder
 
     corpus = tmp_path / "train.txt"
     lines = list(SAMPLES.values()) + ["Café NAÏVE Ångström, don't stop!", "がギ 한국어 Йод ёж"]
@@ -174,8 +180,8 @@ def test_sentence_encoder_matches_tokenizers_with_the_script_aware_normaliser(tm
 
 def test_hf_export_keeps_the_script_aware_normaliser(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from pipeline.export import write_tokenizer_files
-    from pipeline.export_writer import SCRIPT_PROBES
+    from pipeline.interop.export import write_tokenizer_files
+    from pipeline.interop.export_writer import SCRIPT_PROBES
 
     corpus = tmp_path / "train.txt"
     corpus.write_text("\n".join(list(SAMPLES.values()) * 10) + "\n", encoding="utf-8")
@@ -198,8 +204,8 @@ def test_hf_export_keeps_the_script_aware_normaliser(tmp_path):
 
 
 def test_document_per_file_layout_with_titles(tmp_path):
-    from pipeline.clean import clean_corpus
-    from pipeline.corpus import download_corpus
+    from pipeline.data.clean import clean_corpus
+    from pipeline.data.download import download_corpus
 
     src = tmp_path / "src"
     files = write_bengali_corpus(src, n_files=6)
@@ -352,7 +358,7 @@ def test_hf_export_of_a_classifier_with_the_script_aware_tokenizer_verifies(tmp_
     """`bertrace export --hf` on a model whose tokenizer is strip_accents: auto: transformers loads it
     back (AutoTokenizer) with the same ids, segment ids and logits (export_hf's own verification)."""
     pytest.importorskip("transformers")
-    from pipeline.export import export_hf
+    from pipeline.interop.export import export_hf
     from tests.test_evaluate import make_finetuned, sentences
 
     corpus = tmp_path / "train.txt"

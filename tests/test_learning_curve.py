@@ -9,9 +9,9 @@ import pytest
 import torch
 import yaml
 
-from pipeline import checkpoint as ckpt_lib
-from pipeline.errors import BertraceError
-from pipeline.learning_curve import curve_points
+from pipeline.core.errors import BertraceError
+from pipeline.pretrain import checkpoint as ckpt_lib
+from pipeline.reports.learning_curve import curve_points
 from tests.test_finetune import env  # noqa: F401  (module fixture: tokenizer, checkpoint, task)
 
 
@@ -99,7 +99,7 @@ def test_learning_curve_command_end_to_end(env, tmp_path, monkeypatch):  # noqa:
     assert all(float(r["dev_std"]) == 0.0 for r in rows)  # one seed per point: no spread
     assert all(int(r["steps"]) > 0 for r in rows)  # every point was really fine-tuned
     # the curve names the checkpoint it belongs to (reports/plots.html draws it only while that is current)
-    from pipeline.io import sha256_file
+    from pipeline.core.io import sha256_file
 
     assert {r["pretrain_sha256"] for r in rows} == {sha256_file(root / "data" / "pretrain" / "best.pt")}
     assert (root / "reports" / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -114,7 +114,7 @@ def test_learning_curve_command_end_to_end(env, tmp_path, monkeypatch):  # noqa:
 
 def test_curves_of_two_objectives_share_one_plot_per_corpus(env, tmp_path, monkeypatch):  # noqa: F811
     """Each run's curve is kept under its label; the PNG draws those of the same tokenizer, per minute."""
-    from pipeline.learning_curve import read_series, save_series
+    from pipeline.reports.learning_curve import read_series, save_series
 
     rows = [{"pretrain_steps": 0, "pretrain_minutes": 0.0, "dev_accuracy": 0.8, "dev_std": 0.0}]
     save_series(tmp_path, "electra", {"tokenizer_sha256": "aa", "points": rows})

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import tracking
-from pipeline.tracking import MAX_KEY_CHARS, is_valid_name, mlflow_name
+from pipeline.lineage import tracking
+from pipeline.lineage.tracking import MAX_KEY_CHARS, is_valid_name, mlflow_name
 from tests.conftest import REPO
 
 STAGES = ["download", "clean", "tokenizer", "examples", "validate", "pretrain", "finetune", "evaluate"]
@@ -118,7 +118,7 @@ def test_mlflow_name_is_valid_stable_idempotent_and_collision_free():
 def test_mlflow_name_is_the_same_in_another_process():
     sample = NAMES[:50]
     code = (
-        "import json, sys; from pipeline.tracking import mlflow_name; "
+        "import json, sys; from pipeline.lineage.tracking import mlflow_name; "
         "print(json.dumps([mlflow_name(n) for n in json.load(sys.stdin)]))"
     )
     out = subprocess.run(

@@ -1,4 +1,4 @@
-"""pipeline.model: faithfulness to Hugging Face's BERT, weight tying, init, optimizer groups,
+"""pipeline.models.bert: faithfulness to Hugging Face's BERT, weight tying, init, optimizer groups,
 presets, padding invariance, the masked-position gather, FLOP count and HF name mapping."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pipeline.errors import BertraceError
-from pipeline.hf import config_from_hf, hf_config, load_hf_state_dict, to_hf_state_dict
-from pipeline.model import (
+from pipeline.core.errors import BertraceError
+from pipeline.interop.hf import config_from_hf, hf_config, load_hf_state_dict, to_hf_state_dict
+from pipeline.models.bert import (
     BertConfig,
     BertForPreTraining,
     BertForSequenceClassification,
@@ -141,8 +141,8 @@ def test_nsp_weight_scales_the_nsp_term_and_zero_leaves_the_nsp_head_untrained()
     for untrained in (m.nsp.weight, m.bert.pooler.weight):
         assert untrained.grad is None or untrained.grad.abs().sum() == 0
     assert m.bert.embeddings.word.weight.grad.abs().sum() > 0
-    from pipeline.objectives import OBJECTIVES, make_objective
-    from pipeline.train import PretrainConfig
+    from pipeline.pretrain.loop import PretrainConfig
+    from pipeline.pretrain.objectives.registry import OBJECTIVES, make_objective
 
     assert OBJECTIVES["mlm"].nsp_weight == 0.0 and OBJECTIVES["mlm_nsp"].nsp_weight == 1.0
     with pytest.raises(BertraceError, match="nsp_weight = 0.*is gone.*objective: mlm"):
@@ -446,7 +446,7 @@ def test_masked_positions_gather_equals_full_logits():
 
 
 def test_cpu_dropout_drops_a_share_p_scales_the_rest_and_follows_the_seed():
-    from pipeline.model import Dropout, dropout
+    from pipeline.models.bert import Dropout, dropout
 
     x = torch.ones(1001, 999, requires_grad=True)
     torch.manual_seed(0)
@@ -472,7 +472,7 @@ def test_fused_mlm_loss_equals_the_loss_of_the_logits(padded_vocab, chunk, monke
     """Training's MLM loss is computed with the decoder in chunks (linear_cross_entropy): the same
     loss and gradients as cross entropy on the logits, a padded vocabulary's extra ids never
     predicted, -100 labels ignored, chunks that do not divide the rows."""
-    import pipeline.model as M
+    import pipeline.models.bert as M
 
     monkeypatch.setattr(M.linear_cross_entropy, "__defaults__", (None, chunk))
     torch.manual_seed(0)
@@ -562,7 +562,7 @@ def test_pre_ln_config_round_trips_and_rejects_a_non_boolean():
 
 
 def test_pretraining_correct_counts():
-    from pipeline.model import PreTrainingOutput
+    from pipeline.models.bert import PreTrainingOutput
 
     mlm = torch.zeros(4, 5)
     mlm[torch.arange(4), torch.tensor([1, 2, 3, 4])] = 1.0  # predicts 1, 2, 3, 4
@@ -668,7 +668,7 @@ def test_padded_vocabulary_is_never_input_or_predicted():
 def test_the_written_out_attention_that_trains_on_the_cpu_equals_sdpa():
     """SelfAttention trains on the CPU with attention_written_out and evaluates with SDPA: the same
     outputs and gradients, padding mask included."""
-    from pipeline.model import attention_written_out
+    from pipeline.models.bert import attention_written_out
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(3, 2, 7, 8, generator=g, requires_grad=True) for _ in range(3))

@@ -1,5 +1,5 @@
-"""Packed causal-LM examples (``examples.mode: causal``, pipeline/packing.py), their loader batches and
-their Great Expectations suite (pipeline/validate_packed.py)."""
+"""Packed causal-LM examples (``examples.mode: causal``, pipeline/data/packing.py), their loader batches and
+their Great Expectations suite (pipeline/checks/validate_packed.py)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 from test_examples import corpus  # noqa: F401 - the fixture: documents with disjoint vocabularies
 
-from pipeline.errors import BertraceError
-from pipeline.examples import ExamplesConfig, generate_examples
-from pipeline.formats import PAD_ID, SEP_ID
-from pipeline.io import sha256_file
-from pipeline.packing import UNIGRAM_COUNTS, pack_documents, unigram_cross_entropy
-from pipeline.pretrain_data import PretrainingData
-from pipeline.shards import document_order, partition_sizes
-from pipeline.validate import validate_shards
+from pipeline.checks.validate import validate_shards
+from pipeline.core.errors import BertraceError
+from pipeline.core.formats import PAD_ID, SEP_ID
+from pipeline.core.io import sha256_file
+from pipeline.data.examples import ExamplesConfig, generate_examples
+from pipeline.data.packing import UNIGRAM_COUNTS, pack_documents, unigram_cross_entropy
+from pipeline.data.shards import document_order, partition_sizes
+from pipeline.pretrain.data import PretrainingData
 
 BLOCK = 64
 CFG = ExamplesConfig(mode="causal", max_seq_len=BLOCK, docs_per_shard=16, row_group_size=8, seed=3)
@@ -94,7 +94,7 @@ def test_pack_documents_separators_and_empty_documents(corpus):  # noqa: F811
     """A document that tokenizes to nothing gets no separator: two [SEP] are never adjacent."""
     from tokenizers import Tokenizer
 
-    from pipeline.encode import SentenceEncoder
+    from pipeline.data.encode import SentenceEncoder
 
     tok = Tokenizer.from_file(str(corpus["tokenizer"]))
     enc = SentenceEncoder(tok, np.uint16)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.io import sha256_file
-from pipeline.learning_curve import COLUMNS, write_curve_csv
+from pipeline.core.io import sha256_file
+from pipeline.reports.learning_curve import COLUMNS, write_curve_csv
 
 pytest.importorskip("vl_convert", reason="vl-convert-python not installed (a dependency: pip install -e .)")
-from pipeline.plots_report import declared_plots, learning_curve_status, read_rows, write_report  # noqa: E402
+from pipeline.reports.plots import declared_plots, learning_curve_status, read_rows, write_report  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFUSION = (

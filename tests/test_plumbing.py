@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import provenance as prov
-from pipeline.io import atomic_open, sha256_file, sha256_json, write_json
+from pipeline.core.io import atomic_open, sha256_file, sha256_json, write_json
+from pipeline.lineage import provenance as prov
 from tests.conftest import REPO, empty_mlflow_store
 
 
@@ -282,7 +282,7 @@ def test_stage_run_on_a_dirty_tree_says_so_in_mlflow_and_trace(tmp_path, monkeyp
     """Chain and git tags on the run and its child runs; the record and trace show the dirty tree."""
     import mlflow
 
-    from pipeline import trace
+    from pipeline.lineage import trace
     from stages.common import StageRun
 
     _git(tmp_path, "init", "-q")

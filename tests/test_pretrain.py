@@ -13,12 +13,19 @@ import torch
 import yaml
 from test_pretrain_data import make_examples, make_tokenizer
 
-from pipeline import checkpoint as ckpt_lib
-from pipeline.errors import BertraceError
-from pipeline.io import sha256_file
-from pipeline.model import BertConfig, BertForPreTraining, pretraining_loss
-from pipeline.objectives import OBJECTIVES, BertPretraining
-from pipeline.train import PretrainConfig, lr_at_progress, lr_at_step, pretrain, step_snapshot_path, warmup_steps_for
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import sha256_file
+from pipeline.models.bert import BertConfig, BertForPreTraining, pretraining_loss
+from pipeline.pretrain import checkpoint as ckpt_lib
+from pipeline.pretrain.loop import (
+    PretrainConfig,
+    lr_at_progress,
+    lr_at_step,
+    pretrain,
+    step_snapshot_path,
+    warmup_steps_for,
+)
+from pipeline.pretrain.objectives.registry import OBJECTIVES, BertPretraining
 from tests.conftest import REPO
 
 TINY = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "max_position": 64}
@@ -281,7 +288,7 @@ def test_resume_with_a_larger_budget_extends_the_schedule(examples, tmp_path):
     assert metrics["budget"]["extends"] == extends
     prov = ckpt_lib.load_checkpoint(tmp_path / "last.pt")["provenance"]
     assert prov["budget"] == {"kind": "max_steps", "value": 20, "steps": 20, "deterministic": True, "extends": extends}
-    from pipeline import trace
+    from pipeline.lineage import trace
 
     node = {
         "stage": "pretrain",
@@ -348,7 +355,7 @@ def test_time_budget_stops_on_the_clock(examples, tmp_path):
     budget = {"kind": "time_minutes", "value": 0.05, "steps": None, "deterministic": False}
     assert metrics["budget"] == budget
     assert ckpt_lib.load_checkpoint(tmp_path / "last.pt")["provenance"]["budget"] == budget
-    from pipeline import trace
+    from pipeline.lineage import trace
 
     node = {"stage": "pretrain", "git_commit": "abc", "params": cfg.to_dict(), "inputs": {}, "outputs": {}}
     text = trace.format_tree({"target": "last.pt", "kind": "pre-training checkpoint", "chain": [node]})

@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline.errors import BertraceError
-from pipeline.masking import MaskingSpec, mask_sequence
-from pipeline.pretrain_data import PretrainingData, collate, continuation_table, load_manifest
+from pipeline.core.errors import BertraceError
+from pipeline.data.masking import MaskingSpec, mask_sequence
+from pipeline.pretrain.data import PretrainingData, collate, continuation_table, load_manifest
 
 VOCAB = 128
 FIRST = 5  # first non-special id
@@ -389,8 +389,8 @@ def small_dir(tmp_path):
 
 
 def test_verify_shards_rehashes_every_shard_against_the_manifest(small_dir):
-    from pipeline.io import sha256_file
-    from pipeline.pretrain_data import verify_shards
+    from pipeline.core.io import sha256_file
+    from pipeline.pretrain.data import verify_shards
 
     assert verify_shards(small_dir) == 3  # 2 train + 1 valid
     shard = small_dir / "train" / "shard-00001.parquet"

@@ -17,7 +17,7 @@ import torch
 import yaml
 from test_pretrain_data import make_examples
 
-from pipeline import checkpoint as ckpt_lib
+from pipeline.pretrain import checkpoint as ckpt_lib
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "max_position": 64}
@@ -39,7 +39,7 @@ CHILD = r"""
 import json, os, signal, sys
 from pathlib import Path
 import torch
-from pipeline.train import PretrainConfig, pretrain
+from pipeline.pretrain.loop import PretrainConfig, pretrain
 
 mode, examples, out, max_steps = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 if mode == "die-in-save":  # write half of the 3rd checkpoint file, then SIGKILL ourselves
@@ -123,8 +123,8 @@ WORKER = r"""
 import json, os, sys
 from pathlib import Path
 import torch, torch.distributed as dist
-import pipeline.train as train
-from pipeline.train import PretrainConfig, pretrain
+import pipeline.pretrain.loop as train
+from pipeline.pretrain.loop import PretrainConfig, pretrain
 
 examples, base = Path(sys.argv[1]), Path(sys.argv[2])
 dist.init_process_group("gloo")
@@ -240,7 +240,7 @@ def test_stage_writes_checkpoints_metrics_plots_provenance_and_mlflow(tmp_path):
     assert metrics["step"] == 8 and metrics["completed"] and "val_mlm_loss" in metrics
     state = torch.load(work / "data" / "pretrain" / "last.pt", weights_only=True)
     manifest = work / "data" / "examples" / "manifest.json"
-    from pipeline.io import sha256_file
+    from pipeline.core.io import sha256_file
 
     assert state["provenance"]["stage"] == "pretrain"
     assert state["provenance"]["examples_manifest_sha256"] == sha256_file(manifest)

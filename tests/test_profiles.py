@@ -9,9 +9,9 @@ import pytest
 import yaml
 from test_pretrain_data import make_examples
 
-from pipeline.errors import BertraceError
-from pipeline.profiles import apply_overrides, dvc_set_args, flatten_overrides, load_profile
-from pipeline.train import PretrainConfig, pretrain
+from pipeline.core.errors import BertraceError
+from pipeline.pretrain.loop import PretrainConfig, pretrain
+from pipeline.reports.profiles import apply_overrides, dvc_set_args, flatten_overrides, load_profile
 from tests.conftest import REPO
 
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
@@ -106,7 +106,7 @@ def test_gpu_profile_pretrains_on_cpu(tmp_path):
     assert section["model"]["dropout"] == 0.0 and "no dropout" in description
     assert section["snapshot_steps"] == [] and section["snapshot_minutes"] == []
     # the embedding padded to a multiple of 64 (tensor cores): the 16k WordPiece vocabulary's 15,774 -> 15,808
-    from pipeline.model import config_from_params
+    from pipeline.models.bert import config_from_params
 
     assert config_from_params(section["model"], 15_774).vocab_size == 15_808 and "15,808" in description
     section.update(
@@ -128,7 +128,7 @@ def test_gpu_profile_pretrains_on_cpu(tmp_path):
     examples = make_examples(tmp_path / "ex", masking="dynamic", train_rows=32, valid_rows=8)
     metrics = pretrain(cfg, examples_dir=examples, out_dir=tmp_path / "out", provenance={}, progress=False)
     assert metrics["step"] == 2 and metrics["mfu"] is None
-    from pipeline import checkpoint as ckpt_lib
+    from pipeline.pretrain import checkpoint as ckpt_lib
 
     state = ckpt_lib.load_checkpoint(tmp_path / "out" / "last.pt")
     disc = state["model"]

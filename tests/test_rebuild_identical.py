@@ -11,7 +11,7 @@ both dvc.lock files, directories walked file by file) is compared:
   canonical hash of their loaded contents, not their bytes: a torch.save zip names its records
   after the (random) temporary file name it was written to and the checkpoints hold wall-clock
   timings (see ``EXCLUDED``). Tensors enter the hash as name, dtype, shape and raw bytes, in
-  state-dict order (``pipeline.train.model_sha256``'s recipe): weights, optimizer moments and
+  state-dict order (``pipeline.pretrain.loop.model_sha256``'s recipe): weights, optimizer moments and
   RNG states must be bit-identical. The failure message also prints the weights-only hash;
 * files that legitimately hold timings, run ids or dates are compared with exactly the fields
   listed in ``EXCLUDED`` removed (JSON keys at any depth, CSV columns, Markdown text by regex);
@@ -172,7 +172,7 @@ def _canonical(obj: Any, drop: set[str], path: str = "") -> Any:
 
 
 def _weights_hash(ckpt: dict) -> str:
-    """pipeline.train.model_sha256's recipe on a loaded state dict: names, dtypes, shapes, bytes, in order."""
+    """pipeline.pretrain.loop.model_sha256's recipe on a loaded state dict: names, dtypes, shapes, bytes, in order."""
     import torch
 
     h = hashlib.sha256()
@@ -288,7 +288,7 @@ def test_two_clean_builds_write_identical_outputs(tmp_path):
         empty_mlflow_store(dst.parent / "mlflow.db")  # each copy's store (_env), its schema already made
     out_a = run(["dvc", "repro"], a, dag_env(a))
     out_b = run(["dvc", "repro", "--force"], b, dag_env(b))
-    from pipeline.provenance import dvc_stages
+    from pipeline.lineage.provenance import dvc_stages
 
     stages = set(dvc_stages(a))
     for out in (out_a, out_b):

@@ -15,8 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.errors import BertraceError
-from pipeline.finetune import (
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import sha256_file
+from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
+from pipeline.finetune.loop import (
     FinetuneConfig,
     build_model,
     checkpoint_metrics,
@@ -25,10 +27,8 @@ from pipeline.finetune import (
     save_finetuned,
     task_loss,
 )
-from pipeline.io import sha256_file
-from pipeline.task_data import load_task_data, task_params
-from pipeline.task_metrics import regression_metrics, score_buckets
-from pipeline.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
+from pipeline.finetune.task_data import load_task_data, task_params
+from pipeline.finetune.task_metrics import regression_metrics, score_buckets
 from tests.test_finetune import make_pretrain_checkpoint
 from tests.test_token_classification import declared_evaluate_outputs, dvc_repro, tiny_repo
 
@@ -240,7 +240,7 @@ def test_frozen_and_scratch_modes_train(trained, mode):
 
 
 def test_predict_prints_a_score(trained, capsys):
-    from pipeline.inference import Classifier
+    from pipeline.evaluate.inference import Classifier
     from stages.predict import main_predict
 
     clf = Classifier.load(trained["model"])
@@ -255,8 +255,8 @@ def test_predict_prints_a_score(trained, capsys):
 def test_pyfunc_frame_gives_scores(trained):
     import pandas as pd
 
-    from pipeline.inference import Classifier
-    from pipeline.pyfunc import predict_frame
+    from pipeline.evaluate.inference import Classifier
+    from pipeline.interop.pyfunc import predict_frame
 
     frame = predict_frame(
         Classifier.load(trained["model"]),
@@ -267,8 +267,8 @@ def test_pyfunc_frame_gives_scores(trained):
 
 def test_hf_export_regression_round_trip(trained, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from pipeline.export import export_hf
-    from pipeline.inference import Classifier
+    from pipeline.evaluate.inference import Classifier
+    from pipeline.interop.export import export_hf
 
     info = export_hf(trained["model"], tmp_path / "hf")
     assert info["architecture"] == "BertForSequenceClassification"

@@ -19,10 +19,10 @@ SCRIPT = r"""
 import json, sys
 from pathlib import Path
 import torch
-from pipeline.examples import ExamplesConfig, generate_examples
-from pipeline.io import sha256_file
-from pipeline.train import PretrainConfig, pretrain
-from pipeline.tokenizer_training import train_wordpiece
+from pipeline.data.examples import ExamplesConfig, generate_examples
+from pipeline.core.io import sha256_file
+from pipeline.pretrain.loop import PretrainConfig, pretrain
+from pipeline.data.tokenizer_training import train_wordpiece
 from tests.test_tokenizer import write_corpus
 
 out = Path(sys.argv[1])

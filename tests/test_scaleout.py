@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.distributed import Engine
-from pipeline.errors import BertraceError
-from pipeline.examples import SPECIAL_IDS, ExamplesConfig, _partition_task, code_fingerprint, generate_examples
-from pipeline.io import sha256_file
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import sha256_file
+from pipeline.data.engine import Engine
+from pipeline.data.examples import SPECIAL_IDS, ExamplesConfig, _partition_task, code_fingerprint, generate_examples
 
 distributed = pytest.importorskip("distributed", reason="pip install 'bertrace[dask]'")
 
@@ -67,7 +67,7 @@ def local_run(corpus, tmp_path_factory):
 def test_dask_cluster_writes_the_same_bytes_as_the_local_engine(corpus, local_run, tmp_path):
     from distributed import Client, LocalCluster
 
-    import pipeline.examples as examples
+    import pipeline.data.examples as examples
 
     out1, man1 = local_run
     with (
@@ -76,7 +76,7 @@ def test_dask_cluster_writes_the_same_bytes_as_the_local_engine(corpus, local_ru
     ):
         man = _generate(corpus, tmp_path, engine="dask", scheduler=cluster.scheduler_address)
         # the partitions were processed in the worker processes (each keeps its worker state), not here
-        built = client.run(lambda: len(__import__("pipeline.examples").examples._WORKERS))
+        built = client.run(lambda: len(__import__("pipeline.data.examples").examples._WORKERS))
     assert len(built) == 2 and sum(built.values()) >= 1
     assert examples._WORKERS == {}
     assert man == man1  # shard sha256s, rows, tokens, NSP and mask fractions
@@ -144,7 +144,7 @@ def test_dvc_tracks_exactly_the_recipe_params():
     """dvc.yaml lists every ExamplesConfig field, and none of the engine keys (they never change the bytes)."""
     import yaml
 
-    from pipeline.examples import ENGINE_KEYS
+    from pipeline.data.examples import ENGINE_KEYS
 
     repo = Path(__file__).resolve().parents[1]
     listed = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]["examples"]["params"]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pipeline.errors import BertraceError
-from pipeline.scorecard import read_profiles, render_scorecard, run_row
+from pipeline.core.errors import BertraceError
+from pipeline.reports.scorecard import read_profiles, render_scorecard, run_row
 
 
 def _records(pretrain_params_hash="p" * 64):
@@ -183,7 +183,7 @@ def test_render_rewrites_the_markdown_from_the_json_and_recorded_rows(tmp_path, 
 def test_a_custom_task_is_never_scored_against_another_tasks_goal(tmp_path):
     """A 5-class local task: no SST-2 goal, anchors or published numbers beside it; with the goal shown
     (an SST-2 run), rows of other tasks neither meet nor miss it."""
-    from pipeline.scorecard import task_name, write_scorecard
+    from pipeline.reports.scorecard import task_name, write_scorecard
 
     refs = {
         "goal": {"task": "nyu-mll/glue/sst2", "dev_mean": 84.0, "dag_minutes": 60},
@@ -244,7 +244,7 @@ def test_variants_table_from_the_variant_stages_and_recorded_rows(tmp_path, monk
     longer declares (its stale report DVC left behind) is not shown."""
     import yaml
 
-    from pipeline.scorecard import read_variants
+    from pipeline.reports.scorecard import read_variants
     from stages.scorecard import main
 
     monkeypatch.chdir(tmp_path)
@@ -284,7 +284,7 @@ def test_variants_table_from_the_variant_stages_and_recorded_rows(tmp_path, monk
 
 
 def test_a_broken_variant_report_names_its_stage(tmp_path):
-    from pipeline.scorecard import read_variants
+    from pipeline.reports.scorecard import read_variants
 
     (tmp_path / "frozen.json").write_text(json.dumps({"variant": "frozen", "per_seed": {}}))
     with pytest.raises(BertraceError, match=r"frozen.json: no validation_accuracy .*dvc repro finetune_variant@frozen"):

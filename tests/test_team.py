@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.provenance import dvc_paths
+from pipeline.lineage.provenance import dvc_paths
 from tests.dag import dag_env, link_shared, run, template_repo
 from tests.servers import team_servers
 
@@ -129,7 +129,7 @@ def team_dag(tmp_path_factory):
 
 
 def test_two_clones_at_once_each_one_parent_run_with_nested_stage_runs(team_dag):
-    from pipeline.provenance import dvc_stages
+    from pipeline.lineage.provenance import dvc_stages
 
     t = team_dag
     stages = set(dvc_stages(t.a))
@@ -188,7 +188,7 @@ def test_clone_b_pulls_and_has_nothing_to_rerun(team_dag):
 
 
 def test_clone_c_changes_finetune_and_pulls_pretraining(team_dag):
-    from pipeline.provenance import dvc_stages
+    from pipeline.lineage.provenance import dvc_stages
 
     t = team_dag
     c = t.clone(t.a, "c")

@@ -16,12 +16,27 @@ import pytest
 import torch
 import yaml
 
-from pipeline.errors import BertraceError
-from pipeline.finetune import FinetuneConfig, build_model, checkpoint_metrics, finetune, load_pretrained, save_finetuned
-from pipeline.io import sha256_file
-from pipeline.task_data import collate, load_task_data
-from pipeline.token_data import bio_violations, check_bio, encode_text, encode_words, entities, read_conll, spans
-from pipeline.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import sha256_file
+from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
+from pipeline.finetune.loop import (
+    FinetuneConfig,
+    build_model,
+    checkpoint_metrics,
+    finetune,
+    load_pretrained,
+    save_finetuned,
+)
+from pipeline.finetune.task_data import collate, load_task_data
+from pipeline.finetune.token_data import (
+    bio_violations,
+    check_bio,
+    encode_text,
+    encode_words,
+    entities,
+    read_conll,
+    spans,
+)
 from tests.test_finetune import make_pretrain_checkpoint
 
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
@@ -191,7 +206,7 @@ def test_collate_pads_token_labels_with_ignore(tok_path, tmp_path):
 # Metrics
 # ---------------------------------------------------------------------------------------------
 def test_entity_level_f1_on_a_hand_made_example():
-    from pipeline.task_metrics import entity_metrics
+    from pipeline.finetune.task_metrics import entity_metrics
 
     gold = [["B-PER", "I-PER", "O", "B-LOC"], ["O", "B-LOC", "I-LOC", "O"]]
     pred = [["B-PER", "I-PER", "O", "B-PER"], ["O", "B-LOC", "O", "O"]]  # 1 right, LOC typed wrong, LOC cut short
@@ -273,7 +288,7 @@ def test_frozen_and_scratch_modes_train(trained, mode):
 
 
 def test_predict_prints_spans_with_character_offsets(trained, capsys):
-    from pipeline.inference import Classifier
+    from pipeline.evaluate.inference import Classifier
     from stages.predict import main_predict
 
     text = "yesterday  Carol Smith went to New York."
@@ -303,8 +318,8 @@ def test_spans_and_text_offsets(tok_path):
 def test_pyfunc_frame_gives_entities(trained):
     import pandas as pd
 
-    from pipeline.inference import Classifier
-    from pipeline.pyfunc import predict_frame
+    from pipeline.evaluate.inference import Classifier
+    from pipeline.interop.pyfunc import predict_frame
 
     frame = predict_frame(Classifier.load(trained["model"]), pd.DataFrame({"tokens": ["met bob in paris", "the"]}))
     assert list(frame.columns) == ["entities"]
@@ -313,8 +328,8 @@ def test_pyfunc_frame_gives_entities(trained):
 
 def test_hf_export_token_classification_round_trip(trained, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from pipeline.export import export_hf
-    from pipeline.inference import Classifier
+    from pipeline.evaluate.inference import Classifier
+    from pipeline.interop.export import export_hf
 
     info = export_hf(trained["model"], tmp_path / "hf")
     assert info["architecture"] == "BertForTokenClassification"
@@ -377,7 +392,7 @@ def dvc_repro(root: Path, env: dict, target: str = "evaluate") -> str:
 
 
 def declared_evaluate_outputs(root: Path) -> list[str]:
-    from pipeline.provenance import dvc_paths
+    from pipeline.lineage.provenance import dvc_paths
 
     spec = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["evaluate"]
     return dvc_paths((spec.get("outs") or []) + (spec.get("metrics") or []) + (spec.get("plots") or []))

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import BertraceError
-from pipeline.io import sha256_file
-from pipeline.tokenizer import SPECIAL_IDS, SPECIAL_TOKENS, load_tokenizer, read_vocab
-from pipeline.tokenizer_training import corpus_alphabet, tokenizer_stats, train_wordpiece
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import sha256_file
+from pipeline.data.tokenizer import SPECIAL_IDS, SPECIAL_TOKENS, load_tokenizer, read_vocab
+from pipeline.data.tokenizer_training import corpus_alphabet, tokenizer_stats, train_wordpiece
 from tests.conftest import REPO
 
 WORDS = (
@@ -101,7 +101,7 @@ def test_training_is_deterministic_across_processes(tmp_path):
     tokenizer.json files). Ours must not."""
     corpus = write_corpus(tmp_path / "train.txt", n_docs=400, seed=3)
     script = (
-        "import sys; from pathlib import Path; from pipeline.tokenizer_training import train_wordpiece\n"
+        "import sys; from pathlib import Path; from pipeline.data.tokenizer_training import train_wordpiece\n"
         "print(train_wordpiece(Path(sys.argv[1]), Path(sys.argv[2]), vocab_size=300, lowercase=True,"
         " min_frequency=2, progress=False)['tokenizer_sha256'])\n"
     )
@@ -234,7 +234,7 @@ def test_train_errors(tmp_path):
 
 # -- bounded memory on long documents (BENCHMARKS.md "Scaling") --------------------------------------
 def test_line_batches_are_bounded_by_characters(tmp_path, monkeypatch):
-    import pipeline.tokenizer as T
+    import pipeline.data.tokenizer as T
 
     monkeypatch.setattr(T, "BATCH_CHARS", 1000)
     path = tmp_path / "train.txt"
@@ -246,7 +246,7 @@ def test_line_batches_are_bounded_by_characters(tmp_path, monkeypatch):
 
 
 def test_pieces_cut_only_at_spaces_and_bound_length():
-    from pipeline.tokenizer_training import _pieces
+    from pipeline.data.tokenizer_training import _pieces
 
     line = " ".join(["word"] * 50 + ["x" * 40] + ["a,b.c"] * 30)
     batch = [line, "short one", "y" * 100 + " tail", ""]
@@ -259,8 +259,8 @@ def test_pieces_cut_only_at_spaces_and_bound_length():
 def test_cutting_documents_for_the_trainer_changes_no_token(tmp_path):
     """The trainer gets documents cut at spaces (bounded memory); the tokenizer must be the one the
     whole documents give: same vocabulary, same ids, same bytes."""
-    from pipeline.tokenizer import line_batches
-    from pipeline.tokenizer_training import _pieces, _train, continuation_pieces
+    from pipeline.data.tokenizer import line_batches
+    from pipeline.data.tokenizer_training import _pieces, _train, continuation_pieces
 
     rng = random.Random(1)
     extra = ["naïve", "Ωμέγα", "ΣΟΦΟΣ", "東京都", "e\u0301t\u00e9", "x-ray", "(a)", "U.S.", "don't"]

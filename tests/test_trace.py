@@ -14,12 +14,12 @@ import pytest
 import torch
 import yaml
 
-from pipeline import trace
-from pipeline.arithmetic import host_line, host_specific_reasons
-from pipeline.device import cpu_model
-from pipeline.errors import BertraceError
-from pipeline.io import sha256_file
-from pipeline.provenance import hash_path, params_hash
+from pipeline.core.arithmetic import host_line, host_specific_reasons
+from pipeline.core.device import cpu_model
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import sha256_file
+from pipeline.lineage import trace
+from pipeline.lineage.provenance import hash_path, params_hash
 from stages import trace as trace_cli
 
 COMMIT = "c0ffee" * 6 + "abcd"

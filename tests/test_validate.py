@@ -17,10 +17,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.check_report import CheckResult, ValidationReport
-from pipeline.io import read_json, sha256_file, write_json
-from pipeline.masking import MaskingSpec, mask_sequence
-from pipeline.validate import validate_corpus, validate_shards
+from pipeline.checks.report import CheckResult, ValidationReport
+from pipeline.checks.validate import validate_corpus, validate_shards
+from pipeline.core.io import read_json, sha256_file, write_json
+from pipeline.data.masking import MaskingSpec, mask_sequence
 
 VOCAB, MAX_LEN, MAX_PRED, PROB = 300, 32, 5, 0.15
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
@@ -354,8 +354,8 @@ def test_nsp_mean_too_high_says_what_short_documents_do(ex):
 def test_normalizer_check_fails_when_uncased_stripping_deletes_letters(tmp_path):
     """The tokenizer's normaliser on the corpus: Google's uncased rule deletes Bengali viramas and vowel
     signs (a failure naming the params to change); strip_accents: auto keeps them; English passes."""
-    from pipeline.tokenizer import SPECIAL_TOKENS, build_tokenizer
-    from pipeline.validate import NORMALIZER_CHECK, validate_normalizer
+    from pipeline.checks.validate import NORMALIZER_CHECK, validate_normalizer
+    from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
     corpus = tmp_path / "train.txt"
     corpus.write_text("অক্সিজেন একটি রাসায়নিক মৌল। পৃথিবীর বায়ুমণ্ডলে অক্সিজেন দ্বিতীয় সর্বাধিক গ্যাস।\n" * 5, encoding="utf-8")
@@ -723,7 +723,7 @@ def test_corpus_row_bounds_missing_file_bad_utf8(tmp_path):
 
 def test_corpus_streamed_in_chunks(tmp_path, monkeypatch):
     """Results of small chunks merge into one per file, with file-wide line numbers."""
-    import pipeline.validate as V
+    import pipeline.checks.validate as V
 
     monkeypatch.setattr(V, "CORPUS_CHUNK_BYTES", 1000)  # ~10 documents per chunk
     train = TRAIN[:15] + ["too short"] + TRAIN[15:30] + ["tiny"] + TRAIN[30:] + [TRAIN[33], "x\ry" * 30]

@@ -1,4 +1,4 @@
-"""Skip-gram embedding initialisation (pipeline/wordvec.py, ``pretrain.embedding_init``): the rows it
+"""Skip-gram embedding initialisation (pipeline/pretrain/wordvec.py, ``pretrain.embedding_init``): the rows it
 reads, what the vectors learn, their scale, determinism, and how pre-training records them."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 from test_pretrain import run, tiny_cfg
 from test_pretrain_data import FIRST, VOCAB, make_examples
 
-from pipeline import checkpoint as ckpt_lib
-from pipeline.errors import BertraceError
-from pipeline.wordvec import EmbeddingInit, nearest, skipgram_vectors, standardise, training_rows
+from pipeline.core.errors import BertraceError
+from pipeline.pretrain import checkpoint as ckpt_lib
+from pipeline.pretrain.wordvec import EmbeddingInit, nearest, skipgram_vectors, standardise, training_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CYCLE = VOCAB - FIRST  # the synthetic rows count up through ids FIRST..VOCAB-1 and wrap

@@ -1,0 +1,1 @@
+"""Applications of a trained model: the demo page and text generation."""

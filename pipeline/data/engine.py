@@ -1,0 +1,192 @@
+"""Where the data stages' independent tasks run: this machine's cores, or a Dask cluster.
+
+A task is ``fn(shared, *args)``; ``shared`` (the tokenizer and config, say) is the same for
+every task and sent to each worker once. Tasks are submitted lazily, at most
+``2 * workers`` at a time, so the caller streams its input and holds a bounded number of
+results in memory, whatever the corpus size. Results come back in completion order, or in
+submission order with ``ordered=True`` (a slow task then holds the window: like
+``Pool.imap``); every task's output depends only on its arguments, which is what makes the
+bytes identical for any number of workers and either engine.
+
+* ``local`` (default): ``workers`` processes of this machine (0 = all cores; 1 = in this
+  process), a ``spawn`` process pool.
+* ``dask``: the workers of a running ``distributed`` cluster at ``scheduler``
+  (``tcp://host:8786``; ``dask scheduler`` + ``dask worker`` on each machine, or any Dask
+  deployment: Kubernetes, SLURM via dask-jobqueue, ...). Without an address a LocalCluster of
+  ``workers`` processes is started (useful to try it). Workers need bertrace installed at the
+  same version; no shared filesystem is needed (inputs travel with the tasks, outputs come
+  back to this process).
+
+The engine is chosen by the stage's params (``engine``, ``dask_scheduler``) or the
+environment (``BERTRACE_ENGINE``, ``BERTRACE_DASK_SCHEDULER``), which win.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import os
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, Iterable, Iterator, Literal
+
+from pydantic import Field
+
+from pipeline.core.config import Int, Section, Str
+from pipeline.core.errors import BertraceError
+
+ENGINES = ("local", "dask")
+
+
+class EngineParams(Section):
+    """The keys of a data stage's params section that say where the work runs (output bytes
+    depend on none of them; dvc.yaml does not track them)."""
+
+    workers: Annotated[Int, Field(ge=0)] = 0  # local processes; 0 = all cores
+    engine: Literal["local", "dask"] = "local"  # env BERTRACE_ENGINE wins
+    dask_scheduler: Str = ""  # env BERTRACE_DASK_SCHEDULER wins; empty = a LocalCluster
+
+
+@dataclass(frozen=True)
+class Engine:
+    kind: str = "local"
+    workers: int = 0  # local: processes (0 = all cores); dask without scheduler: LocalCluster size
+    scheduler: str | None = None  # dask: scheduler address; None = start a LocalCluster
+
+    @classmethod
+    def from_params(cls, params: dict | EngineParams, section: str) -> "Engine":
+        """The engine of a params.yaml section (``workers``, ``engine``, ``dask_scheduler``) + env."""
+        if isinstance(params, EngineParams):
+            params = params.model_dump()
+        kind = os.environ.get("BERTRACE_ENGINE") or params.get("engine") or "local"
+        scheduler = os.environ.get("BERTRACE_DASK_SCHEDULER") or params.get("dask_scheduler") or None
+        workers = params.get("workers", 0)
+        if kind not in ENGINES:
+            raise BertraceError(
+                f"params.yaml {section}.engine = {kind!r} (or env BERTRACE_ENGINE): must be one of {', '.join(ENGINES)}"
+            )
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+            raise BertraceError(
+                f"params.yaml {section}.workers = {workers!r}: must be an integer >= 0 (0 = all cores); fix params.yaml"
+            )
+        return cls(kind, workers, scheduler)
+
+    @property
+    def local_workers(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
+
+def run_tasks(
+    fn: Callable,
+    shared: Any,
+    tasks: Iterable[tuple],
+    engine: Engine,
+    *,
+    initializer: Callable | None = None,
+    what: str = "task",
+    ordered: bool = False,
+) -> Iterator[tuple[tuple, Any]]:
+    """Yield ``(args, fn(shared, *args))`` for every ``args`` in ``tasks``, as they finish
+    (``ordered``: in the order of ``tasks``).
+
+    ``initializer`` runs once in each local pool process (e.g. to set environment variables).
+    ``what`` names the work in error messages.
+    """
+    if engine.kind == "dask":
+        yield from _run_dask(fn, shared, tasks, engine, what, ordered)
+    elif engine.local_workers == 1:
+        for args in tasks:
+            yield args, fn(shared, *args)
+    else:
+        yield from _run_pool(fn, shared, tasks, engine.local_workers, initializer, what, ordered)
+
+
+def _run_pool(fn, shared, tasks, workers: int, initializer, what: str, ordered: bool):
+    ctx = mp.get_context("spawn")
+
+    def finished(pending: dict):
+        """The futures to hand back next: the oldest (ordered; dicts keep insertion order) or any done."""
+        if ordered:
+            return [next(iter(pending))]
+        return cf.wait(pending, return_when=cf.FIRST_COMPLETED)[0]
+
+    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer) as pool:
+        pending: dict[cf.Future, tuple] = {}
+        try:
+            for args in tasks:
+                while len(pending) >= 2 * workers:  # bounded: never read far ahead
+                    for fut in finished(pending):
+                        yield pending.pop(fut), fut.result()
+                pending[pool.submit(fn, shared, *args)] = args
+            while pending:
+                for fut in finished(pending):
+                    yield pending.pop(fut), fut.result()
+        except cf.process.BrokenProcessPool:
+            raise BertraceError(
+                f"{what}: a worker process died (out of memory? or a script that calls it without an "
+                "`if __name__ == '__main__':` guard, which the 'spawn' start method needs); rerun with "
+                "workers: 1 to see the cause"
+            ) from None
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+
+
+def _dask_client(engine: Engine, what: str):
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise BertraceError(
+            f"{what}: engine 'dask' needs the distributed package; pip install 'bertrace[dask]' (or set engine: local)"
+        ) from None
+    if engine.scheduler:
+        try:
+            return Client(engine.scheduler, timeout="30s"), None
+        except OSError as e:
+            raise BertraceError(
+                f"{what}: cannot reach the Dask scheduler at {engine.scheduler} ({e}); check "
+                "dask_scheduler / BERTRACE_DASK_SCHEDULER and that `dask scheduler` runs"
+            ) from None
+    cluster = LocalCluster(n_workers=engine.local_workers, threads_per_worker=1, processes=True, dashboard_address=None)
+    return Client(cluster), cluster
+
+
+def _run_dask(fn, shared, tasks, engine: Engine, what: str, ordered: bool):
+    from distributed import wait
+
+    client, cluster = _dask_client(engine, what)
+    try:
+        slots = 2 * max(1, sum(client.nthreads().values()))
+        shared_f = client.scatter(shared, broadcast=True, hash=False)
+        pending: dict = {}
+
+        def next_done():
+            if ordered:  # the oldest task, like the local pool
+                first = next(iter(pending))
+                wait([first])
+                return [first]
+            return wait(list(pending), return_when="FIRST_COMPLETED")[0]
+
+        def finished(futures):
+            for fut in futures:
+                args = pending.pop(fut)
+                try:
+                    result = fut.result()
+                except Exception as e:  # a worker's exception is re-raised here with its traceback
+                    if isinstance(e, BertraceError):
+                        raise
+                    raise BertraceError(f"{what}: a Dask task failed on the cluster: {type(e).__name__}: {e}") from e
+                fut.release()
+                yield args, result
+
+        for args in tasks:
+            while len(pending) >= slots:
+                yield from finished(next_done())
+            # Large arguments (a partition's text) go straight to a worker, not through the scheduler.
+            data = client.scatter(list(args), hash=False)
+            pending[client.submit(fn, shared_f, *data, pure=False)] = args
+        while pending:
+            yield from finished(next_done())
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()

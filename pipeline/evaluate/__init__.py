@@ -1,0 +1,1 @@
+"""Evaluation: the report of a fine-tuned model on its task's splits, and inference."""

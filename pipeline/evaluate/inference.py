@@ -1,0 +1,350 @@
+"""Inference with a fine-tuned checkpoint (``data/finetune/model.pt``): texts in, labels out.
+
+Texts are encoded exactly as fine-tuning encoded them (:func:`pipeline.finetune.task_data.encode_examples`
+with the checkpoint's ``max_len`` and ``truncation``), with the tokenizer the checkpoint was
+trained with: ``tokenizer.json`` next to the checkpoint, whose sha256 must equal the one the
+checkpoint records.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import sha256_file
+
+FINETUNE_KEYS = ("model", "model_config", "num_labels", "label_names", "task", "tokenizer_sha256")
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Any bertrace checkpoint as a dict (``weights_only`` load), with clear errors for a missing
+    or corrupt file."""
+    path = Path(path)
+    if not path.is_file():
+        raise BertraceError(
+            f"{path}: checkpoint not found; check the path (the finetune stage writes "
+            "data/finetune/model.pt, the pretrain stage data/pretrain/best.pt)"
+        )
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, pickle.UnpicklingError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BertraceError(
+            f"{path}: not a readable checkpoint ({first}); rerun the stage that wrote it "
+            "or restore it with `dvc checkout`"
+        ) from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
+        raise BertraceError(f"{path}: not a bertrace checkpoint (expected a dict with 'model' and 'model_config')")
+    return ckpt
+
+
+def is_finetuned(ckpt: dict[str, Any]) -> bool:
+    return "num_labels" in ckpt
+
+
+def check_finetuned(ckpt: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """``ckpt`` if it has every key of the fine-tuned format (docs/formats.md "Fine-tuned checkpoint"), else a clear error."""
+    missing = [k for k in FINETUNE_KEYS if k not in ckpt]
+    if missing:
+        kind = "a pre-training checkpoint" if not is_finetuned(ckpt) else "an incomplete fine-tuned checkpoint"
+        raise BertraceError(
+            f"{path}: {kind} (missing {missing}); classify with a fine-tuned model.pt "
+            "(data/finetune/model.pt, written by the finetune stage)"
+        )
+    return ckpt
+
+
+def load_finetuned(path: str | Path) -> dict[str, Any]:
+    """The fine-tuned checkpoint dict; BertraceError for a missing, corrupt or wrong kind of file."""
+    return check_finetuned(read_checkpoint(path), path)
+
+
+def strip_wrappers(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Drop the key prefixes torch.compile (``_orig_mod.``) and DDP (``module.``) add."""
+    out = {}
+    for k, v in state_dict.items():
+        while k.startswith(("_orig_mod.", "module.")):
+            k = k.split(".", 1)[1]
+        out[k] = v
+    return out
+
+
+def load_weights(model: torch.nn.Module, state_dict: dict[str, Any], path: str | Path) -> None:
+    try:
+        model.load_state_dict(strip_wrappers(state_dict))
+    except RuntimeError as e:
+        raise BertraceError(
+            f"{path}: weights do not fit its model_config ({str(e).splitlines()[0]}); "
+            "the checkpoint is inconsistent, rerun the stage that wrote it"
+        ) from None
+
+
+def check_tokenizer(tokenizer_path: str | Path, expected_sha256: str | None, checkpoint_path: str | Path) -> str:
+    """sha256 of ``tokenizer_path``; BertraceError naming both hashes when it is not the
+    tokenizer the checkpoint was trained with."""
+    tokenizer_path = Path(tokenizer_path)
+    if not tokenizer_path.is_file():
+        raise BertraceError(
+            f"{tokenizer_path}: tokenizer not found; the fine-tuned checkpoint {checkpoint_path} "
+            "needs the tokenizer.json it was trained with next to it (the finetune stage writes both)"
+        )
+    actual = sha256_file(tokenizer_path)
+    if expected_sha256 and actual != expected_sha256:
+        raise BertraceError(
+            f"{tokenizer_path}: sha256 {actual} is not the tokenizer {checkpoint_path} was trained with "
+            f"(sha256 {expected_sha256}); put the matching tokenizer.json next to the checkpoint "
+            "(rerun the finetune stage or `dvc checkout`)"
+        )
+    return actual
+
+
+@dataclass
+class Classifier:
+    """A fine-tuned BertForSequenceClassification with its tokenizer, in eval mode."""
+
+    model: torch.nn.Module
+    tokenizer: Any  # tokenizers.Tokenizer
+    label_names: list[str]
+    text_columns: list[str]
+    max_len: int
+    truncation: str
+    checkpoint: dict[str, Any]  # everything but the weights
+    path: Path
+    device: torch.device
+    task_type: str = "classification"  # | token_classification | regression (the checkpoint's task.type)
+
+    @classmethod
+    def load(
+        cls, path: str | Path, tokenizer_path: str | Path | None = None, device: str | torch.device = "cpu"
+    ) -> "Classifier":
+        """Load ``model.pt`` and the ``tokenizer.json`` next to it (or ``tokenizer_path``),
+        checking the tokenizer's sha256 against the checkpoint."""
+        path = Path(path)
+        return cls.from_checkpoint(load_finetuned(path), path, tokenizer_path, device)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        ckpt: dict[str, Any],
+        path: str | Path,
+        tokenizer_path: str | Path | None = None,
+        device: str | torch.device = "cpu",
+    ) -> "Classifier":
+        """As :meth:`load`, for a checkpoint dict already read from ``path``."""
+        from tokenizers import Tokenizer
+
+        from pipeline.models.bert import BertConfig, BertForSequenceClassification, BertForTokenClassification
+
+        path = Path(path)
+        check_finetuned(ckpt, path)
+        task_type = str((ckpt.get("task") or {}).get("type") or "classification")
+        tokenizer_path = Path(tokenizer_path) if tokenizer_path else path.parent / "tokenizer.json"
+        check_tokenizer(tokenizer_path, ckpt["tokenizer_sha256"], path)
+        tokenizer = Tokenizer.from_file(str(tokenizer_path))
+
+        config = BertConfig.from_dict(ckpt["model_config"])
+        if tokenizer.get_vocab_size() > config.vocab_size:
+            raise BertraceError(
+                f"{tokenizer_path}: vocabulary of {tokenizer.get_vocab_size()} tokens is larger than "
+                f"the model's {config.vocab_size}; use the checkpoint's own tokenizer"
+            )
+        head = BertForTokenClassification if task_type == "token_classification" else BertForSequenceClassification
+        if ckpt.get("architecture", "bert") == "gpt":  # fine-tuned from a clm checkpoint: last-token pooling
+            from pipeline.models.gpt import GPTForSequenceClassification as head
+        model = head(config, int(ckpt["num_labels"]))
+        load_weights(model, ckpt["model"], path)
+        device = torch.device(device)
+        model.to(device).eval()
+        task = ckpt["task"] or {}
+        label_names = [str(n) for n in ckpt["label_names"]]
+        if len(label_names) != int(ckpt["num_labels"]) and not (
+            task_type == "regression" and int(ckpt["num_labels"]) == 1
+        ):
+            raise BertraceError(f"{path}: {len(label_names)} label names for {ckpt['num_labels']} labels")
+        meta = {k: v for k, v in ckpt.items() if k != "model"}
+        return cls(
+            model,
+            tokenizer,
+            label_names,
+            list(task.get("text_columns") or ["text"]),
+            int(task.get("max_len") or config.max_position),
+            str(task.get("truncation") or "head"),
+            meta,
+            path,
+            device,
+            task_type,
+        )
+
+    @property
+    def is_pair(self) -> bool:
+        return len(self.text_columns) == 2
+
+    # -- encoding ---------------------------------------------------------------------------
+    def encode(self, texts: Sequence[str] | Sequence[tuple[str, str]]) -> tuple[list[list[int]], list[list[int]]]:
+        """``(input_ids, token_type_ids)`` per text, as fine-tuning encoded its data (a single
+        string counts as a list of one)."""
+        from pipeline.finetune.task_data import encode_examples
+
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            return [], []
+        pairs = [isinstance(t, (tuple, list)) for t in texts]
+        if self.is_pair:
+            if not all(pairs) or any(len(t) != 2 for t in texts):
+                raise BertraceError(
+                    f"this model classifies sentence pairs ({' + '.join(self.text_columns)}); "
+                    "give (text_a, text_b) pairs"
+                )
+            a, b = [str(t[0]) for t in texts], [str(t[1]) for t in texts]
+        else:
+            if any(pairs):
+                raise BertraceError(
+                    f"this model classifies single texts ({self.text_columns[0]}); give strings, not pairs"
+                )
+            a, b = [str(t) for t in texts], None
+        ids, types, _ = encode_examples(self.tokenizer, a, b, self.max_len, self.truncation)
+        return ids, types
+
+    # -- model ------------------------------------------------------------------------------
+    def _sorted_batches(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int]],
+        batch_size: int,
+        progress: bool,
+    ):
+        """``(indices, logits)`` per batch of length-sorted sequences (little padding; padding is
+        masked, so the logits do not depend on the batching), under the device's autocast."""
+        from pipeline.core.device import amp_dtype
+        from pipeline.finetune.task_data import collate
+
+        if batch_size < 1:
+            raise BertraceError(f"batch_size must be at least 1, got {batch_size}")
+        amp = amp_dtype(self.device)  # bf16 (fp16 on older GPUs) autocast on CUDA, fp32 elsewhere
+        n = len(input_ids)
+        self.model.eval()
+        order = sorted(range(n), key=lambda i: len(input_ids[i]))
+        starts = range(0, n, batch_size)
+        if progress:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc="predict", unit="batch")
+        for s in starts:
+            idx = order[s : s + batch_size]
+            batch = collate([(input_ids[i], token_type_ids[i], 0) for i in idx])
+            with torch.autocast(self.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                logits = self.model(
+                    batch["input_ids"].to(self.device),
+                    batch["token_type_ids"].to(self.device),
+                    batch["attention_mask"].to(self.device),
+                )
+            yield idx, logits.float().cpu().numpy()
+
+    @torch.no_grad()
+    def logits_from_ids(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int]],
+        batch_size: int = 64,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Logits ``[N, num_labels]`` (float32) for encoded sequences, in input order.
+
+        Batches are formed from length-sorted sequences (little padding); padding is masked,
+        so the result does not depend on the batching.
+        """
+        if self.task_type == "token_classification":
+            raise BertraceError(
+                "logits_from_ids: a token classification model gives logits per position; use token_logits_from_ids"
+            )
+        n = len(input_ids)
+        out = np.zeros((n, int(self.model.num_labels)), dtype=np.float32)
+        if n == 0:
+            return out
+        for idx, logits in self._sorted_batches(input_ids, token_type_ids, batch_size, progress):
+            out[idx] = logits
+        return out
+
+    @torch.no_grad()
+    def token_logits_from_ids(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int]],
+        batch_size: int = 64,
+        progress: bool = False,
+    ) -> list[np.ndarray]:
+        """Token classification: per sequence its logits ``[T_i, num_labels]`` (float32), in input
+        order, batched as :meth:`logits_from_ids`."""
+        if batch_size < 1:
+            raise BertraceError(f"batch_size must be at least 1, got {batch_size}")
+        out: list[np.ndarray] = [np.zeros((0, len(self.label_names)), dtype=np.float32)] * len(input_ids)
+        for idx, logits in self._sorted_batches(input_ids, token_type_ids, batch_size, progress):
+            for j, i in enumerate(idx):
+                out[i] = logits[j, : len(input_ids[i])]
+        return out
+
+    def logits(self, texts: Sequence[str] | Sequence[tuple[str, str]], batch_size: int = 64) -> np.ndarray:
+        ids, types = self.encode(texts)
+        return self.logits_from_ids(ids, types, batch_size=batch_size)
+
+    def predict(self, texts: Sequence[str] | Sequence[tuple[str, str]], batch_size: int = 64) -> list[dict[str, Any]]:
+        """``[{"label": name, "label_id": int, "probabilities": {name: p}}]``, one per text;
+        regression: ``[{"score": float}]``; token classification: ``[{"entities": [{type, text,
+        start, end}], "words": [...], "tags": [...]}]`` (:meth:`tag`)."""
+        if self.task_type == "token_classification":
+            return self.tag(texts, batch_size=batch_size)
+        return self.format(self.logits(texts, batch_size=batch_size))
+
+    def tag(self, texts: Sequence[str], batch_size: int = 64) -> list[dict[str, Any]]:
+        """Named entities of raw texts: the tokenizer's pre-tokenizer splits each text into words
+        (whitespace and punctuation), a word's tag is read at its first sub-token (words beyond
+        ``max_len`` are tagged O), BIO tags become spans with character offsets into the text."""
+        from pipeline.finetune.token_data import encode_text, spans, word_predictions
+
+        texts = [texts] if isinstance(texts, str) else [str(t) for t in texts]
+        encs = [encode_text(self.tokenizer, t, self.max_len) for t in texts]
+        logits = self.token_logits_from_ids(
+            [e["input_ids"] for e in encs], [e["token_type_ids"] for e in encs], batch_size=batch_size
+        )
+        out = []
+        for text, enc, lg in zip(texts, encs, logits):
+            tags = word_predictions(lg, enc["first"], self.label_names)
+            out.append(
+                {
+                    "entities": spans(text, tags, enc["offsets"]),
+                    "words": [text[s:e] for s, e in enc["offsets"]],
+                    "tags": tags,
+                }
+            )
+        return out
+
+    def format(self, logits: np.ndarray) -> list[dict[str, Any]]:
+        if self.task_type == "regression":
+            return [{"score": float(row[0])} for row in np.asarray(logits)]
+        probs = softmax(logits)
+        out = []
+        for row in probs:
+            k = int(row.argmax())
+            out.append(
+                {
+                    "label": self.label_names[k],
+                    "label_id": k,
+                    "probabilities": {name: float(p) for name, p in zip(self.label_names, row)},
+                }
+            )
+        return out
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float64 (stable: the row max is subtracted)."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)

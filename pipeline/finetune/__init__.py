@@ -1,0 +1,1 @@
+"""Fine-tuning: the loop, task data for classification, regression and token classification, task metrics."""

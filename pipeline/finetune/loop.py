@@ -1,0 +1,883 @@
+"""Fine-tuning a pre-trained encoder on a classification task (run_classifier.py, Devlin et al.
+2018 section 4.1): [CLS] pooled vector -> dropout -> Linear, cross-entropy, AdamW.
+
+The encoder comes from a pre-training checkpoint: its config (never re-typed in params) and,
+in ``full`` / ``frozen`` mode, its ``bert.*`` weights; the MLM and NSP heads are dropped and the
+classifier starts fresh. Modes:
+
+* ``full``: every weight trains (the paper's fine-tuning);
+* ``frozen``: the encoder is frozen (``requires_grad=False``, kept in eval mode so no dropout
+  noise) and only the classifier on the pooled [CLS] vector learns: a linear probe;
+* ``scratch``: the same architecture, randomly initialised: what pre-training buys.
+
+Optimisation follows Google's ``optimization.py``: AdamW with eps 1e-6, no weight decay on
+biases and LayerNorm, linear warm-up over ``warmup`` (a fraction) of the steps then linear decay to 0,
+gradient clipping at global norm 1.0. Validation accuracy is measured after every epoch (or
+every ``eval_every_steps``); training stops after ``patience`` checks without improvement and
+the best weights are kept. Several seeds give mean ± std (fine-tuning BERT is notoriously
+seed-sensitive on small tasks: Dodge et al. 2020); the model of the best seed is the one saved.
+
+``finetune.task.type`` (:mod:`pipeline.finetune.task_data`) changes the head, the loss and the metric that
+picks the best check and seed: ``token_classification`` (NER) is BertForTokenClassification,
+cross-entropy at each word's first sub-token, entity-level F1 (seqeval); ``regression`` (STS-B) is
+the sequence head with one output, mean squared error, Pearson r (STS-B's official metric;
+Spearman and MSE are reported too). See :mod:`pipeline.finetune.task_metrics`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Callable, ClassVar, ContextManager, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, field_validator
+
+from pipeline.core.config import Bool, Float, Int, Section, Str
+from pipeline.core.device import amp_dtype, resolve_device
+from pipeline.core.errors import BertraceError
+from pipeline.core.io import atomic_path, sha256_file
+from pipeline.finetune.task_data import DEFAULT_TASK, TaskData, TaskSplit, collate, task_params
+from pipeline.finetune.task_metrics import SELECTION, selection_value
+from pipeline.models.bert import BertConfig, BertForSequenceClassification, BertForTokenClassification, param_groups
+
+MODES = ("full", "frozen", "scratch")
+FORMAT = "bertrace-finetune-checkpoint"
+VERSION = 1
+
+
+class FinetuneConfig(Section):
+    """The ``finetune`` section of params.yaml (defaults equal params.yaml; tests/test_config.py).
+
+    The optimizer keys are named as in ``pretrain``: ``lr``, ``warmup`` (a fraction of the
+    planned steps), ``weight_decay``, ``betas``, ``eps``, ``clip_grad_norm``."""
+
+    SECTION: ClassVar[str] = "finetune"
+
+    checkpoint: Str = "data/pretrain/best.pt"  # falls back to last.pt; or a HF model dir / hub pointer (hf_import)
+    tokenizer: Str = "data/tokenizer/tokenizer.json"  # must be the checkpoint's (sha256 checked); HF: = checkpoint
+    mirror: Str = ""  # hub mirror for the task data (env BERTRACE_HUB_MIRROR does the same)
+    task: dict = Field(default_factory=lambda: json.loads(json.dumps(DEFAULT_TASK)))  # pipeline.finetune.task_data
+    mode: Literal["full", "frozen", "scratch"] = "full"
+    max_len: Annotated[Int, Field(ge=8)] = 128
+    truncation: Literal["head", "head_tail"] = "head"
+    epochs: Annotated[Int, Field(ge=1)] = 3
+    batch_size: Annotated[Int, Field(ge=1)] = 32
+    eval_batch_size: Annotated[Int, Field(ge=1)] = 128
+    lr: Annotated[Float, Field(gt=0)] = 1e-4
+    weight_decay: Annotated[Float, Field(ge=0)] = 0.01
+    warmup: Annotated[Float, Field(ge=0, lt=1)] = 0.1  # fraction of the planned steps
+    betas: tuple[Float, Float] = (0.9, 0.999)
+    eps: Annotated[Float, Field(gt=0)] = 1e-6
+    clip_grad_norm: Annotated[Float, Field(ge=0)] = 1.0  # 0 = no clipping
+    dropout: Annotated[Float, Field(ge=0, lt=1)] | None = 0.1  # classifier; null = the encoder's hidden dropout
+    encoder_dropout: Annotated[Float, Field(ge=0, lt=1)] | None = 0.1  # null = the checkpoint's (pre-training's)
+    layer_lr_decay: Annotated[Float, Field(gt=0, le=1)] = 1.0  # ELECTRA's layer-wise lr decay; 1.0 = one lr for all
+    patience: Annotated[Int, Field(ge=0)] = 2  # checks without improvement before stopping; 0 = never stop early
+    eval_every_steps: Annotated[Int, Field(ge=0)] = 0  # 0 = once per epoch
+    group_by_length: Bool = True  # batches of similar length: less padding, same examples per epoch
+    seeds: list[Annotated[Int, Field(ge=0)]] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    log_every_steps: Annotated[Int, Field(ge=1)] = 50
+    threads: Annotated[Int, Field(ge=0)] = 2  # torch CPU threads, also evaluate's (0: the host's core count)
+    device: Str = "auto"  # auto | cpu | cuda | cuda:N | mps
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _one_seed(cls, v):
+        return [v] if isinstance(v, int) and not isinstance(v, bool) else v  # seeds: 0 means [0]
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError(f"repeats a seed; give distinct seeds, e.g. {sorted(set(v))}")
+        return v
+
+    @classmethod
+    def from_params(cls, params: dict | None, *, source: str = "params.yaml", section: str | None = None):
+        cfg = super().from_params(params, source=source, section=section)
+        task_params(cfg.task)  # the task section's own checks, at parse time
+        return cfg
+
+
+SHARED_KEYS = ("checkpoint", "tokenizer")  # a variant's DVC deps are finetune's: it cannot change them
+
+
+def variant_params(finetune_params: dict, overrides: Any, name: str) -> dict:
+    """The ``finetune`` section with variant ``name``'s overrides (params.yaml ``finetune_variants``)
+    applied: a nested dict (``task``) is merged key by key, anything else replaced. Unknown keys and
+    the shared ones (the checkpoint and tokenizer, which dvc.yaml tracks for every variant) are errors
+    naming ``finetune_variants.<name>.<key>``."""
+    where = f"params.yaml: finetune_variants.{name}"
+    if overrides is None:
+        overrides = {}
+    if not isinstance(overrides, dict):
+        raise BertraceError(
+            f"{where}: expected a mapping of finetune keys to values (e.g. {{mode: frozen, lr: 1.0e-3}}), "
+            f"got {type(overrides).__name__} {overrides!r}"
+        )
+    known = set(FinetuneConfig.model_fields)
+    for key in overrides:
+        if key in SHARED_KEYS:
+            raise BertraceError(
+                f"{where}.{key}: every variant fine-tunes finetune.{key} (a DVC dependency of the "
+                f"variant stages); remove the key, or compare checkpoints with `dvc exp run -S finetune.{key}=...`"
+            )
+        if key not in known:
+            raise BertraceError(f"{where}.{key}: not a finetune key; use one of {sorted(known - set(SHARED_KEYS))}")
+
+    def merge(base: Any, over: Any) -> Any:
+        if isinstance(base, dict) and isinstance(over, dict):
+            return {**base, **{k: merge(base.get(k), v) for k, v in over.items()}}
+        return over
+
+    return merge(dict(finetune_params), overrides)
+
+
+# ---------------------------------------------------------------------------------------------
+# Transplant: pre-training checkpoint -> classifier
+# ---------------------------------------------------------------------------------------------
+def load_pretrained(path: str | Path) -> dict[str, Any]:
+    """The pre-training checkpoint (``pipeline.pretrain.checkpoint.load_checkpoint``), checked for the
+    keys fine-tuning needs."""
+    from pipeline.pretrain.checkpoint import load_checkpoint
+
+    path = Path(path)
+    ckpt = load_checkpoint(path)
+    missing = [k for k in ("model", "model_config") if k not in ckpt]
+    if missing:
+        raise BertraceError(f"{path}: pre-training checkpoint lacks {missing}; rerun the pretrain stage")
+    return ckpt
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """``path`` when it exists, else ``last.pt`` next to it (a run without a best.pt yet)."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    last = path.with_name("last.pt")
+    if path.name != "last.pt" and last.is_file():
+        return last
+    raise BertraceError(
+        f"{path}: pre-training checkpoint not found (nor {last}); run the pretrain stage "
+        "(dvc repro pretrain) or set finetune.checkpoint"
+    )
+
+
+def check_tokenizer(ckpt: dict[str, Any], ckpt_path: str | Path, tokenizer_path: str | Path) -> str:
+    """The task tokenizer's sha256; BertraceError naming both hashes when the checkpoint was
+    pre-trained with another tokenizer (its ids would mean different tokens)."""
+    tokenizer_path = Path(tokenizer_path)
+    if not tokenizer_path.is_file():
+        raise BertraceError(f"{tokenizer_path}: tokenizer not found; run the tokenizer stage or set finetune.tokenizer")
+    actual = sha256_file(tokenizer_path)
+    expected = (ckpt.get("provenance") or {}).get("tokenizer_sha256")
+    if not expected:
+        raise BertraceError(
+            f"{ckpt_path}: records no tokenizer_sha256 in its provenance, so the tokenizer it was "
+            "pre-trained with is unknown; rerun the pretrain stage"
+        )
+    if actual != expected:
+        raise BertraceError(
+            f"tokenizer mismatch: {ckpt_path} was pre-trained with tokenizer sha256 {expected}, but "
+            f"{tokenizer_path} has sha256 {actual}; fine-tune with the tokenizer the checkpoint was trained with "
+            "(finetune.tokenizer, or `dvc checkout` the matching data/tokenizer) or pre-train again"
+        )
+    return actual
+
+
+def build_model(
+    ckpt: dict[str, Any],
+    num_labels: int,
+    mode: str = "full",
+    *,
+    dropout: float | None = None,
+    encoder_dropout: float | None = None,
+    seed: int = 0,
+    source: str = "checkpoint",
+    task_type: str = "classification",
+) -> BertForSequenceClassification:
+    """BertForSequenceClassification (BertForTokenClassification for ``task_type``
+    token_classification; regression is sequence classification with ``num_labels`` 1) with the
+    checkpoint's config; encoder weights loaded for ``full`` / ``frozen``, random (seeded) for
+    ``scratch``; encoder frozen for ``frozen``.
+
+    ``encoder_dropout`` replaces the checkpoint's hidden and attention dropout: a model
+    pre-trained without dropout (short budgets, Geiping & Goldstein 2022 "Cramming", sec. 4.3)
+    is fine-tuned with it switched back on."""
+    if mode not in MODES:
+        raise BertraceError(f"params.yaml: finetune.mode is {mode!r}; use one of {list(MODES)}")
+    model_config = dict(ckpt["model_config"])
+    if encoder_dropout is not None:
+        model_config.update(dropout=float(encoder_dropout), attention_dropout=float(encoder_dropout))
+    config = BertConfig.from_dict(model_config)
+    torch.manual_seed(seed)  # classifier (and, for scratch, encoder) initialisation
+    if is_causal_checkpoint(ckpt):  # pretrain.objective clm: a GPT decoder, last-token pooling
+        return _build_gpt(ckpt, config, num_labels, mode, dropout=dropout, source=source, task_type=task_type)
+    head = BertForTokenClassification if task_type == "token_classification" else BertForSequenceClassification
+    model = head(config, num_labels, classifier_dropout=dropout)
+    if mode != "scratch":
+        model.load_pretrained_encoder(ckpt["model"], source=str(source))
+    if mode == "frozen":
+        for p in backbone(model).parameters():
+            p.requires_grad_(False)
+    return model
+
+
+def _build_gpt(
+    ckpt: dict[str, Any],
+    config: BertConfig,
+    num_labels: int,
+    mode: str,
+    *,
+    dropout: float | None,
+    source: str,
+    task_type: str,
+) -> torch.nn.Module:
+    """:class:`pipeline.models.gpt.GPTForSequenceClassification` (the last real token's hidden state, as
+    ``GPT2ForSequenceClassification``) on a ``clm`` checkpoint's decoder: loaded for ``full`` /
+    ``frozen``, random (seeded by the caller) for ``scratch``, frozen for ``frozen``."""
+    from pipeline.models.gpt import GPTForSequenceClassification
+
+    if task_type == "token_classification":
+        raise BertraceError(
+            f"{source}: a causal (GPT) checkpoint fine-tunes sequence tasks only (classification, "
+            "regression); for token classification pre-train an encoder (pretrain.objective mlm_nsp, "
+            "mlm or electra)"
+        )
+    model = GPTForSequenceClassification(config, num_labels, classifier_dropout=dropout)
+    if mode != "scratch":
+        model.load_pretrained_decoder(ckpt["model"], source=str(source))
+    if mode == "frozen":
+        for p in model.gpt.parameters():
+            p.requires_grad_(False)
+    return model
+
+
+def checkpoint_objective(ckpt: dict[str, Any]) -> str:
+    """The objective a pre-training checkpoint was trained with (``train_config.objective``, else its
+    provenance's ``params.objective``; ``mlm_nsp`` for a checkpoint from before objectives existed)."""
+    train = ckpt.get("train_config") or {}
+    params = (ckpt.get("provenance") or {}).get("params") or {}
+    return str(train.get("objective") or params.get("objective") or "mlm_nsp")
+
+
+def is_causal_checkpoint(ckpt: dict[str, Any]) -> bool:
+    """A ``clm`` (GPT decoder) pre-training checkpoint, or a fine-tuned model.pt built on one."""
+    return ckpt.get("architecture", "gpt" if checkpoint_objective(ckpt) == "clm" else "bert") == "gpt"
+
+
+def backbone(model: torch.nn.Module) -> torch.nn.Module:
+    """The pre-trained part of a fine-tuning model: the encoder (``bert``) or the decoder (``gpt``)."""
+    return model.gpt if hasattr(model, "gpt") else model.bert
+
+
+def architecture(ckpt: dict[str, Any]) -> str:
+    """``gpt`` for a causal (``clm``) checkpoint, ``bert`` otherwise: what the fine-tuned model.pt records."""
+    return "gpt" if is_causal_checkpoint(ckpt) else "bert"
+
+
+def layer_depth(name: str, num_layers: int) -> int:
+    """A parameter's depth for layer-wise lr decay, as google-research/electra's
+    ``optimization._get_layer_lrs``: the embeddings (and their projection) 0, encoder / decoder
+    layer i is i + 1, everything else (pooler, final LayerNorm, the task head) num_layers + 2."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part in ("layers", "blocks") and parts[i + 1].isdigit():
+            return int(parts[i + 1]) + 1
+    if any(part.startswith(("embeddings", "wte", "wpe")) for part in parts):
+        return 0
+    return num_layers + 2
+
+
+def layerwise_lr_groups(model: torch.nn.Module, lr: float, weight_decay: float, decay: float = 1.0) -> list[dict]:
+    """AdamW groups for fine-tuning: ``param_groups``' weight-decay split, and with ``decay`` < 1 a
+    learning rate of ``lr * decay ** (num_layers + 2 - depth)`` per depth (:func:`layer_depth`):
+    lower rates nearer the input, so fine-tuning moves the pre-trained lower layers less (ELECTRA's
+    fine-tuning, Clark et al. 2020, appendix A: 0.8 for Small). Frozen parameters are left out."""
+    num_layers = len(backbone(model).blocks if hasattr(model, "gpt") else backbone(model).layers)
+    named = {id(p): n for n, p in model.named_parameters()}
+    by_depth: dict[int, list[dict]] = {}
+    for group in param_groups(model, weight_decay):
+        for p in group["params"]:
+            depth = num_layers + 2 if decay == 1.0 else layer_depth(named[id(p)], num_layers)
+            groups = by_depth.setdefault(depth, [])
+            match = next((g for g in groups if g["weight_decay"] == group["weight_decay"]), None)
+            if match is None:
+                match = {
+                    "params": [],
+                    "weight_decay": group["weight_decay"],
+                    "lr": lr * decay ** (num_layers + 2 - depth),
+                }
+                groups.append(match)
+            match["params"].append(p)
+    return [g for depth in sorted(by_depth) for g in by_depth[depth]]
+
+
+def _set_train_mode(model: BertForSequenceClassification, mode: str) -> None:
+    model.train()
+    if mode == "frozen":
+        backbone(model).eval()  # a frozen encoder is a fixed feature extractor: no dropout in it
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def linear_warmup_decay(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """LR multiplier: 0 -> 1 over ``warmup_steps``, then linearly to 0 at ``total_steps``
+    (Google's optimization.py; Hugging Face's get_linear_schedule_with_warmup)."""
+
+    def f(step: int) -> float:
+        if step < warmup_steps:
+            return step / max(1, warmup_steps)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return f
+
+
+class LengthGroupedBatches(torch.utils.data.Sampler):
+    """Random batches of similar-length examples (Hugging Face's ``group_by_length``): each
+    epoch shuffles the examples, sorts each window of ``window`` batches by length, cuts it into
+    batches and shuffles the batches. Every example is seen once per epoch; padding (most of the
+    compute on short-sentence tasks like SST-2) mostly disappears."""
+
+    def __init__(self, lengths: list[int], batch_size: int, generator: torch.Generator, window: int = 50):
+        self.lengths, self.batch_size, self.generator, self.window = lengths, batch_size, generator, window
+
+    def _chunks(self) -> list[int]:
+        n, size = len(self.lengths), self.batch_size * self.window
+        return [min(size, n - s) for s in range(0, n, size)]
+
+    def __len__(self) -> int:
+        return sum(math.ceil(c / self.batch_size) for c in self._chunks())
+
+    def __iter__(self):
+        perm = torch.randperm(len(self.lengths), generator=self.generator).tolist()
+        size = self.batch_size * self.window
+        batches = []
+        for s in range(0, len(perm), size):
+            chunk = sorted(perm[s : s + size], key=lambda i: self.lengths[i])
+            batches += [chunk[j : j + self.batch_size] for j in range(0, len(chunk), self.batch_size)]
+        for k in torch.randperm(len(batches), generator=self.generator).tolist():
+            yield batches[k]
+
+
+def task_loss(
+    logits: torch.Tensor, labels: torch.Tensor, task_type: str = "classification", reduction: str = "mean"
+) -> torch.Tensor:
+    """Cross-entropy (classification; token classification over the positions whose label is not
+    -100, i.e. each word's first sub-token) or mean squared error of the single output
+    (regression: transformers' ``problem_type="regression"``), in float32."""
+    if task_type == "regression":
+        return F.mse_loss(logits.float().squeeze(-1), labels.float(), reduction=reduction)
+    if task_type == "token_classification":
+        return F.cross_entropy(
+            logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction=reduction
+        )
+    return F.cross_entropy(logits.float(), labels, reduction=reduction)
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    split: TaskSplit,
+    batch_size: int = 128,
+    device: torch.device | str = "cpu",
+    label_names: list[str] | None = None,
+) -> dict[str, float]:
+    """``{"accuracy", "loss", "n"}`` on a labelled split (batches of length-sorted examples).
+    On a GPU under autocast (:func:`pipeline.core.device.amp_dtype`); sums stay on the device until
+    the end (one sync per evaluation, not two per batch).
+
+    Token classification (needs ``label_names``): entity-level ``f1`` / ``precision`` /
+    ``recall`` (seqeval) and word ``accuracy``; regression: ``pearson`` / ``spearman`` / ``mse``
+    (:mod:`pipeline.finetune.task_metrics`); ``loss`` is the training loss on the split."""
+    if split.labels is None:
+        raise BertraceError(f"{split.source}: the {split.role} split has no labels; accuracy needs a labelled split")
+    if split.task_type != "classification":
+        return _evaluate_task(model, split, batch_size, torch.device(device), label_names)
+    was_training = model.training
+    model.eval()
+    device = torch.device(device)
+    amp = amp_dtype(device)
+    order = sorted(range(len(split)), key=lambda i: len(split.input_ids[i]))
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    for s in range(0, len(order), batch_size):
+        batch = {
+            k: v.to(device, non_blocking=True)
+            for k, v in collate([split[i] for i in order[s : s + batch_size]]).items()
+        }
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
+        loss_sum += F.cross_entropy(logits, batch["labels"], reduction="sum").double()
+        correct += (logits.argmax(-1) == batch["labels"]).sum()
+    model.train(was_training)
+    n = len(order)
+    return {"accuracy": correct.item() / n, "loss": loss_sum.item() / n, "n": n}
+
+
+@torch.no_grad()
+def _evaluate_task(
+    model: torch.nn.Module, split: TaskSplit, batch_size: int, device: torch.device, label_names: list[str] | None
+) -> dict[str, float]:
+    from pipeline.finetune.task_metrics import entity_metrics, regression_metrics
+
+    task_type = split.task_type
+    if task_type == "token_classification" and not label_names:
+        raise ValueError("evaluate: token classification needs label_names")
+    was_training = model.training
+    model.eval()
+    amp = amp_dtype(device)
+    order = sorted(range(len(split)), key=lambda i: len(split.input_ids[i]))
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    count = torch.zeros((), dtype=torch.long, device=device)
+    outputs: list[Any] = [None] * len(split)
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        batch = {k: v.to(device, non_blocking=True) for k, v in collate([split[i] for i in idx]).items()}
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
+        loss_sum += task_loss(logits, batch["labels"], task_type, reduction="sum").double()
+        if task_type == "regression":
+            count += len(idx)
+            values = logits.squeeze(-1).cpu().tolist()
+        else:
+            count += (batch["labels"] != -100).sum()
+            values = logits.argmax(-1).cpu().tolist()
+        for i, v in zip(idx, values):
+            outputs[i] = v
+    model.train(was_training)
+    n = len(order)
+    loss = loss_sum.item() / max(1, count.item())
+    if task_type == "regression":
+        return {**regression_metrics(outputs, split.labels.tolist()), "loss": loss, "n": n}
+    gold = [[label_names[t] for t in tags] for tags in split.word_labels]
+    pred = [[label_names[row[p]] if p >= 0 else "O" for p in first] for row, first in zip(outputs, split.first)]
+    m = entity_metrics(gold, pred)
+    return {
+        "f1": m["f1"],
+        "precision": m["precision"],
+        "recall": m["recall"],
+        "accuracy": m["accuracy"],
+        "loss": loss,
+        "n": n,
+    }
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    validation_accuracy: float  # at the best check (the weights kept)
+    validation_loss: float
+    best_step: int
+    best_epoch: float
+    steps: int  # optimizer steps run
+    planned_steps: int
+    epochs_run: float
+    stopped_early: bool
+    train_loss: float  # mean over the last epoch's steps
+    history: list[dict[str, float]]  # one entry per validation check
+    cpu_seconds: float
+    wall_seconds: float
+    state_dict: dict[str, torch.Tensor] | None = field(default=None, repr=False)  # best weights (CPU)
+    task_type: str = "classification"
+    validation: dict[str, float] = field(default_factory=dict)  # every metric at the best check
+
+    @property
+    def score(self) -> float:
+        """The selection metric at the best check (classification: accuracy; token
+        classification: entity F1; regression: Pearson r), NaN as -inf."""
+        if self.task_type == "classification":
+            return self.validation_accuracy
+        from pipeline.finetune.task_metrics import selection_value
+
+        return selection_value(self.task_type, self.validation)
+
+    def metrics(self) -> dict[str, Any]:
+        """The numbers (no weights, no history) as a JSON-able dict."""
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "seed",
+                "validation_accuracy",
+                "validation_loss",
+                "best_step",
+                "best_epoch",
+                "steps",
+                "planned_steps",
+                "epochs_run",
+                "stopped_early",
+                "train_loss",
+                "cpu_seconds",
+                "wall_seconds",
+            )
+        }
+        if self.task_type != "classification":  # validation_f1 / _precision / ... or _pearson / _spearman / _mse
+            out.pop("validation_accuracy")
+            out.update({f"validation_{k}": v for k, v in self.validation.items() if k not in ("n", "loss")})
+        return out
+
+
+def train_seed(
+    ckpt: dict[str, Any],
+    data: TaskData,
+    cfg: FinetuneConfig,
+    seed: int,
+    *,
+    progress: bool = True,
+    log: Callable[[dict[str, float], int], None] | None = None,
+    source: str = "checkpoint",
+) -> SeedResult:
+    """Fine-tune one model with ``seed`` (init, shuffling and dropout all follow it) and return
+    its best-validation weights and numbers. ``log(metrics, step)`` receives the training loss
+    and learning rate every ``log_every_steps`` and each validation check."""
+    from tqdm.auto import tqdm
+
+    train, valid = data.splits.get("train"), data.splits.get("validation")
+    if train is None or valid is None:
+        raise BertraceError(
+            "fine-tuning needs the train and validation splits; load them with roles=('train', 'validation')"
+        )
+    t_wall, t_cpu = time.perf_counter(), time.process_time()
+    device = resolve_device(cfg.device, param="finetune.device")
+    # On a GPU: autocast (bf16; fp16 + GradScaler where bf16 is only emulated), TF32 matmuls and
+    # pinned batches; on the CPU all three are off and results are those of plain fp32.
+    amp = amp_dtype(device)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
+    pin = device.type == "cuda"
+    if pin:
+        torch.set_float32_matmul_precision("high")
+    task_type = getattr(data, "task_type", "classification")
+    model = build_model(
+        ckpt,
+        data.num_labels,
+        cfg.mode,
+        dropout=cfg.dropout,
+        encoder_dropout=cfg.encoder_dropout,
+        seed=seed,
+        source=source,
+        task_type=task_type,
+    ).to(device)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    groups = layerwise_lr_groups(model, cfg.lr, cfg.weight_decay, cfg.layer_lr_decay)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    generator = torch.Generator().manual_seed(seed)
+    if cfg.group_by_length:
+        sampler = LengthGroupedBatches([len(x) for x in train.input_ids], cfg.batch_size, generator)
+        loader = torch.utils.data.DataLoader(train, batch_sampler=sampler, collate_fn=collate, pin_memory=pin)
+    else:
+        loader = torch.utils.data.DataLoader(
+            train, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate, generator=generator, pin_memory=pin
+        )
+    steps_per_epoch = len(loader)
+    planned = cfg.epochs * steps_per_epoch
+    warmup = int(round(cfg.warmup * planned))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(warmup, planned))
+    eval_every = cfg.eval_every_steps or steps_per_epoch
+
+    def snapshot() -> dict[str, torch.Tensor]:
+        return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+    history: list[dict[str, float]] = []
+    best = {"accuracy": -1.0, "loss": math.inf, "step": 0, "epoch": 0.0, "score": -math.inf, "metrics": {}}
+    best_state = snapshot()
+    bad_checks, step, stopped = 0, 0, False
+    # the epoch's loss sum stays on the device (float64, the same sums as Python floats would give)
+    epoch_loss, epoch_steps = torch.zeros((), dtype=torch.float64, device=device), 0
+    bar = tqdm(total=planned, desc=f"finetune seed {seed}", unit="step", disable=not progress, mininterval=1.0)
+    _set_train_mode(model, cfg.mode)
+    for _epoch in range(cfg.epochs):
+        epoch_loss, epoch_steps = torch.zeros((), dtype=torch.float64, device=device), 0
+        for batch in loader:
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+                loss = task_loss(logits, batch["labels"], task_type)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            if cfg.clip_grad_norm:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(trainable, cfg.clip_grad_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            step += 1
+            epoch_loss += loss.detach().double()
+            epoch_steps += 1
+            bar.update(1)
+            if log and step % max(1, cfg.log_every_steps) == 0:
+                log({"train_loss": loss.item(), "lr": scheduler.get_last_lr()[0]}, step)
+            if step % eval_every == 0 or step == planned:
+                ev = evaluate(model, valid, cfg.eval_batch_size, device, label_names=data.label_names)
+                _set_train_mode(model, cfg.mode)
+                point = (
+                    {
+                        "step": step,
+                        "epoch": round(step / steps_per_epoch, 4),
+                        "validation_accuracy": ev["accuracy"],
+                        "validation_loss": ev["loss"],
+                        "train_loss": epoch_loss.item() / epoch_steps,
+                    }
+                    if task_type == "classification"
+                    else {
+                        "step": step,
+                        "epoch": round(step / steps_per_epoch, 4),
+                        **{f"validation_{k}": v for k, v in ev.items() if k != "n"},
+                        "train_loss": epoch_loss.item() / epoch_steps,
+                    }
+                )
+                history.append(point)
+                score = ev["accuracy"] if task_type == "classification" else selection_value(task_type, ev)
+                bar.set_postfix(val=f"{score:.4f}")
+                if log:
+                    log({k: v for k, v in point.items() if k not in ("step",)}, step)
+                if score > best["score"] or len(history) == 1:  # the first check, even with a NaN score
+                    best = {
+                        "accuracy": ev.get("accuracy", math.nan),
+                        "loss": ev["loss"],
+                        "step": step,
+                        "epoch": point["epoch"],
+                        "score": score,
+                        "metrics": ev,
+                    }
+                    best_state = snapshot()
+                    bad_checks = 0
+                else:
+                    bad_checks += 1
+                    if cfg.patience and bad_checks >= cfg.patience and step < planned:
+                        stopped = True
+                        break
+        if stopped:
+            break
+    bar.close()
+    result = SeedResult(
+        seed=seed,
+        validation_accuracy=best["accuracy"],
+        validation_loss=best["loss"],
+        best_step=best["step"],
+        best_epoch=best["epoch"],
+        steps=step,
+        planned_steps=planned,
+        epochs_run=round(step / steps_per_epoch, 4),
+        stopped_early=stopped,
+        train_loss=epoch_loss.item() / max(1, epoch_steps),
+        history=history,
+        cpu_seconds=time.process_time() - t_cpu,
+        wall_seconds=time.perf_counter() - t_wall,
+        state_dict=best_state,
+        task_type=task_type,
+        validation=dict(best["metrics"]),
+    )
+    if log:
+        main = "accuracy" if task_type == "classification" else SELECTION[task_type]
+        log(
+            {
+                f"best_validation_{main}": result.score,
+                "best_step": result.best_step,
+                "cpu_seconds": result.cpu_seconds,
+                "wall_seconds": result.wall_seconds,
+            },
+            step,
+        )
+    return result
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n - 1; 0.0 for a single value)."""
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def best_seed(results: list[SeedResult]) -> SeedResult:
+    """Highest validation accuracy (token classification: entity F1; regression: Pearson r);
+    ties go to the earlier seed in ``seeds``."""
+    return max(results, key=lambda r: (r.score, -results.index(r)))
+
+
+def _summarize_task(results: list[SeedResult]) -> dict[str, Any]:
+    """:func:`summarize` for token classification / regression: ``validation_<metric>`` mean ± std
+    for each metric (min / max too for the selection metric) and ``best_validation_<metric>``."""
+    task_type = results[0].task_type
+    main = SELECTION[task_type]
+    best = best_seed(results)
+    out: dict[str, Any] = {
+        "task_type": task_type,
+        "seeds": [r.seed for r in results],
+        "per_seed": {str(r.seed): r.metrics() for r in results},
+    }
+    keys = [main] + [k for k in results[0].validation if k not in (main, "n", "loss")]
+    for k in keys:
+        values = [float(r.validation.get(k, math.nan)) for r in results]
+        mean, std = mean_std(values)
+        out[f"validation_{k}"] = {"mean": mean, "std": std}
+        if k == main:
+            out[f"validation_{k}"].update(min=min(values), max=max(values))
+    loss_mean, loss_std = mean_std([r.validation_loss for r in results])
+    out["validation_loss"] = {"mean": loss_mean, "std": loss_std}
+    out["best_seed"] = best.seed
+    out[f"best_validation_{main}"] = float(best.validation.get(main, math.nan))
+    out["cpu_seconds"] = sum(r.cpu_seconds for r in results)
+    out["wall_seconds"] = sum(r.wall_seconds for r in results)
+    return out
+
+
+def headline_metrics(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary's numbers for ``metrics/finetune.json`` (before per_seed), per task type:
+    classification ``validation_accuracy``, ``validation_loss``, ``best_seed``,
+    ``best_validation_accuracy`` (unchanged); token classification ``validation_f1`` /
+    ``_precision`` / ``_recall`` / ``_accuracy`` (words); regression ``validation_pearson`` /
+    ``_spearman`` / ``_mse``; each with ``best_validation_<selection metric>``."""
+    skip = ("seeds", "per_seed", "cpu_seconds", "wall_seconds")
+    return {k: v for k, v in summary.items() if k not in skip}
+
+
+def checkpoint_metrics(summary: dict[str, Any], best: SeedResult, seeds: list[int]) -> dict[str, Any]:
+    """The ``metrics`` entry of the fine-tuned checkpoint: the best seed's validation numbers and
+    the mean ± std of the selection metric over seeds."""
+    if best.task_type == "classification":
+        return {
+            "validation_accuracy": best.validation_accuracy,
+            "validation_loss": best.validation_loss,
+            "validation_accuracy_mean": summary["validation_accuracy"]["mean"],
+            "validation_accuracy_std": summary["validation_accuracy"]["std"],
+            "seeds": list(seeds),
+        }
+    main = SELECTION[best.task_type]
+    return {
+        "task_type": best.task_type,
+        **{f"validation_{k}": v for k, v in best.validation.items() if k != "n"},
+        f"validation_{main}_mean": summary[f"validation_{main}"]["mean"],
+        f"validation_{main}_std": summary[f"validation_{main}"]["std"],
+        "seeds": list(seeds),
+    }
+
+
+def summarize(results: list[SeedResult]) -> dict[str, Any]:
+    """Per-seed metrics and mean ± std over seeds (validation accuracy and loss; for the other
+    task types see :func:`_summarize_task`)."""
+    if results and results[0].task_type != "classification":
+        return _summarize_task(results)
+    acc_mean, acc_std = mean_std([r.validation_accuracy for r in results])
+    loss_mean, loss_std = mean_std([r.validation_loss for r in results])
+    best = best_seed(results)
+    return {
+        "seeds": [r.seed for r in results],
+        "per_seed": {str(r.seed): r.metrics() for r in results},
+        "validation_accuracy": {
+            "mean": acc_mean,
+            "std": acc_std,
+            "min": min(r.validation_accuracy for r in results),
+            "max": max(r.validation_accuracy for r in results),
+        },
+        "validation_loss": {"mean": loss_mean, "std": loss_std},
+        "best_seed": best.seed,
+        "best_validation_accuracy": best.validation_accuracy,
+        "cpu_seconds": sum(r.cpu_seconds for r in results),
+        "wall_seconds": sum(r.wall_seconds for r in results),
+    }
+
+
+def finetune(
+    ckpt: dict[str, Any],
+    data: TaskData,
+    cfg: FinetuneConfig,
+    *,
+    progress: bool = True,
+    seed_context: Callable[[int], ContextManager[Callable[[dict[str, float], int], None] | None]] | None = None,
+    source: str = "checkpoint",
+) -> tuple[dict[str, Any], SeedResult]:
+    """Run every seed of ``cfg.seeds``; returns ``(summary, best seed's result)``.
+
+    ``seed_context(seed)``, when given, wraps each seed's training (the stage opens a nested
+    MLflow run there) and yields the ``log(metrics, step)`` function that seed reports to."""
+    results = []
+    best: SeedResult | None = None
+    for seed in cfg.seeds:
+        with seed_context(seed) if seed_context else contextlib.nullcontext(None) as log:
+            r = train_seed(ckpt, data, cfg, seed, progress=progress, source=source, log=log)
+        results.append(r)
+        if best is None or r.score > best.score:
+            best = r
+        else:
+            r.state_dict = None  # keep only the best weights in memory
+    return summarize(results), best
+
+
+# ---------------------------------------------------------------------------------------------
+# The fine-tuned checkpoint (docs/formats.md "Fine-tuned checkpoint")
+# ---------------------------------------------------------------------------------------------
+def _plain(obj: Any) -> Any:
+    """JSON-able copy (str for anything exotic) so ``torch.load(weights_only=True)`` reads it."""
+    return json.loads(json.dumps(obj, default=str))
+
+
+def save_finetuned(
+    path: str | Path,
+    *,
+    state_dict: dict[str, torch.Tensor],
+    model_config: dict,
+    label_names: list[str],
+    task: dict,
+    tokenizer_sha256: str,
+    mode: str,
+    seed: int,
+    metrics: dict,
+    provenance: dict,
+    num_labels: int | None = None,
+    architecture: str = "bert",
+) -> Path:
+    """Write ``model.pt`` atomically: tensors, numbers, strings, lists, dicts only. ``num_labels``
+    (the head's outputs) defaults to ``len(label_names)``; a regression head has 1 and no names;
+    ``task["type"]`` names the task type; ``architecture`` (:func:`architecture`): ``bert`` (an
+    encoder, pooled [CLS]) or ``gpt`` (a decoder, last-token pooling)."""
+    path = Path(path)
+    state = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": {k: v.detach().cpu().contiguous() for k, v in state_dict.items()},
+        "model_config": _plain(model_config),
+        "architecture": architecture,
+        "num_labels": len(label_names) if num_labels is None else int(num_labels),
+        "label_names": [str(n) for n in label_names],
+        "task": _plain(task),
+        "tokenizer_sha256": tokenizer_sha256,
+        "mode": mode,
+        "seed": int(seed),
+        "metrics": _plain(metrics),
+        "provenance": _plain(provenance),
+    }
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(state, f)  # a file object: the bytes do not depend on the temporary name
+    return path
+
+
+__all__ = [
+    "FinetuneConfig",
+    "MODES",
+    "load_pretrained",
+    "resolve_checkpoint",
+    "check_tokenizer",
+    "build_model",
+    "linear_warmup_decay",
+    "evaluate",
+    "train_seed",
+    "finetune",
+    "summarize",
+    "mean_std",
+    "best_seed",
+    "SeedResult",
+    "save_finetuned",
+    "task_loss",
+    "architecture",
+    "backbone",
+    "headline_metrics",
+    "checkpoint_metrics",
+]

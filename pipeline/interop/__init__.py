@@ -1,0 +1,1 @@
+"""Hugging Face: import of published checkpoints, export per model family, the MLflow pyfunc model."""

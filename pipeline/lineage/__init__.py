@@ -1,0 +1,1 @@
+"""Provenance records, MLflow tracking and ``bertrace trace``."""

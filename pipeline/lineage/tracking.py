@@ -1,0 +1,491 @@
+"""MLflow plumbing: where runs go, how params/tags/metrics are named, stale runs.
+
+Default store: a SQLite file ``mlflow.db`` in the working directory (the repo root when DVC
+runs a stage; the original repository's root for ``dvc exp run --temp`` / ``--queue``, see
+:func:`store_root`) with artifacts under ``mlartifacts/``; ``MLFLOW_TRACKING_URI`` overrides both
+(any server or store MLflow supports). The experiment is ``bertrace`` unless
+``MLFLOW_EXPERIMENT_NAME`` says otherwise.
+
+Names. MLflow accepts param, tag and metric keys of at most 250 characters made of
+alphanumerics, ``_ - . / space`` (and ``:`` except on Windows) that do not resolve to another
+path (no ``//``, ``./``, leading ``/``). User strings reach those names: corpus file names
+(``bertrace.input.<file>``), column renames and split names (params), label names (per-class
+metrics). :func:`mlflow_name` is the one function every such key goes through: a key that is
+valid ASCII stays as it is; any other becomes a valid ASCII key (accents dropped, other
+characters ``_``) followed by ``-`` and 10 hex digits of the sha256 of the original, so it is
+stable (same input, same name, on every machine and version), collision-free (two originals
+never share a name) and never longer than the limit. The stage keeps the originals of renamed
+keys in the run's ``names.json`` artifact (mapped name → original).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import posixpath
+import re
+import socket
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.errors import BertraceError
+from pipeline.lineage import provenance as prov
+
+DEFAULT_EXPERIMENT = "bertrace"
+MAX_PARAM_CHARS = 6000  # MLflow's limit on one param value
+MAX_TAG_CHARS = 5000  # MLflow's limit on one tag value (8000 in MLflow 3, 5000 before)
+MAX_KEY_CHARS = 250  # MLflow's limit on a param, tag or metric key
+HASH_CHARS = 10  # hex digits of the original's sha256 appended to a renamed key
+_VALID = re.compile(r"[A-Za-z0-9_.\- /]*")  # portable: MLflow's set without ':' (refused on Windows)
+_INVALID_RUN = re.compile(r"[^A-Za-z0-9_.\- /]+")  # a run of other characters becomes one "_"
+_NOT_ASCII = "\x00"  # stands for a character with no ASCII form, until _INVALID_RUN replaces it
+
+
+def store_root(root: str | os.PathLike = ".") -> Path:
+    """Where the default store lives: ``root``, except that the working directory of a DVC
+    experiment's temporary workspace (``dvc exp run --temp`` / ``--queue``: a copy under
+    ``.dvc/tmp/exps/``, removed afterwards) stands for the repository DVC was started in
+    (``DVC_ROOT``), so every run of every experiment lands in the repository's one store."""
+    if str(root) == "." and os.environ.get("DVC_ROOT"):
+        return Path(os.environ["DVC_ROOT"]).resolve()
+    return Path(root).resolve()
+
+
+def default_tracking_uri(root: str | os.PathLike = ".") -> str:
+    return "sqlite:///" + str(store_root(root) / "mlflow.db")
+
+
+def tracking_uri(root: str | os.PathLike = ".") -> str:
+    """``MLFLOW_TRACKING_URI`` when set, else ``<root>/mlflow.db``."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
+
+
+def redacted_uri(uri: str | None) -> str | None:
+    """``uri`` without credentials: user info (``user:password@``) and password-like query
+    parameters removed, for logs, records and error messages."""
+    if not uri:
+        return uri
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    query = urlencode(
+        [
+            (k, "***" if re.search(r"pass|secret|token|key", k, re.I) else v)
+            for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        ]
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def check_server(uri: str, experiment: str = DEFAULT_EXPERIMENT, timeout: float = 10.0) -> None:
+    """For an ``http(s)://`` tracking URI: one request that the server answers and accepts this
+    client's credentials (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` / ``_TOKEN``), so a stage
+    fails in seconds, before it writes anything, instead of after MLflow's retries. Raises
+    :class:`~pipeline.core.errors.BertraceError` naming ``MLFLOW_TRACKING_URI`` and the fix."""
+    import base64
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    if not uri.startswith(("http://", "https://")):
+        return
+    shown = redacted_uri(uri)
+    url = (
+        uri.rstrip("/")
+        + "/api/2.0/mlflow/experiments/get-by-name?"
+        + urllib.parse.urlencode({"experiment_name": experiment})
+    )
+    request = urllib.request.Request(url)
+    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        request.add_header("Authorization", f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}")
+    elif os.environ.get("MLFLOW_TRACKING_USERNAME"):
+        pair = f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}"
+        request.add_header("Authorization", "Basic " + base64.b64encode(pair.encode()).decode())
+    offline = (
+        "; start it (`make team-up` for a local trial), or unset MLFLOW_TRACKING_URI to log to "
+        "./mlflow.db, or set BERTRACE_NO_MLFLOW=1 to run without tracking"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            return
+    except urllib.error.HTTPError as e:
+        if e.code == 404:  # no such experiment yet: the server answered
+            return
+        if e.code in (401, 403):
+            raise BertraceError(
+                f"MLFLOW_TRACKING_URI={shown}: the server refused this client's credentials "
+                f"(HTTP {e.code}); set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
+                "(or MLFLOW_TRACKING_TOKEN) to an account it knows"
+            ) from None
+        raise BertraceError(
+            f"MLFLOW_TRACKING_URI={shown}: the tracking server answered HTTP {e.code} "
+            f"({e.reason}); check its log and its database{offline}"
+        ) from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise BertraceError(f"MLFLOW_TRACKING_URI={shown}: no MLflow server answers ({reason}){offline}") from None
+
+
+def setup_mlflow(root: str | os.PathLike = "."):
+    """Point MLflow at the configured store and return the experiment id."""
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    import mlflow
+
+    explicit = bool(os.environ.get("MLFLOW_TRACKING_URI"))  # read first: set_tracking_uri sets the variable
+    uri = tracking_uri(root)
+    name = os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT)
+    check_server(uri, name)
+    mlflow.set_tracking_uri(uri)
+    try:
+        experiment = mlflow.get_experiment_by_name(name)
+    except Exception as e:  # noqa: BLE001 - a database URI that does not connect, a store that is not MLflow's
+        detail = (str(e).strip().splitlines() or [""])[0][:160]
+        from urllib.parse import urlsplit
+
+        if urlsplit(uri).password:
+            detail = detail.replace(urlsplit(uri).password, "***")
+        raise BertraceError(
+            f"MLFLOW_TRACKING_URI={redacted_uri(uri)}: the tracking store did not answer "
+            f"({type(e).__name__}: {detail}); check that it "
+            "is running and reachable, or unset MLFLOW_TRACKING_URI to log to ./mlflow.db"
+        ) from None
+    if experiment is not None:
+        return experiment.experiment_id
+    artifact_location = None
+    if not explicit:
+        artifact_location = (store_root(root) / "mlartifacts").as_uri()
+    try:
+        return mlflow.create_experiment(name, artifact_location=artifact_location)
+    except Exception:  # created concurrently by another stage
+        return mlflow.get_experiment_by_name(name).experiment_id
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"model": {"preset": "mini"}}`` → ``{"model.preset": "mini"}`` (lists stay values)."""
+    flat: dict[str, Any] = {}
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            flat.update(flatten(value, name))
+    else:
+        flat[prefix] = obj
+    return flat
+
+
+# ---------------------------------------------------------------------------------------------
+# Names
+
+
+def is_valid_name(name: str, max_chars: int = MAX_KEY_CHARS) -> bool:
+    """Whether MLflow takes ``name`` as a key as it is, on every platform and store."""
+    if not name or len(name) > max_chars or not _VALID.fullmatch(name):
+        return False
+    norm = posixpath.normpath(name)
+    return norm == name and norm != "." and not norm.startswith("..") and not norm.startswith("/")
+
+
+def mlflow_name(name: Any, max_chars: int = MAX_KEY_CHARS) -> str:
+    """``name`` as a valid MLflow key: unchanged when valid, else a stable, collision-free rename
+    (see the module docstring), e.g. ``"Stars (1-5)"`` → ``"Stars _1-5_-<10 hex>"``."""
+    name = str(name)
+    if is_valid_name(name, max_chars):
+        return name
+    suffix = "-" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_CHARS]
+    readable = _path_segments(_INVALID_RUN.sub("_", _ascii(name)))
+    readable = _path_segments(readable[: max(0, max_chars - len(suffix))]) or "_"
+    out = readable + suffix
+    assert is_valid_name(out, max_chars), (name, out)
+    return out
+
+
+def _ascii(text: str) -> str:
+    """Latin letters without their accents (``é`` → ``e``); other characters as they are."""
+    out = []
+    for ch in text:
+        if ch.isascii():
+            out.append(ch)
+            continue
+        base = unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode("ascii")
+        out.append(base if base and base.isalnum() else _NOT_ASCII)
+    return "".join(out)
+
+
+def _path_segments(text: str) -> str:
+    """``text`` with no empty, ``.`` or ``..`` path segment and no leading or trailing ``/``."""
+    parts = []
+    for part in text.split("/"):
+        if part in ("", ".", ".."):
+            part = "_" * len(part) if part else ""
+        if part:
+            parts.append(part)
+    return "/".join(parts)
+
+
+def mlflow_params(params: dict[str, Any], renamed: dict[str, str] | None = None) -> dict[str, str]:
+    """Flattened params as MLflow params: keys through :func:`mlflow_name`, values as text cut
+    to MLflow's limit. ``renamed`` (if given) collects ``{mapped: original}`` of renamed keys."""
+    return {_key(k, renamed): _cut(str(v), MAX_PARAM_CHARS) for k, v in flatten(params).items()}
+
+
+def mlflow_tags(tags: dict[str, Any], renamed: dict[str, str] | None = None) -> dict[str, str]:
+    """Tags with valid keys and values cut to MLflow's limit (the original names in ``renamed``)."""
+    return {_key(k, renamed): _cut(str(v), MAX_TAG_CHARS) for k, v in tags.items()}
+
+
+def mlflow_metrics(metrics: dict[str, Any], renamed: dict[str, str] | None = None) -> dict[str, float]:
+    """The numbers of a (nested) metrics dict, flattened, with valid keys; booleans, text and
+    None are left out."""
+    out = {}
+    for k, v in flatten(metrics).items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[_key(k, renamed)] = float(v)
+    return out
+
+
+def mlflow_artifact_path(path: str | None) -> str | None:
+    """An artifact folder (``evaluation``, ``provenance`` ...) as a safe relative path."""
+    return None if path in (None, "") else mlflow_name(path)
+
+
+def _key(key: Any, renamed: dict[str, str] | None) -> str:
+    name = mlflow_name(key)
+    if renamed is not None and name != str(key):
+        renamed[name] = str(key)
+    return name
+
+
+def _cut(value: str, limit: int) -> str:
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs left RUNNING by killed stages
+
+PROCESS_TAG = "bertrace.process"  # "<host> <pid> <process start time>": which process owns a RUNNING run
+
+
+def process_id(pid: int | None = None) -> str:
+    """This process (or ``pid``) as ``"<host> <pid> <start time>"``; the start time (clock ticks
+    since boot, Linux) tells a live process from a later one that reuses the pid."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()} {pid} {_start_time(pid) or 0}"
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_alive(ident: str) -> bool | None:
+    """Whether the process a :func:`process_id` names still runs: None when that cannot be told
+    here (another host, or a malformed id)."""
+    try:
+        host, pid_s, start_s = ident.split(" ")
+        pid, start = int(pid_s), int(start_s)
+    except ValueError:
+        return None
+    if host != socket.gethostname():
+        return None
+    if Path("/proc/self/stat").exists():
+        now = _start_time(pid)
+        return now is not None and (start == 0 or now == start)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def close_stale_runs(client, experiment_id: str, stage: str, pipeline_run_id: str) -> list[str]:
+    """Mark ``KILLED`` the runs of ``stage`` that are still ``RUNNING`` although their process is
+    gone (killed: SIGKILL, power loss, OOM), and their nested runs.
+
+    A run is stale when its process (:data:`PROCESS_TAG`, checked on this host) no longer runs, or
+    when it belongs to the same pipeline run (``bertrace.pipeline_run_id``) as the stage now
+    starting: the same ``dvc repro`` runs a stage once. Runs of other hosts whose pipeline run
+    differs are left alone (they may be alive). Returns the run ids marked."""
+    stale: list[str] = []
+    running = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=5000)
+    by_id = {r.info.run_id: r for r in running}
+    for r in running:
+        tags = r.data.tags
+        if tags.get("bertrace.stage") != stage or ("mlflow.parentRunId" in tags and tags.get(KIND_TAG) != "stage"):
+            continue  # another stage's run, or a nested one (a seed's): its stage run's status decides
+        alive = process_alive(tags[PROCESS_TAG]) if PROCESS_TAG in tags else None
+        if alive is False or (alive is None and tags.get("bertrace.pipeline_run_id") == pipeline_run_id):
+            stale.append(r.info.run_id)
+    children = [rid for rid, r in by_id.items() if r.data.tags.get("mlflow.parentRunId") in stale]
+    for rid in stale + children:
+        client.set_tag(
+            rid,
+            "bertrace.killed",
+            "its process ended without closing the run (killed); marked KILLED when the stage started again",
+        )
+        client.set_terminated(rid, status="KILLED")
+    return stale + children
+
+
+# ---------------------------------------------------------------------------------------------
+# One parent run per pipeline run
+#
+# Rule: every stage of one pipeline run nests its run under the parent run whose tag
+# ``bertrace.pipeline`` is the pipeline-run id (:func:`pipeline.lineage.provenance.pipeline_run_id`: the
+# ``dvc repro`` / ``dvc exp run`` process that started the stage, or ``BERTRACE_PIPELINE_RUN_ID``);
+# the first stage to start creates it. Stages are separate processes; the id is the only thing they
+# share, and it is the same one their provenance records carry. A stage run outside DVC (``python
+# -m stages.x`` with neither ``DVC_STAGE`` nor ``BERTRACE_PIPELINE_RUN_ID`` set) is no pipeline
+# run: it stays a top-level run.
+#
+# The parent holds, for side-by-side comparison of two pipeline runs, every stage's params
+# (``<stage>.<param>``) and the numbers of its DVC metrics files (``<stage>.<metric>``). A stage that
+# DVC did not rerun (its outputs came from an earlier pipeline run) has no run under this parent:
+# the parent gets the tag ``bertrace.reused.<stage>`` = the MLflow run id that made its outputs (from
+# the stage's provenance record), its params and metrics, and a link in the run's description.
+
+KIND_TAG = "bertrace.run_kind"  # "pipeline" on a parent, "stage" on a stage run under one
+PIPELINE_TAG = "bertrace.pipeline"  # on the parent: the pipeline-run id (stage runs: bertrace.pipeline_run_id)
+REUSED_PREFIX = "bertrace.reused."  # + stage: the MLflow run that made the outputs this pipeline run reused
+NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
+
+
+def in_pipeline() -> bool:
+    """Whether this stage runs as part of a pipeline run (under DVC, or with an explicit id)."""
+    return bool(os.environ.get("DVC_STAGE") or os.environ.get("BERTRACE_PIPELINE_RUN_ID"))
+
+
+def _quote(value: str) -> str:
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def pipeline_parent(
+    client, experiment_id: str, pipeline_run_id: str, *, run_name: str | None = None, tags: dict[str, str] | None = None
+) -> str:
+    """The id of the parent run of pipeline run ``pipeline_run_id``, created when absent."""
+    found = client.search_runs(
+        [experiment_id],
+        max_results=1,
+        order_by=["attributes.start_time ASC"],
+        filter_string=f"tags.`{KIND_TAG}` = 'pipeline' and tags.`{PIPELINE_TAG}` = {_quote(pipeline_run_id)}",
+    )
+    if found:
+        return found[0].info.run_id
+    run = client.create_run(
+        experiment_id,
+        run_name=mlflow_name(run_name or f"pipeline {pipeline_run_id[:8]}"),
+        tags=mlflow_tags({KIND_TAG: "pipeline", PIPELINE_TAG: pipeline_run_id, **(tags or {})}),
+    )
+    return run.info.run_id
+
+
+def stage_metrics(stage: str, root: str | os.PathLike = ".") -> dict[str, float]:
+    """The numbers of the DVC metrics files dvc.yaml declares for ``stage``, flattened
+    (``{"dev_acc": 0.81}``); {} when there are none or they are unreadable."""
+    import json
+
+    import yaml
+
+    try:
+        spec = ((yaml.safe_load(Path(root, "dvc.yaml").read_text(encoding="utf-8")) or {}).get("stages") or {})[stage]
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        return {}
+    out: dict[str, float] = {}
+    for entry in (spec or {}).get("metrics") or []:
+        path = Path(root, next(iter(entry)) if isinstance(entry, dict) else str(entry))
+        try:
+            out.update(mlflow_metrics(json.loads(path.read_text(encoding="utf-8"))))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def log_stage_on_parent(
+    client, parent_id: str, stage: str, *, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None
+) -> None:
+    """``<stage>.<param>`` params and ``<stage>.<metric>`` metrics on the parent run (best effort:
+    a param logged before with another value, e.g. by a retried stage, is kept as it was)."""
+    from mlflow.entities import Metric, Param
+
+    prefixed = {mlflow_name(f"{stage}.{k}"): v for k, v in mlflow_params(params or {}).items()}
+    try:
+        logged = client.get_run(parent_id).data.params
+    except Exception:  # noqa: BLE001
+        logged = {}
+    items = [Param(k, v) for k, v in sorted(prefixed.items()) if k not in logged]
+    for i in range(0, len(items), 100):
+        try:
+            client.log_batch(parent_id, params=items[i : i + 100])
+        except Exception:  # noqa: BLE001 - a concurrent writer logged the same key first
+            pass
+    import time
+
+    now = int(time.time() * 1000)
+    values = [Metric(mlflow_name(f"{stage}.{k}"), float(v), now, 0) for k, v in sorted((metrics or {}).items())]
+    for i in range(0, len(values), 1000):
+        client.log_batch(parent_id, metrics=values[i : i + 1000])
+
+
+def run_for_record(client, experiment_ids: list[str], record: dict[str, Any]) -> str | None:
+    """Id of the newest MLflow run tagged with ``record``'s digest (the run that wrote it, on
+    this or a teammate's machine, when they share a tracking server), else None."""
+    digest = prov.record_digest(record)
+    try:
+        runs = client.search_runs(
+            experiment_ids,
+            filter_string=f"tags.`{prov.RECORD_TAG}` = '{digest}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+    except Exception:  # noqa: BLE001 - a lookup for display; no answer is an answer
+        return None
+    return runs[0].info.run_id if runs else None
+
+
+def link_reused(
+    client,
+    parent_id: str,
+    experiment_id: str,
+    records: dict[str, dict[str, Any]],
+    pipeline_run_id: str,
+    root: str | os.PathLike = ".",
+) -> list[str]:
+    """Tag the parent with the runs that made the outputs of upstream stages DVC did not rerun in
+    this pipeline run (``records``: their provenance records); returns those stages."""
+    reused = []
+    tags = client.get_run(parent_id).data.tags
+    for stage, rec in sorted(records.items()):
+        if not isinstance(rec, dict) or rec.get("pipeline_run_id") == pipeline_run_id:
+            continue
+        key = mlflow_name(REUSED_PREFIX + stage)
+        made_by = (
+            rec.get("mlflow_run_id")
+            or run_for_record(client, [experiment_id], prov.without_run(rec))
+            or "unknown (logged without MLflow)"
+        )
+        if tags.get(key) != made_by:
+            client.set_tag(parent_id, key, made_by)
+            log_stage_on_parent(
+                client,
+                parent_id,
+                stage,
+                params=rec.get("params") if isinstance(rec.get("params"), dict) else None,
+                metrics=stage_metrics(stage, root),
+            )
+        reused.append(stage)
+    if reused:
+        tags = client.get_run(parent_id).data.tags
+        lines = ["Stages this pipeline run reused (DVC did not rerun them); the runs that made their outputs:", ""]
+        for key, run_id in sorted(tags.items()):
+            if key.startswith(REUSED_PREFIX):
+                link = f"[{run_id}](#/experiments/{experiment_id}/runs/{run_id})" if len(run_id) == 32 else run_id
+                lines.append(f"- {key[len(REUSED_PREFIX) :]}: {link}")
+        client.set_tag(parent_id, NOTE_TAG, "\n".join(lines))
+    return reused

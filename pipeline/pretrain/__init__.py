@@ -1,0 +1,1 @@
+"""Pre-training: the loop, its data loader, checkpoints, skip-gram embedding init, the objectives."""

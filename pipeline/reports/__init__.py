@@ -1,0 +1,1 @@
+"""What is rendered from the stages' outputs: the scorecard, plots, the learning curve, profiles."""
