@@ -1,7 +1,5 @@
 """bertrace: a reproducible BERT pre-training and fine-tuning pipeline.
 
-The library half: every module here is logic without CLI or global state.
-DVC stage entry points live in ``stages/``.
+The library half: every module here is logic without CLI or global state, in subpackages that
+follow the DAG (README "Tests and layout"). DVC stage entry points live in ``stages/``.
 """
-
-__version__ = "0.1.0"

@@ -77,6 +77,16 @@ def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def test_every_package_init_is_a_docstring_only():
+    """A stage's import closure counts every parent ``__init__.py``: code there would make each
+    module's importers depend on its siblings."""
+    inits = sorted((REPO / "pipeline").rglob("__init__.py"))
+    assert len(inits) >= 12
+    for path in inits:
+        body = ast.parse(path.read_text(encoding="utf-8")).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), path
+
+
 def test_no_module_imports_another_modules_private_names():
     private = []
     for name, path in _modules().items():
