@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.interop.hf_gpt import hf_gpt2_config, to_hf_gpt2_state_dict  # noqa: E402
 from pipeline.models.bert import BertConfig, num_parameters, param_groups  # noqa: E402
-from pipeline.models.gpt import GPT, flops_per_token  # noqa: E402
+from pipeline.models.gpt import GPT, decoder_flops_per_token  # noqa: E402
 from pipeline.pretrain.objectives.clm import CausalLM  # noqa: E402
 
 VARIANTS = ("ours", "hf", "ours_bf16", "hf_bf16")
@@ -155,7 +155,7 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     config = make_config(args, 0.0)
-    fpt = flops_per_token(config, args.seq)
+    fpt = decoder_flops_per_token(config, args.seq)
     print(
         f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, "
         f"load average {os.getloadavg()[0]:.2f}"

@@ -1,4 +1,4 @@
-"""GPU readiness check (issue #19): what the first CUDA user runs, one PASS/FAIL line per check.
+"""GPU readiness check: what the first CUDA user runs, one PASS/FAIL line per check.
 
     bench/gpu_check.sh                        # everything (~12 min on one GPU with --minutes 2)
     bench/gpu_check.sh --only bf16,fp16,resume,exact --minutes 2    # in two calls of < 10 min

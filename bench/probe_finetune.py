@@ -1,4 +1,4 @@
-"""Fine-tuning probes (issue #7): dev accuracy of one pre-trained checkpoint per fine-tuning variant.
+"""Fine-tuning probes: dev accuracy of one pre-trained checkpoint per fine-tuning variant.
 
 The question "is the fine-tuning recipe what hides pre-training's gain?" is answered by
 fine-tuning the *same* checkpoint with several recipes, and the same model from random weights
@@ -31,7 +31,7 @@ from pipeline.core.errors import BertraceError  # noqa: E402
 from pipeline.data.tokenizer import load_tokenizer  # noqa: E402
 from pipeline.finetune.loop import (  # noqa: E402
     FinetuneConfig,
-    check_tokenizer,
+    check_checkpoint_tokenizer,
     load_pretrained,
     resolve_checkpoint,
     summarize,
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         base["seeds"] = [int(s) for s in args.seeds.split(",")]
     ckpt_path = resolve_checkpoint(args.checkpoint)
     ckpt = load_pretrained(ckpt_path)
-    check_tokenizer(ckpt, ckpt_path, args.tokenizer)
+    check_checkpoint_tokenizer(ckpt, ckpt_path, args.tokenizer)
     tokenizer = load_tokenizer(Path(args.tokenizer))
     mirror = base.get("mirror") or os.environ.get("BERTRACE_HUB_MIRROR") or None
     datasets: dict[tuple[int, str], object] = {}

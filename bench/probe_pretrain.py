@@ -1,4 +1,4 @@
-"""Pre-training probes (issue #7): validation MLM loss after a few minutes, per recipe variant.
+"""Pre-training probes: validation MLM loss after a few minutes, per recipe variant.
 
 On a CPU budget the recipe question is "which settings lower the masked-LM loss fastest per
 minute"; this answers it with the same code the `pretrain` stage runs, on the examples of a

@@ -1,4 +1,4 @@
-"""Recipe statistics of the examples stage on real Wikipedia text (issue #20; docs/recipe.md).
+"""Recipe statistics of the examples stage on real Wikipedia text (docs/recipe.md).
 
 Builds a corpus from ``../shared/data`` with the pipeline's own clean and tokenizer steps
 (:func:`bench.corpus.prepare`: default the first 10 files of the WikiExtractor extract, ~10 MB,

@@ -34,7 +34,7 @@ from pipeline.evaluate.report import (
     provenance_chain,
     render_report,
     write_confusion_csv,
-    write_report,
+    write_evaluation_report,
 )
 from pipeline.finetune.task_data import evaluate_roles, load_task_data
 from pipeline.lineage import provenance as prov
@@ -180,7 +180,7 @@ def main(progress: bool = True) -> dict:
             notes=notes,
             warnings=warnings,
         )
-        write_report(REPORT, report)
+        write_evaluation_report(REPORT, report)
 
         metrics = metrics_for_dvc(results)
         write_json(DETAILS, metrics)  # every number; METRICS: the few a user compares
@@ -357,7 +357,7 @@ def _evaluate_task(
         "task": f"{what} (max_len {clf.max_len})",
         "recorded": None if recorded is None else f"validation {main} {float(recorded):.4f}",
     }
-    write_report(
+    write_evaluation_report(
         REPORT,
         render_task_report(
             task_type, results, checkpoint=facts, chain=chain, task_name=task_name, figures=figures, notes=notes

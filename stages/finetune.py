@@ -39,7 +39,7 @@ from pipeline.data.tokenizer import load_tokenizer
 from pipeline.finetune.loop import (
     FinetuneConfig,
     architecture,
-    check_tokenizer,
+    check_checkpoint_tokenizer,
     checkpoint_metrics,
     finetune,
     headline_metrics,
@@ -98,7 +98,7 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
             print(f"finetune: {describe(ckpt['provenance'])}")
         else:
             ckpt = load_pretrained(ckpt_path)
-        tokenizer_sha = check_tokenizer(ckpt, ckpt_path, tokenizer_path)
+        tokenizer_sha = check_checkpoint_tokenizer(ckpt, ckpt_path, tokenizer_path)
         if max_len > int(ckpt["model_config"]["max_position"]):
             raise BertraceError(
                 f"params.yaml: finetune.max_len {max_len} exceeds the pre-trained model's "

@@ -19,7 +19,13 @@ from pathlib import Path
 
 from pipeline.core.io import sha256_file, write_json
 from pipeline.data.tokenizer import load_tokenizer
-from pipeline.finetune.loop import FinetuneConfig, check_tokenizer, checkpoint_objective, finetune, load_pretrained
+from pipeline.finetune.loop import (
+    FinetuneConfig,
+    check_checkpoint_tokenizer,
+    checkpoint_objective,
+    finetune,
+    load_pretrained,
+)
 from pipeline.finetune.task_data import load_task_data
 from pipeline.reports.learning_curve import (
     curve_points,
@@ -69,7 +75,7 @@ def main(progress: bool = True) -> dict:
 
         def fine_tune(path):
             ckpt = final_ckpt if path in (None, final) else load_pretrained(path)  # final: loaded once
-            check_tokenizer(ckpt, path or final, tokenizer_path)
+            check_checkpoint_tokenizer(ckpt, path or final, tokenizer_path)
             if path is not None:
                 run.add_input(path)
             mode = "scratch" if path is None else ft_params.get("mode", "full")

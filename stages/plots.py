@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from pipeline.core.errors import BertraceError
-from pipeline.reports.plots import REPORT, write_report
+from pipeline.reports.plots import REPORT, write_plots_report
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--root", type=Path, default=Path("."), help="repository whose dvc.yaml and plots/ to read (default .)"
     )
     args = ap.parse_args(argv)
-    summary = write_report(args.out, args.root)
+    summary = write_plots_report(args.out, args.root)
     for p in summary["plots"]:
         print(f"  {p['name']}: {'drawn' if p['status'] == 'ok' else p['status']}")
         for note in p["notes"]:

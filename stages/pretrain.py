@@ -59,7 +59,7 @@ def _init_distributed(cfg: PretrainConfig) -> tuple[int, int]:
     return rank, world
 
 
-def check_tokenizer(manifest: dict, tokenizer: Path = TOKENIZER, examples: Path = EXAMPLES) -> None:
+def check_examples_tokenizer(manifest: dict, tokenizer: Path = TOKENIZER, examples: Path = EXAMPLES) -> None:
     """The tokenizer on disk is the one the shards were made with (the manifest's ``tokenizer_sha256``).
 
     A checkpoint is checked against the manifest's copy of that hash on resume; this ties the
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
             manifest = load_manifest(EXAMPLES)  # a clear error when the examples stage has not run
             manifest_sha = run.add_input(EXAMPLES / "manifest.json")
             run.add_upstream("examples")
-            check_tokenizer(manifest)
+            check_examples_tokenizer(manifest)
             verified = check_shards(cfg, manifest, rank, world)
             run.extra.update(
                 {

@@ -1,4 +1,4 @@
-"""The daily loop of a DVC + MLflow user (issue #18).
+"""The daily loop of a DVC + MLflow user.
 
 * Metrics designed to be read: ``dvc metrics show`` and ``dvc exp show`` of a completed run fit a
   160-column terminal with no ``…`` cell (each stage's metrics file holds the few numbers a user
@@ -85,7 +85,9 @@ def test_mirror_paths_resolve_from_the_original_repo_in_a_dvc_temp_workspace(tmp
     monkeypatch.chdir(workspace)
     monkeypatch.delenv("DVC_ROOT", raising=False)
     with pytest.raises(BertraceError, match=r"points at \.\./shared/data/sst2/dev.tsv, which does not exist"):
-        resolve_mirror_entries("mirrors/m.yaml", "nyu-mll/glue", "sst2", ["validation"])  # the bug of issue #18
+        resolve_mirror_entries(
+            "mirrors/m.yaml", "nyu-mll/glue", "sst2", ["validation"]
+        )  # a mirror entry of this config once failed to resolve
 
     monkeypatch.setenv("DVC_ROOT", str(repo))  # what `dvc exp run --temp` / the queue set
     found = resolve_mirror_entries("mirrors/m.yaml", "nyu-mll/glue", "sst2", ["validation"])

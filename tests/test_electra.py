@@ -296,7 +296,7 @@ def test_electra_trains_and_records_its_metrics(examples, tmp_path):
 
 def test_electra_validation_is_the_same_draw_every_time(examples, tmp_path):
     from pipeline.pretrain.data import PretrainingData
-    from pipeline.pretrain.loop import evaluate
+    from pipeline.pretrain.loop import validation_metrics
 
     cfg = electra_cfg(max_steps=1)
     obj = ElectraPretraining.from_config(cfg)
@@ -305,9 +305,9 @@ def test_electra_validation_is_the_same_draw_every_time(examples, tmp_path):
     torch.manual_seed(0)
     model = obj.build_model(c)
     data = PretrainingData(examples, "valid", batch_size=16, seed=0)
-    first = evaluate(model, obj, data, torch.device("cpu"), max_batches=2, batch_rows=16)
+    first = validation_metrics(model, obj, data, torch.device("cpu"), max_batches=2, batch_rows=16)
     rng = torch.get_rng_state()
-    second = evaluate(model, obj, data, torch.device("cpu"), max_batches=2, batch_rows=16)
+    second = validation_metrics(model, obj, data, torch.device("cpu"), max_batches=2, batch_rows=16)
     assert first == second and torch.equal(rng, torch.get_rng_state())  # the training stream is untouched
 
 

@@ -1,6 +1,6 @@
 """Faults: killed stages leave no MLflow run RUNNING for ever, a resumed pre-training logs its final
 metrics in full, a full disk is one clear error (path, space needed) and the previous checkpoint
-stays valid, and every bad input of issue #14 is one `error:` line naming the file or
+stays valid, and every bad input is one `error:` line naming the file or
 section.key and the fix, exit status 2, no traceback."""
 
 from __future__ import annotations

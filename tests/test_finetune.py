@@ -23,7 +23,7 @@ from pipeline.finetune.loop import (
     FinetuneConfig,
     LengthGroupedBatches,
     build_model,
-    check_tokenizer,
+    check_checkpoint_tokenizer,
     layer_depth,
     layerwise_lr_groups,
     linear_warmup_decay,
@@ -358,9 +358,9 @@ def test_tokenizer_mismatch_names_both_hashes(env, tmp_path):
     other = train_tokenizer(tmp_path / "other.json", ["completely different words here"], vocab_size=120)
     expected, actual = sha256_file(env["tokenizer_path"]), sha256_file(other)
     with pytest.raises(BertraceError) as e:
-        check_tokenizer(env["ckpt"], env["ckpt_path"], other)
+        check_checkpoint_tokenizer(env["ckpt"], env["ckpt_path"], other)
     assert expected in str(e.value) and actual in str(e.value) and str(env["ckpt_path"]) in str(e.value)
-    assert check_tokenizer(env["ckpt"], env["ckpt_path"], env["tokenizer_path"]) == expected
+    assert check_checkpoint_tokenizer(env["ckpt"], env["ckpt_path"], env["tokenizer_path"]) == expected
 
 
 def test_full_loads_encoder_and_scratch_does_not(env):
@@ -562,10 +562,10 @@ def test_finetune_stage_end_to_end(env, tmp_path, monkeypatch):
     # it loads strictly and reproduces the reported validation accuracy
     model = BertForSequenceClassification(BertConfig.from_dict(ckpt["model_config"]), ckpt["num_labels"])
     model.load_state_dict(ckpt["model"])
-    from pipeline.finetune.loop import evaluate
+    from pipeline.finetune.loop import evaluate_split
 
     data = load_task_data(env["task"], env["tokenizer"], max_len=32)
-    assert evaluate(model, data.splits["validation"])["accuracy"] == pytest.approx(max(accs))
+    assert evaluate_split(model, data.splits["validation"])["accuracy"] == pytest.approx(max(accs))
 
     # provenance record with the pre-training provenance upstream
     record = json.loads((root / "data" / "provenance" / "finetune.json").read_text())

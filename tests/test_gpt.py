@@ -14,7 +14,13 @@ import torch.nn.functional as F
 from pipeline.core.errors import BertraceError
 from pipeline.interop.hf_gpt import config_from_hf_gpt2, hf_gpt2_config, load_hf_gpt2_state_dict, to_hf_gpt2_state_dict
 from pipeline.models.bert import BertConfig, BertForPreTraining, num_parameters
-from pipeline.models.gpt import GPT, GPTForSequenceClassification, causal_lm_loss, flops_per_token, last_token_rows
+from pipeline.models.gpt import (
+    GPT,
+    GPTForSequenceClassification,
+    causal_lm_loss,
+    decoder_flops_per_token,
+    last_token_rows,
+)
 
 V = 211  # tiny vocabulary: these tests are about the math, not the size
 
@@ -353,4 +359,4 @@ def test_flops_per_token_matches_flop_counter():
     with FlopCounterMode(display=False) as counter:
         causal_lm_loss(model(ids).logits, ids).backward()
     counted = counter.get_total_flops() / (B * T)
-    assert flops_per_token(config, T) == pytest.approx(counted, rel=1e-9)
+    assert decoder_flops_per_token(config, T) == pytest.approx(counted, rel=1e-9)

@@ -1,4 +1,4 @@
-"""Issue #19, GPU and multi-node readiness, proven on the CPU: one test (or two) per item.
+"""GPU and multi-node readiness, proven on the CPU: one test (or two) per item.
 
 1. fp16 resume: fused AdamW + GradScaler survive a checkpoint written by an unfused run;
 2. multi-node resume without a shared filesystem: rank 0 decides and broadcasts (gloo ranks,
@@ -37,7 +37,7 @@ from pipeline.core import device as device_lib
 from pipeline.core.device import mfu, peak_flops, resolve_device, resolve_precision
 from pipeline.core.errors import BertraceError
 from pipeline.models.bert import BertConfig, BertForPreTraining
-from pipeline.pretrain.data import PretrainingData, collate
+from pipeline.pretrain.data import PretrainingData, collate_examples
 from pipeline.pretrain.loop import PretrainConfig, pretrain
 from pipeline.pretrain.objectives.registry import BertPretraining
 from tests.conftest import REPO
@@ -432,7 +432,7 @@ def test_no_device_sync_per_micro_batch(examples, tmp_path, monkeypatch):
     calls = _count_host_reads(
         monkeypatch,
         lambda f: (
-            f.f_code.co_filename.endswith(("model.py", os.path.join("objectives", "bert.py")))
+            f.f_code.co_filename.endswith((os.path.join("models", "bert.py"), os.path.join("objectives", "bert.py")))
             or f.f_code.co_name == "train_step"
         ),
     )
@@ -455,7 +455,7 @@ def test_host_side_padding_flag_keeps_results_bit_identical():
             (rng.integers(5, 64, n), np.zeros(n, dtype=np.int64), 0, np.array([1, 2]), np.array([7, 8]))
             for n in lengths
         ]
-        batch = collate(rows, [0, 1, 2])
+        batch = collate_examples(rows, [0, 1, 2])
         assert batch.padded is (len(set(lengths)) > 1)
         args = (batch.input_ids, batch.token_type_ids, batch.attention_mask, batch.masked_positions)
         with torch.no_grad():
@@ -515,7 +515,10 @@ def test_finetuning_reads_the_loss_back_only_when_it_logs(tmp_path, monkeypatch)
     try:
         calls = _count_host_reads(
             monkeypatch,
-            lambda f: f.f_code.co_filename.endswith("finetune.py") and f.f_code.co_name in ("train_seed", "evaluate"),
+            lambda f: (
+                f.f_code.co_filename.endswith(os.path.join("finetune", "loop.py"))
+                and f.f_code.co_name in ("train_seed", "evaluate_split")
+            ),
         )
         result = train_seed(ckpt, data, cfg, 0, progress=False)
     finally:

@@ -1,4 +1,4 @@
-"""Published checkpoints in (issue #17): a Hugging Face model directory saved here with
+"""Published checkpoints in: a Hugging Face model directory saved here with
 ``transformers`` is imported (weights, tokenizer, provenance), computes what ``transformers``
 computes (1e-5), fine-tunes through the finetune stage, and traces back to its files; an
 architecture we cannot map names its keys."""
@@ -628,10 +628,6 @@ def test_an_electra_discriminator_imports_when_the_objective_exists(tmp_path):
     our encoder gives its hidden states to 1e-5 (pipeline.interop.hf.electra_state_dict_from_hf, ELECTRA objective)."""
     import transformers
 
-    from pipeline.interop import hf
-
-    if not hasattr(hf, "electra_state_dict_from_hf"):
-        pytest.skip("no ELECTRA converter in pipeline.interop.hf yet (issue #10)")
     from pipeline.models.bert import BertModel
 
     tokens = vocab(True)

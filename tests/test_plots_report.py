@@ -18,7 +18,7 @@ from pipeline.core.io import sha256_file
 from pipeline.reports.learning_curve import COLUMNS, write_curve_csv
 
 pytest.importorskip("vl_convert", reason="vl-convert-python not installed (a dependency: pip install -e .)")
-from pipeline.reports.plots import declared_plots, learning_curve_status, read_rows, write_report  # noqa: E402
+from pipeline.reports.plots import declared_plots, learning_curve_status, read_rows, write_plots_report  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFUSION = (
@@ -101,7 +101,7 @@ def _sections(html: str) -> dict[str, tuple[str, str]]:
 
 
 def test_every_declared_plot_is_inline_svg_and_nothing_is_fetched(repo):
-    summary = write_report("reports/plots.html", repo)
+    summary = write_plots_report("reports/plots.html", repo)
     html = (repo / "reports/plots.html").read_text(encoding="utf-8")
     sections = _sections(html)
     declared = [p.name for p in declared_plots(repo / "dvc.yaml")]
@@ -136,7 +136,7 @@ def test_a_learning_curve_from_another_pretraining_run_is_flagged_not_drawn(repo
     record["outputs"]["data/pretrain/last.pt"] = "f" * 64
     (repo / "data/provenance/pretrain.json").write_text(json.dumps(record))
 
-    summary = write_report("reports/plots.html", repo)
+    summary = write_plots_report("reports/plots.html", repo)
     status, body = _sections((repo / "reports/plots.html").read_text(encoding="utf-8"))["learning curve"]
     assert status == "stale" and "<svg" not in body
     assert "STALE" in body and old[:12] in body and new[:12] in body and "make learning-curve" in body
@@ -147,7 +147,7 @@ def test_a_learning_curve_from_another_pretraining_run_is_flagged_not_drawn(repo
 
 def test_a_learning_curve_that_names_no_checkpoint_is_flagged(repo):
     write_curve_csv(repo / "plots/learning_curve.csv", _curve_rows(None))  # as committed before this column
-    write_report("reports/plots.html", repo)
+    write_plots_report("reports/plots.html", repo)
     status, body = _sections((repo / "reports/plots.html").read_text(encoding="utf-8"))["learning curve"]
     assert status == "stale" and "<svg" not in body
     assert "does not record which pre-trained checkpoint" in body
@@ -173,7 +173,7 @@ def test_learning_curve_csv_has_the_checkpoint_column(tmp_path):
 def test_missing_files_and_columns_are_notes_not_errors(repo):
     (repo / "plots/pretrain_val.csv").unlink()
     _write_csv(repo / "plots/pretrain_loss.csv", ["step", "mlm_loss"], [[1, 2.0], [2, 1.5]])
-    summary = {p["name"]: p for p in write_report("reports/plots.html", repo)["plots"]}
+    summary = {p["name"]: p for p in write_plots_report("reports/plots.html", repo)["plots"]}
     assert summary["pretraining validation"]["status"] == "missing"
     assert "not present" in summary["pretraining validation"]["notes"][0]
     assert summary["pretraining loss"]["status"] == "missing"

@@ -45,7 +45,7 @@ def test_every_profile_names_only_existing_params(name):
 
 def test_the_measured_default_differs_from_params_only_in_the_source():
     flat = flatten_overrides(load_profile("enwiki", REPO / "profiles"), PARAMS)
-    assert set(flat) == {"download.source", "download.local.path"}  # issue #7: only the source differs
+    assert set(flat) == {"download.source", "download.local.path"}  # only the source differs
     # the previous default: its corpus (and the NSP check's tolerance for it), BERT's objective from a random
     # embedding, and its budget; nothing downstream of pre-training
     old = flatten_overrides(load_profile("wikitext2", REPO / "profiles"), PARAMS)

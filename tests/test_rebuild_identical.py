@@ -1,4 +1,4 @@
-"""Byte-identical rebuild, end to end (issue #13, "Reproducible by construction").
+"""Byte-identical rebuild, end to end ("reproducible by construction").
 
 Two independent copies of the repo (same code, same tiny params, different directories, no shared
 DVC cache or outputs, MLflow on with each copy's own SQLite store) run the whole DAG: copy A with

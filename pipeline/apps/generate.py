@@ -68,7 +68,7 @@ def causal_lm_from_checkpoint(ckpt: dict[str, Any], path: Path, tokenizer_path: 
     """As :func:`load_causal_lm`, for a checkpoint dict already read from ``path``."""
     from tokenizers import Tokenizer
 
-    from pipeline.evaluate.inference import check_tokenizer, is_finetuned, load_weights
+    from pipeline.evaluate.inference import check_tokenizer_hash, is_finetuned, load_weights
     from pipeline.models.bert import BertConfig
     from pipeline.models.gpt import GPT
 
@@ -87,7 +87,7 @@ def causal_lm_from_checkpoint(ckpt: dict[str, Any], path: Path, tokenizer_path: 
         )
     tok_path = find_tokenizer(path, tokenizer_path)
     expected = ckpt.get("tokenizer_sha256") or (ckpt.get("provenance") or {}).get("tokenizer_sha256")
-    check_tokenizer(tok_path, expected, path)
+    check_tokenizer_hash(tok_path, expected, path)
     tokenizer = Tokenizer.from_file(str(tok_path))
     config = BertConfig.from_dict(ckpt["model_config"])
     if tokenizer.get_vocab_size() > config.vocab_size:

@@ -9,7 +9,7 @@ stays unchanged with 0.1, and becomes a random token with 0.1.
 Candidates: Google skips only ``[CLS]`` and ``[SEP]`` (``create_masked_lm_predictions``, l. 348
 of google-research/bert@eedf571), so ``[UNK]`` is sometimes a prediction target; that is
 ``never_masked = (CLS, SEP)`` (the examples stage's default, ``mask_candidates: google``). With
-``never_masked=None`` every special id is skipped (``skip_special``, the recipe before issue #20).
+``never_masked=None`` every special id is skipped (``skip_special``).
 
 One deliberate difference: Google draws the random replacement from the whole vocabulary
 (l. 401: special and ``[unused]`` tokens included); we draw it from the non-special ids only.

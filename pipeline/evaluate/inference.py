@@ -86,7 +86,7 @@ def load_weights(model: torch.nn.Module, state_dict: dict[str, Any], path: str |
         ) from None
 
 
-def check_tokenizer(tokenizer_path: str | Path, expected_sha256: str | None, checkpoint_path: str | Path) -> str:
+def check_tokenizer_hash(tokenizer_path: str | Path, expected_sha256: str | None, checkpoint_path: str | Path) -> str:
     """sha256 of ``tokenizer_path``; BertraceError naming both hashes when it is not the
     tokenizer the checkpoint was trained with."""
     tokenizer_path = Path(tokenizer_path)
@@ -146,7 +146,7 @@ class Classifier:
         check_finetuned(ckpt, path)
         task_type = str((ckpt.get("task") or {}).get("type") or "classification")
         tokenizer_path = Path(tokenizer_path) if tokenizer_path else path.parent / "tokenizer.json"
-        check_tokenizer(tokenizer_path, ckpt["tokenizer_sha256"], path)
+        check_tokenizer_hash(tokenizer_path, ckpt["tokenizer_sha256"], path)
         tokenizer = Tokenizer.from_file(str(tokenizer_path))
 
         config = BertConfig.from_dict(ckpt["model_config"])
@@ -223,7 +223,7 @@ class Classifier:
         """``(indices, logits)`` per batch of length-sorted sequences (little padding; padding is
         masked, so the logits do not depend on the batching), under the device's autocast."""
         from pipeline.core.device import amp_dtype
-        from pipeline.finetune.task_data import collate
+        from pipeline.finetune.task_data import collate_task_batch
 
         if batch_size < 1:
             raise BertraceError(f"batch_size must be at least 1, got {batch_size}")
@@ -238,7 +238,7 @@ class Classifier:
             starts = tqdm(starts, desc="predict", unit="batch")
         for s in starts:
             idx = order[s : s + batch_size]
-            batch = collate([(input_ids[i], token_type_ids[i], 0) for i in idx])
+            batch = collate_task_batch([(input_ids[i], token_type_ids[i], 0) for i in idx])
             with torch.autocast(self.device.type, dtype=amp or torch.float32, enabled=amp is not None):
                 logits = self.model(
                     batch["input_ids"].to(self.device),

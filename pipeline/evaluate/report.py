@@ -504,7 +504,7 @@ def render_report(
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_report(path: str | Path, text: str) -> Path:
+def write_evaluation_report(path: str | Path, text: str) -> Path:
     with atomic_open(path) as f:
         f.write(text)
     return Path(path)

@@ -43,7 +43,7 @@ from pipeline.core.config import Bool, Float, Int, Section, Str
 from pipeline.core.device import amp_dtype, resolve_device
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import atomic_path, sha256_file
-from pipeline.finetune.task_data import DEFAULT_TASK, TaskData, TaskSplit, collate, task_params
+from pipeline.finetune.task_data import DEFAULT_TASK, TaskData, TaskSplit, collate_task_batch, task_params
 from pipeline.finetune.task_metrics import SELECTION, selection_value
 from pipeline.models.bert import BertConfig, BertForSequenceClassification, BertForTokenClassification, param_groups
 
@@ -170,7 +170,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     )
 
 
-def check_tokenizer(ckpt: dict[str, Any], ckpt_path: str | Path, tokenizer_path: str | Path) -> str:
+def check_checkpoint_tokenizer(ckpt: dict[str, Any], ckpt_path: str | Path, tokenizer_path: str | Path) -> str:
     """The task tokenizer's sha256; BertraceError naming both hashes when the checkpoint was
     pre-trained with another tokenizer (its ids would mean different tokens)."""
     tokenizer_path = Path(tokenizer_path)
@@ -384,7 +384,7 @@ def task_loss(
 
 
 @torch.no_grad()
-def evaluate(
+def evaluate_split(
     model: torch.nn.Module,
     split: TaskSplit,
     batch_size: int = 128,
@@ -412,7 +412,7 @@ def evaluate(
     for s in range(0, len(order), batch_size):
         batch = {
             k: v.to(device, non_blocking=True)
-            for k, v in collate([split[i] for i in order[s : s + batch_size]]).items()
+            for k, v in collate_task_batch([split[i] for i in order[s : s + batch_size]]).items()
         }
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
             logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
@@ -441,7 +441,7 @@ def _evaluate_task(
     outputs: list[Any] = [None] * len(split)
     for s in range(0, len(order), batch_size):
         idx = order[s : s + batch_size]
-        batch = {k: v.to(device, non_blocking=True) for k, v in collate([split[i] for i in idx]).items()}
+        batch = {k: v.to(device, non_blocking=True) for k, v in collate_task_batch([split[i] for i in idx]).items()}
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
             logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
         loss_sum += task_loss(logits, batch["labels"], task_type, reduction="sum").double()
@@ -571,10 +571,17 @@ def train_seed(
     generator = torch.Generator().manual_seed(seed)
     if cfg.group_by_length:
         sampler = LengthGroupedBatches([len(x) for x in train.input_ids], cfg.batch_size, generator)
-        loader = torch.utils.data.DataLoader(train, batch_sampler=sampler, collate_fn=collate, pin_memory=pin)
+        loader = torch.utils.data.DataLoader(
+            train, batch_sampler=sampler, collate_fn=collate_task_batch, pin_memory=pin
+        )
     else:
         loader = torch.utils.data.DataLoader(
-            train, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate, generator=generator, pin_memory=pin
+            train,
+            batch_size=cfg.batch_size,
+            shuffle=True,
+            collate_fn=collate_task_batch,
+            generator=generator,
+            pin_memory=pin,
         )
     steps_per_epoch = len(loader)
     planned = cfg.epochs * steps_per_epoch
@@ -615,7 +622,7 @@ def train_seed(
             if log and step % max(1, cfg.log_every_steps) == 0:
                 log({"train_loss": loss.item(), "lr": scheduler.get_last_lr()[0]}, step)
             if step % eval_every == 0 or step == planned:
-                ev = evaluate(model, valid, cfg.eval_batch_size, device, label_names=data.label_names)
+                ev = evaluate_split(model, valid, cfg.eval_batch_size, device, label_names=data.label_names)
                 _set_train_mode(model, cfg.mode)
                 point = (
                     {
@@ -864,10 +871,10 @@ __all__ = [
     "MODES",
     "load_pretrained",
     "resolve_checkpoint",
-    "check_tokenizer",
+    "check_checkpoint_tokenizer",
     "build_model",
     "linear_warmup_decay",
-    "evaluate",
+    "evaluate_split",
     "train_seed",
     "finetune",
     "summarize",

@@ -92,7 +92,7 @@ SNIFF_DELIMITERS = ",;\t|"
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class TaskSplit(torch.utils.data.Dataset):
-    """One tokenized split: unpadded id lists (padded per batch by :func:`collate`)."""
+    """One tokenized split: unpadded id lists (padded per batch by :func:`collate_task_batch`)."""
 
     role: str  # train | validation | test
     split: str  # the split's name at the source
@@ -160,7 +160,7 @@ class TaskData:
         }
 
 
-def collate(batch: Sequence[tuple[list[int], list[int], Any]]) -> dict[str, torch.Tensor]:
+def collate_task_batch(batch: Sequence[tuple[list[int], list[int], Any]]) -> dict[str, torch.Tensor]:
     """Pad a list of ``(input_ids, token_type_ids, label)`` to the batch's longest sequence.
 
     ``label``: an int (classification: int64 ``[B]``), a float (regression: float32 ``[B]``) or a
@@ -901,7 +901,7 @@ __all__ = [
     "TaskData",
     "load_task_data",
     "task_params",
-    "collate",
+    "collate_task_batch",
     "encode_examples",
     "cut",
     "head_tail_split",

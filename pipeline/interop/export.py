@@ -31,7 +31,7 @@ import torch
 
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file, write_json
-from pipeline.evaluate.inference import Classifier, check_tokenizer, is_finetuned, load_weights, read_checkpoint
+from pipeline.evaluate.inference import Classifier, check_tokenizer_hash, is_finetuned, load_weights, read_checkpoint
 from pipeline.interop.export_gpt import export_gpt2, is_causal_checkpoint_file
 from pipeline.interop.export_writer import EXPORT_INFO, SCRIPT_PROBES, hf_normalizer_config, write_export
 from pipeline.interop.pyfunc import PROBE_TEXTS
@@ -124,7 +124,7 @@ def load_for_export(model_pt: str | Path, tokenizer_path: str | Path | None = No
             "text_columns": clf.text_columns,
             "checkpoint": clf.checkpoint,
         }
-    sha = check_tokenizer(tok_path, expected, path)
+    sha = check_tokenizer_hash(tok_path, expected, path)
     config = BertConfig.from_dict(ckpt["model_config"])
     train_config = ckpt.get("train_config") or {}
     electra = train_config.get("objective") == "electra"
@@ -212,9 +212,9 @@ def _probe_batch(loaded: dict[str, Any]) -> tuple[list[list[int]], list[list[int
 
 
 def _pad(ids: list[list[int]], types: list[list[int]]) -> dict[str, torch.Tensor]:
-    from pipeline.finetune.task_data import collate
+    from pipeline.finetune.task_data import collate_task_batch
 
-    batch = collate([(i, t, 0) for i, t in zip(ids, types)])
+    batch = collate_task_batch([(i, t, 0) for i, t in zip(ids, types)])
     batch.pop("labels")
     return batch
 

@@ -60,7 +60,7 @@ def load_causal_for_export(model_pt: str | Path, tokenizer_path: str | Path | No
     from pipeline.apps.generate import causal_lm_from_checkpoint
     from pipeline.evaluate.inference import (
         check_finetuned,
-        check_tokenizer,
+        check_tokenizer_hash,
         is_finetuned,
         load_weights,
         read_checkpoint,
@@ -88,7 +88,7 @@ def load_causal_for_export(model_pt: str | Path, tokenizer_path: str | Path | No
         }
     check_finetuned(ckpt, path)
     tok_path = Path(tokenizer_path) if tokenizer_path else path.parent / "tokenizer.json"
-    sha = check_tokenizer(tok_path, ckpt["tokenizer_sha256"], path)
+    sha = check_tokenizer_hash(tok_path, ckpt["tokenizer_sha256"], path)
     config = BertConfig.from_dict(ckpt["model_config"])
     model = GPTForSequenceClassification(config, int(ckpt["num_labels"]))
     load_weights(model, ckpt["model"], path)

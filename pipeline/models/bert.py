@@ -278,7 +278,7 @@ def attention_written_out(
 
     What SelfAttention trains with on the CPU: there SDPA's fused kernel has a slow backward at
     these sizes (T = 128, a few heads), and the written-out form makes a training step ~10 %
-    faster (docs/results.md, session 6); GPUs and inference keep the fused kernels."""
+    faster (docs/results.md); GPUs and inference keep the fused kernels."""
     scores = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))

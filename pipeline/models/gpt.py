@@ -256,10 +256,10 @@ class GPTForSequenceClassification(nn.Module):
         load_strict(self.gpt, sd, source)
 
 
-def flops_per_token(config: BertConfig, seq_len: int) -> float:
+def decoder_flops_per_token(config: BertConfig, seq_len: int) -> float:
     """Training FLOPs (forward + backward) per token of :class:`GPT` on ``seq_len`` blocks, for MFU.
 
-    As ``pipeline.models.bert.flops_per_token``: 6 FLOPs per weight per token for the matmuls
+    As ``pipeline.models.bert.decoder_flops_per_token``: 6 FLOPs per weight per token for the matmuls
     (Kaplan et al. 2020) and 12 * L * H * T for attention (PaLM appendix B, which counts the full
     T x T scores, as a masked, non-fused attention computes them):
 

@@ -226,7 +226,7 @@ class Batch:
     example_ids: torch.Tensor  # [B] long, row index of each example in its split
     # Host-side: False when no row is padded (the model then drops the mask, and SDPA may take
     # its fused kernels), True when some is (the mask is used as is); None: unknown, the model
-    # checks the mask itself (a GPU→CPU sync). collate() always knows.
+    # checks the mask itself (a GPU→CPU sync). collate_examples() always knows.
     padded: bool | None = None
 
     @property
@@ -259,7 +259,7 @@ class Batch:
 _Row = tuple
 
 
-def collate(rows: list[_Row], example_ids: list[int]) -> Batch:
+def collate_examples(rows: list[_Row], example_ids: list[int]) -> Batch:
     """Pad ``rows`` (already masked) to the longest one and flatten the masked positions."""
     if rows and rows[0][1] is None:  # packed causal-LM blocks
         return collate_packed(rows, example_ids)
@@ -600,7 +600,7 @@ class PretrainingData:
                 pending_ids.append(x)
                 seen += 1
                 if len(pending_rows) == self.batch_size:
-                    yield collate(pending_rows, pending_ids)
+                    yield collate_examples(pending_rows, pending_ids)
                     pending_rows, pending_ids = [], []
 
     # -- validation -----------------------------------------------------------------------
@@ -629,7 +629,7 @@ class PretrainingData:
                 rows.append(self._mask(data[x], x, 0))
                 ids.append(x)
                 if (x + 1) % B == 0 or x + 1 == limit:
-                    yield collate(rows, ids)
+                    yield collate_examples(rows, ids)
                     rows, ids = [], []
 
 

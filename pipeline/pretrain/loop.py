@@ -433,7 +433,7 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 @torch.no_grad()
-def evaluate(
+def validation_metrics(
     model: torch.nn.Module,
     objective: Objective,
     data: PretrainingData,
@@ -705,7 +705,7 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Validation metrics now; a new best (lowest ``objective.best_metric``) is saved as best.pt."""
-        metrics = evaluate(
+        metrics = validation_metrics(
             self.raw_model,
             self.objective,
             self.valid_data,

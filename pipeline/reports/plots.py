@@ -406,7 +406,7 @@ def render_html(panels: list[dict[str, Any]], *, title: str = "bertrace plots") 
     return "\n".join(out) + "\n"
 
 
-def write_report(
+def write_plots_report(
     out: str | Path = REPORT, root: str | Path = ".", dvc_yaml: str | Path | None = None
 ) -> dict[str, Any]:
     """Render every declared plot under ``root`` into ``out``; returns

@@ -391,7 +391,7 @@ def render_scorecard(
     return "\n".join(lines).rstrip() + "\n"
 
 
-GRID_OBJECTIVES = ("mlm_nsp", "mlm", "electra")  # issue #15's objective x corpus grid; other objectives join it
+GRID_OBJECTIVES = ("mlm_nsp", "mlm", "electra")  # the objective x corpus grid; other objectives join it
 
 
 def objective_corpus_table(rows: Sequence[dict[str, Any]], task: str | None) -> list[str]:

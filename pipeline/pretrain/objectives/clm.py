@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from pipeline.core.errors import BertraceError
 from pipeline.core.formats import UNIGRAM_COUNTS
 from pipeline.models.bert import BertConfig
-from pipeline.models.gpt import GPT, GPTOutput, flops_per_token
+from pipeline.models.gpt import GPT, GPTOutput, decoder_flops_per_token
 from pipeline.pretrain.objectives.base import Objective
 
 
@@ -70,7 +70,7 @@ class CausalLM(Objective):
         return GPT(config)
 
     def flops_per_token(self, config: BertConfig, manifest: dict[str, Any]) -> float:
-        return flops_per_token(config, int(manifest["max_seq_len"]))
+        return decoder_flops_per_token(config, int(manifest["max_seq_len"]))
 
     def forward(self, model: torch.nn.Module, batch) -> GPTOutput:
         """The logits of every position but each block's last (which has no next token), as
