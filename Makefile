@@ -26,7 +26,7 @@ install: $(BIN)/.installed
 repro: install
 	$(BIN)/python -m stages.cli check-tracking
 ifdef PROFILE
-	PATH="$(abspath $(BIN)):$$PATH" eval dvc exp run $$($(BIN)/python -m stages.profile $(PROFILE))
+	PATH="$(abspath $(BIN)):$$PATH" eval dvc exp run $$($(BIN)/python -m stages.cli.profile $(PROFILE))
 else
 	PATH="$(abspath $(BIN)):$$PATH" dvc repro
 endif
@@ -39,7 +39,7 @@ exps: install
 
 # SST-2 dev accuracy vs pre-training steps from data/pretrain/snapshots (pretrain.snapshot_steps).
 learning-curve: install
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m stages.learning_curve
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m stages.cli.learning_curve
 
 # Two pytest workers, a test file each (--dist loadfile: a file's module fixtures are built once);
 # tests/conftest.py gives each worker, and the stages it runs, one torch thread. TEST_WORKERS=0: one process.

@@ -217,7 +217,7 @@ def test_a_masked_lm_checkpoint_is_a_clear_error(tmp_path):
 
 def test_without_gradio_the_command_says_how_to_install(model_pt, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "gradio", None)  # import gradio -> ImportError
-    from stages import demo as demo_stage
+    from stages.cli import demo as demo_stage
 
     with pytest.raises(BertraceError, match=r"pip install -e '\.\[demo\]'"):
         demo_stage.main(["--model", str(model_pt)])
@@ -226,7 +226,7 @@ def test_without_gradio_the_command_says_how_to_install(model_pt, monkeypatch, c
             sys.executable,
             "-c",
             "import sys; sys.modules['gradio'] = None; "
-            "from stages.cli import main; main(['demo', '--model', sys.argv[1]])",
+            "from stages.cli.main import main; main(['demo', '--model', sys.argv[1]])",
             str(model_pt),
         ],
         cwd=REPO,

@@ -344,7 +344,7 @@ def test_hf_export_of_electra_pretraining_and_finetuned(tmp_path):
 
     from pipeline.core.io import sha256_file
     from pipeline.finetune.loop import save_finetuned
-    from pipeline.finetune.task_data import collate, encode_examples
+    from pipeline.finetune.task_data import collate_task_batch, encode_examples
     from pipeline.interop.export import export_hf
     from pipeline.pretrain.checkpoint import save_checkpoint
     from tests.test_evaluate import fake_chain, sentences
@@ -371,7 +371,7 @@ def test_hf_export_of_electra_pretraining_and_finetuned(tmp_path):
     hf = transformers.ElectraForPreTraining.from_pretrained(tmp_path / "hf-pre").eval()
     a, b = sentences(6, 7), sentences(6, 8)
     ids, types, _ = encode_examples(tok, a, b, 64)
-    batch = collate([(i, t, 0) for i, t in zip(ids, types)])
+    batch = collate_task_batch([(i, t, 0) for i, t in zip(ids, types)])
     with torch.no_grad():
         ours = model.discriminator_logits(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         theirs = hf(
@@ -407,7 +407,7 @@ def test_hf_export_of_electra_pretraining_and_finetuned(tmp_path):
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf-clf").eval()
     assert type(hf).__name__ == "ElectraForSequenceClassification"
     ids, types, _ = encode_examples(tok, a, None, 32)
-    batch = collate([(i, t, 0) for i, t in zip(ids, types)])
+    batch = collate_task_batch([(i, t, 0) for i, t in zip(ids, types)])
     with torch.no_grad():
         ours = clf(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         theirs = hf(

@@ -169,10 +169,10 @@ def make_finetuned(
     model = BertForSequenceClassification(config, len(label_names)).eval()
     # A random encoder maps every text to nearly the same [CLS] vector: scale the classifier up and
     # centre its logits on sample texts so that the predicted class varies.
-    from pipeline.finetune.task_data import collate, encode_examples
+    from pipeline.finetune.task_data import collate_task_batch, encode_examples
 
     ids, types, _ = encode_examples(Tokenizer.from_file(str(tok_path)), sentences(64, 99), None, max_len)
-    batch = collate([(i, t, 0) for i, t in zip(ids, types)])
+    batch = collate_task_batch([(i, t, 0) for i, t in zip(ids, types)])
     with torch.no_grad():
         model.classifier.weight.mul_(scale)
         logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])

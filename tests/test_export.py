@@ -51,9 +51,9 @@ def pair_dir(tmp_path_factory, ckpt_dir) -> Path:
 
 
 def _hf_logits(model, ids, types) -> np.ndarray:
-    from pipeline.finetune.task_data import collate
+    from pipeline.finetune.task_data import collate_task_batch
 
-    batch = collate([(i, t, 0) for i, t in zip(ids, types)])
+    batch = collate_task_batch([(i, t, 0) for i, t in zip(ids, types)])
     with torch.no_grad():
         return model(
             input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"]
@@ -205,7 +205,7 @@ def test_hf_export_classifier_matches_our_logits_and_tokens(ckpt_dir, tmp_path):
 def test_hf_export_pretraining_checkpoint(ckpt_dir, tmp_path):
     from tokenizers import Tokenizer
 
-    from pipeline.finetune.task_data import collate, encode_examples
+    from pipeline.finetune.task_data import collate_task_batch, encode_examples
     from pipeline.interop.export import export_hf
     from pipeline.models.bert import BertForPreTraining
     from pipeline.pretrain.checkpoint import save_checkpoint
@@ -235,7 +235,7 @@ def test_hf_export_pretraining_checkpoint(ckpt_dir, tmp_path):
     hf = transformers.BertForPreTraining.from_pretrained(out).eval()
     a, b = sentences(6, 7), sentences(6, 8)
     ids, types, _ = encode_examples(tok, a, b, 64)
-    batch = collate([(i, t, 0) for i, t in zip(ids, types)])
+    batch = collate_task_batch([(i, t, 0) for i, t in zip(ids, types)])
     with torch.no_grad():
         ours = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         theirs = hf(
@@ -319,7 +319,7 @@ def test_pyfunc_log_load_predict(ckpt_dir, tmp_path):
     assert set(pip_requirements()) <= set(reqs) and all("==" in r for r in reqs)
     assert "+" not in " ".join(reqs)  # no local version tags such as +cpu
     assert {p.split("==")[0] for p in reqs} <= {"mlflow", "torch", "tokenizers", "numpy", "pandas", "cloudpickle"}
-    assert (local / "code" / "pipeline" / "inference.py").is_file()
+    assert (local / "code" / "pipeline" / "evaluate" / "inference.py").is_file()
     assert not list((local / "code").rglob("__pycache__"))
     assert (local / "artifacts" / "model.pt").read_bytes() == (ckpt_dir / "model.pt").read_bytes()
     with pytest.raises(Exception, match="sentence"):  # the signature names the input column
@@ -343,11 +343,11 @@ def test_pyfunc_log_load_predict(ckpt_dir, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# CLI bodies (wired into `bertrace predict` / `bertrace export` by stages/cli.py)
+# CLI bodies (wired into `bertrace predict` / `bertrace export` by stages/cli/main.py)
 
 
 def test_predict_cli_writes_json_lines(ckpt_dir, tmp_path, capsys):
-    from stages.predict import main_predict
+    from stages.cli.predict import main_predict
 
     lines = TEXTS[:3] + sentences(7, 10)
     f = tmp_path / "in.txt"
@@ -370,7 +370,7 @@ def test_predict_cli_writes_json_lines(ckpt_dir, tmp_path, capsys):
 
 
 def test_predict_cli_pairs(pair_dir, tmp_path, capsys):
-    from stages.predict import main_predict
+    from stages.cli.predict import main_predict
 
     f = tmp_path / "pairs.tsv"
     f.write_text("the film\twas good\nbad plot\tdull\n", encoding="utf-8")
@@ -382,7 +382,7 @@ def test_predict_cli_pairs(pair_dir, tmp_path, capsys):
 
 
 def test_export_cli(ckpt_dir, tmp_path, capsys):
-    from stages.predict import main_export
+    from stages.cli.predict import main_export
 
     main_export(["--hf", str(tmp_path / "out"), "--checkpoint", str(ckpt_dir / "model.pt")])
     msg = capsys.readouterr().out

@@ -297,7 +297,7 @@ def test_export_loads_with_auto_classes_and_matches_logits(data, tmp_path):
 def test_causal_classifier_exports_as_gpt2_for_sequence_classification(data, tmp_path):
     transformers = pytest.importorskip("transformers")
     from pipeline.finetune.loop import save_finetuned
-    from pipeline.finetune.task_data import collate, encode_examples
+    from pipeline.finetune.task_data import collate_task_batch, encode_examples
     from pipeline.interop.export import export_hf
 
     tok_path = data / "tokenizer" / "tokenizer.json"
@@ -330,7 +330,7 @@ def test_causal_classifier_exports_as_gpt2_for_sequence_classification(data, tmp
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf-clf")
     texts = sentences(8, 4)
     ids, types, _ = encode_examples(tok, texts, None, 32)
-    batch = collate([(i, t, 0) for i, t in zip(ids, types)])
+    batch = collate_task_batch([(i, t, 0) for i, t in zip(ids, types)])
     enc = hf_tok(texts, padding=True, return_tensors="pt")
     assert torch.equal(enc["input_ids"], batch["input_ids"])
     with torch.no_grad():

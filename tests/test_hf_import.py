@@ -328,8 +328,8 @@ def finetune_params(checkpoint: str, tokenizer: str, task: dict) -> dict:
 
 
 def test_finetune_stage_imports_trains_and_traces(tmp_path, monkeypatch, capsys):
+    import stages.cli.trace as trace_cli
     import stages.finetune as stage
-    import stages.trace as trace_cli
     from pipeline.core.io import sha256_file
     from pipeline.lineage import trace
 

@@ -56,7 +56,7 @@ def test_step_snapshots_make_a_steps_axis(env, tmp_path):  # noqa: F811
 
 
 def test_learning_curve_command_end_to_end(env, tmp_path, monkeypatch):  # noqa: F811
-    import stages.learning_curve as stage
+    import stages.cli.learning_curve as stage
 
     root = tmp_path / "repo"
     (root / "data" / "tokenizer").mkdir(parents=True)
@@ -124,7 +124,7 @@ def test_curves_of_two_objectives_share_one_plot_per_corpus(env, tmp_path, monke
     with pytest.raises(BertraceError, match="learning_curve.label"):
         save_series(tmp_path, "../x", {"points": rows})
 
-    import stages.learning_curve as stage
+    import stages.cli.learning_curve as stage
 
     root = tmp_path / "repo"
     (root / "data" / "tokenizer").mkdir(parents=True)

@@ -241,7 +241,7 @@ def test_frozen_and_scratch_modes_train(trained, mode):
 
 def test_predict_prints_a_score(trained, capsys):
     from pipeline.evaluate.inference import Classifier
-    from stages.predict import main_predict
+    from stages.cli.predict import main_predict
 
     clf = Classifier.load(trained["model"])
     a, b = "cat dog red big", "red blue red blue"

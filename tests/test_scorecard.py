@@ -171,7 +171,7 @@ def test_render_rewrites_the_markdown_from_the_json_and_recorded_rows(tmp_path, 
     assert "Goal met by" not in (tmp_path / "reports" / "scorecard.md").read_text()
     (tmp_path / "reports" / "scorecard.json").write_text(json.dumps({"this_run": row}))
     # the same through the `bertrace` command
-    from stages.cli import main as bertrace
+    from stages.cli.main import main as bertrace
 
     (tmp_path / "reports" / "profiles" / "in-domain.json").unlink()
     with pytest.raises(SystemExit) as exit_:

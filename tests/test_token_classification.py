@@ -27,7 +27,7 @@ from pipeline.finetune.loop import (
     load_pretrained,
     save_finetuned,
 )
-from pipeline.finetune.task_data import collate, load_task_data
+from pipeline.finetune.task_data import collate_task_batch, load_task_data
 from pipeline.finetune.token_data import (
     bio_violations,
     check_bio,
@@ -195,7 +195,7 @@ def test_collate_pads_token_labels_with_ignore(tok_path, tmp_path):
     write_conll(tmp_path / "dev.conll", synthetic_ner(3, 2))
     data = load_task_data(task(tmp_path), load_tokenizer(tok_path), max_len=64)
     split = data.splits["train"]
-    batch = collate([split[i] for i in range(len(split))])
+    batch = collate_task_batch([split[i] for i in range(len(split))])
     assert batch["labels"].shape == batch["input_ids"].shape
     assert ((batch["attention_mask"] == 0) <= (batch["labels"] == -100)).all()  # padding is ignored
     n_words = sum(len(w) for w in split.words)
@@ -289,7 +289,7 @@ def test_frozen_and_scratch_modes_train(trained, mode):
 
 def test_predict_prints_spans_with_character_offsets(trained, capsys):
     from pipeline.evaluate.inference import Classifier
-    from stages.predict import main_predict
+    from stages.cli.predict import main_predict
 
     text = "yesterday  Carol Smith went to New York."
     clf = Classifier.load(trained["model"])

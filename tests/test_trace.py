@@ -20,7 +20,7 @@ from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file
 from pipeline.lineage import trace
 from pipeline.lineage.provenance import hash_path, params_hash
-from stages import trace as trace_cli
+from stages.cli import trace as trace_cli
 
 COMMIT = "c0ffee" * 6 + "abcd"
 

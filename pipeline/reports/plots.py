@@ -11,7 +11,7 @@ fetched when it is opened.
 The learning curve (``plots/learning_curve.csv``) is written by ``make learning-curve``, not by
 ``dvc repro``: it can be left over from another pre-training run. Its rows carry the sha256 of
 the final pre-trained checkpoint they come from (``pretrain_sha256``, written by
-``stages/learning_curve.py``); the panel is drawn only when that is the current best.pt or
+``stages/cli/learning_curve.py``); the panel is drawn only when that is the current best.pt or
 last.pt (as ``data/provenance/pretrain.json`` records them, else the files' own hashes), and
 otherwise replaced by a warning naming both hashes and the fix.
 """

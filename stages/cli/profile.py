@@ -1,4 +1,4 @@
-"""`python -m stages.profile NAME [--show]`: the `dvc exp run -S ...` arguments of a profile.
+"""`python -m stages.cli.profile NAME [--show]`: the `dvc exp run -S ...` arguments of a profile.
 
 ``make repro PROFILE=NAME`` runs ``dvc exp run`` with them: the pipeline with the profile's
 params, recorded as a DVC experiment (``dvc exp show``, ``dvc params diff``). ``--show`` prints
@@ -17,7 +17,7 @@ from pipeline.reports.profiles import apply_overrides, flatten_overrides, load_p
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.profile", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m stages.cli.profile", description=__doc__.splitlines()[0])
     ap.add_argument("name", help="profiles/NAME.yaml (or a path to a profile file)")
     ap.add_argument("--show", action="store_true", help="print the merged params.yaml sections it changes")
     args = ap.parse_args(argv)

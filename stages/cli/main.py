@@ -58,15 +58,15 @@ def main(argv: list[str] | None = None) -> None:
             rest = ["--shards", *rest]
         run_stage(lambda: validate.main(rest))
     elif args.command in ("predict", "export"):
-        from stages import predict
+        from stages.cli import predict
 
         run_stage(lambda: (predict.main_predict if args.command == "predict" else predict.main_export)(rest))
     elif args.command == "generate":
-        from stages import generate
+        from stages.cli import generate
 
         run_stage(lambda: generate.main(rest))
     elif args.command == "trace":
-        from stages import trace
+        from stages.cli import trace
 
         run_stage(lambda: trace.main(rest))
     elif args.command == "scorecard":
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(scorecard.main(rest))
     elif args.command == "demo":
-        from stages import demo
+        from stages.cli import demo
 
         run_stage(lambda: demo.main(rest))
     elif args.command == "check-tracking":

@@ -1,0 +1,1 @@
+"""The ``bertrace`` command line: commands that are no DVC stage (``main.py`` dispatches them)."""
