@@ -17,6 +17,7 @@ from tests.conftest import REPO
 def _sections():
     from pipeline.checks.validate import ValidateConfig
     from pipeline.core.arithmetic import ComputeConfig
+    from pipeline.reports.learning_curve import LearningCurveConfig
     from pipeline.data.clean import CleanConfig
     from pipeline.data.download import DownloadConfig
     from pipeline.data.examples import ExamplesConfig
@@ -35,6 +36,7 @@ def _sections():
         "finetune": FinetuneConfig,
         "evaluate": EvaluateConfig,
         "compute": ComputeConfig,
+        "learning_curve": LearningCurveConfig,
     }
 
 
@@ -42,7 +44,19 @@ PARAMS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize(
-    "section", ["download", "clean", "tokenizer", "examples", "validate", "compute", "pretrain", "finetune", "evaluate"]
+    "section",
+    [
+        "download",
+        "clean",
+        "tokenizer",
+        "examples",
+        "validate",
+        "compute",
+        "pretrain",
+        "finetune",
+        "evaluate",
+        "learning_curve",
+    ],
 )
 def test_code_defaults_equal_params_yaml(section):
     """Deleting a line of params.yaml must not change the run: the code's default is the same value."""

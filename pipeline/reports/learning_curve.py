@@ -19,8 +19,11 @@ import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Annotated, Any, Callable, ClassVar, Sequence
 
+from pydantic import Field
+
+from pipeline.core.config import Float, Int, Section, Str
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import atomic_open, atomic_path
 
@@ -38,6 +41,17 @@ COLUMNS = (
 )
 UNITS = {"steps": ("pretrain_steps", "pre-training steps"), "minutes": ("pretrain_minutes", "pre-training minutes")}
 
+
+
+class LearningCurveConfig(Section):
+    """The ``learning_curve`` section of params.yaml (``make learning-curve``; defaults equal
+    params.yaml, tests/test_config.py). The fine-tuning itself is ``finetune``'s, with these seeds."""
+
+    SECTION: ClassVar[str] = "learning_curve"
+
+    seeds: list[Annotated[Int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1)
+    label: Str | None = None  # the curve's name in reports/learning_curves/ (None: the objective)
+    reference: dict[Str, Float] | None = None  # reference lines (None: reports/references.yaml's)
 
 @dataclass(frozen=True)
 class Point:

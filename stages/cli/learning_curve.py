@@ -28,6 +28,7 @@ from pipeline.finetune.loop import (
 )
 from pipeline.finetune.task_data import load_task_data
 from pipeline.reports.learning_curve import (
+    LearningCurveConfig,
     curve_points,
     plot_curve,
     read_series,
@@ -47,25 +48,23 @@ SERIES_DIR = Path("reports/learning_curves")  # one <label>.json per run: the PN
 
 
 def main(progress: bool = True) -> dict:
-    params = load_params("learning_curve") or {}
-    ft_params = dict(load_params("finetune"))
-    ft_params["seeds"] = params.get("seeds") or ft_params.get("seeds")
-    mirror = ft_params.get("mirror") or os.environ.get("BERTRACE_HUB_MIRROR") or None
-    max_len, truncation = int(ft_params.get("max_len") or 128), str(ft_params.get("truncation") or "head")
-    tokenizer_path = Path(ft_params.get("tokenizer") or TOKENIZER)
+    cfg = LearningCurveConfig.from_params(load_params("learning_curve"))
+    ft = FinetuneConfig.from_params({**load_params("finetune"), "seeds": cfg.seeds})
+    mirror = ft.mirror or os.environ.get("BERTRACE_HUB_MIRROR") or None
+    tokenizer_path = Path(ft.tokenizer or TOKENIZER)
     unit, points = curve_points(PRETRAIN_DIR)
     # reference lines: learning_curve.reference, else reports/references.yaml's learning_curve
-    reference = params.get("reference") or read_references().get("learning_curve") or {}
+    reference = cfg.reference or read_references().get("learning_curve") or {}
     column = "pretrain_steps" if unit == "steps" else "pretrain_minutes"
 
     # reference names are free text, not valid MLflow param names: one list value
-    run_params = {**params, "reference": [[k, v] for k, v in reference.items()], "finetune": ft_params}
+    run_params = {**cfg.to_dict(), "reference": [[k, v] for k, v in reference.items()], "finetune": ft.to_dict()}
     with StageRun("learning_curve", run_params) as run:
         data = load_task_data(
-            ft_params.get("task"),
+            ft.task,
             load_tokenizer(tokenizer_path),
-            max_len=max_len,
-            truncation=truncation,
+            max_len=ft.max_len,
+            truncation=ft.truncation,
             mirror=mirror,
             roles=("train", "validation"),
             progress=progress,
@@ -78,10 +77,10 @@ def main(progress: bool = True) -> dict:
             check_checkpoint_tokenizer(ckpt, path or final, tokenizer_path)
             if path is not None:
                 run.add_input(path)
-            mode = "scratch" if path is None else ft_params.get("mode", "full")
-            cfg = FinetuneConfig.from_params({**ft_params, "mode": mode})
+            mode = "scratch" if path is None else ft.mode
+            seed_cfg = ft.model_copy(update={"mode": mode})
             print(f"learning curve: fine-tuning {path or 'from random weights (no pre-training)'}")
-            summary, _ = finetune(ckpt, data, cfg, progress=progress, source=str(path or final))
+            summary, _ = finetune(ckpt, data, seed_cfg, progress=progress, source=str(path or final))
             return summary
 
         def on_point(row):
@@ -98,7 +97,7 @@ def main(progress: bool = True) -> dict:
         write_curve_csv(CSV, [{**r, "pretrain_sha256": final_sha256} for r in rows])
         ref = [(name, float(v)) for name, v in reference.items()]
         objective = checkpoint_objective(final_ckpt)
-        label = str(params.get("label") or objective)
+        label = cfg.label or objective
         tokenizer_sha = sha256_file(tokenizer_path)
         series_path = save_series(
             SERIES_DIR,
@@ -115,13 +114,13 @@ def main(progress: bool = True) -> dict:
         series = read_series(SERIES_DIR, tokenizer_sha)  # this run's and earlier runs' on the same corpus
         if len(series) > 1:  # objectives differ in cost per update: compare them per minute of pre-training
             unit = "minutes"
-        task = ft_params["task"].get("hub", {}).get("config") or "task"
+        task = ft.task.get("hub", {}).get("config") or "task"
         plot_curve(
             PNG,
             series,
             reference=ref,
             unit=unit,
-            title=f"{task} validation accuracy vs pre-training {unit} ({len(ft_params['seeds'])} seed(s) per point)",
+            title=f"{task} validation accuracy vs pre-training {unit} ({len(ft.seeds)} seed(s) per point)",
         )
         metrics = {
             "unit": unit,
