@@ -17,7 +17,6 @@ from tests.conftest import REPO
 def _sections():
     from pipeline.checks.validate import ValidateConfig
     from pipeline.core.arithmetic import ComputeConfig
-    from pipeline.reports.learning_curve import LearningCurveConfig
     from pipeline.data.clean import CleanConfig
     from pipeline.data.download import DownloadConfig
     from pipeline.data.examples import ExamplesConfig
@@ -25,6 +24,7 @@ def _sections():
     from pipeline.evaluate.report import EvaluateConfig
     from pipeline.finetune.loop import FinetuneConfig
     from pipeline.pretrain.loop import PretrainConfig
+    from pipeline.reports.learning_curve import LearningCurveConfig
 
     return {
         "download": DownloadConfig,
