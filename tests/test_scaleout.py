@@ -76,7 +76,7 @@ def test_dask_cluster_writes_the_same_bytes_as_the_local_engine(corpus, local_ru
     ):
         man = _generate(corpus, tmp_path, engine="dask", scheduler=cluster.scheduler_address)
         # the partitions were processed in the worker processes (each keeps its worker state), not here
-        built = client.run(lambda: len(__import__("pipeline.data.examples").examples._WORKERS))
+        built = client.run(lambda: len(__import__("pipeline.data.examples").data.examples._WORKERS))
     assert len(built) == 2 and sum(built.values()) >= 1
     assert examples._WORKERS == {}
     assert man == man1  # shard sha256s, rows, tokens, NSP and mask fractions
