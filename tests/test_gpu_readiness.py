@@ -348,7 +348,7 @@ def test_ddp_eval_sample_is_global(ddp_data_run):
     state = torch.load(tmp / "out" / "last.pt", weights_only=True)
     model = BertForPreTraining(BertConfig.from_dict(state["model_config"]))
     model.load_state_dict(state["model"])
-    one = train.evaluate(
+    one = train.validation_metrics(
         model, BertPretraining(), PretrainingData(ex, "valid", batch_size=8), torch.device("cpu"), max_batches=2
     )
     assert r0["metrics"]["val_mlm_loss"] == pytest.approx(one["val_mlm_loss"], rel=1e-6)
