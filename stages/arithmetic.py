@@ -10,24 +10,16 @@ import os
 import sys
 from pathlib import Path
 
-import yaml
-
 from pipeline.core.arithmetic import ComputeConfig, process_env
 from pipeline.core.errors import BertraceError
+from stages.common import load_params
 
 PARAMS_FILE = Path("params.yaml")
 
 
 def compute_config(params_file: str | os.PathLike = PARAMS_FILE) -> ComputeConfig:
     """params.yaml's ``compute`` section, validated (one line naming ``compute.<key>`` when wrong)."""
-    path = Path(params_file)
-    try:
-        params = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise BertraceError(f"{path}: cannot be read ({e}); run stages from the repository root") from None
-    if "compute" not in params:
-        raise BertraceError(f"{path}: has no 'compute:' section; restore it from the repository's params.yaml")
-    return ComputeConfig.from_params(params["compute"])
+    return ComputeConfig.from_params(load_params("compute", params_file))
 
 
 def pin_cpu_arithmetic(params_file: str | os.PathLike = PARAMS_FILE) -> None:
