@@ -72,11 +72,11 @@ def test_code_defaults_equal_params_yaml(section):
     "section, key, value, message",
     [
         ("clean", "min_chars", "x", "clean.min_chars = 'x': must be an integer"),
-        ("clean", "valid_fraction", 1.5, "clean.valid_fraction = 1.5: input should be less than 1"),
+        ("clean", "valid_fraction", 1.5, "clean.valid_fraction = 1.5: must be < 1"),
         ("tokenizer", "vocab_size", "16k", "tokenizer.vocab_size = '16k': must be an integer"),
         ("tokenizer", "lowercase", "false", "tokenizer.lowercase = 'false': must be true or false (no quotes)"),
         ("tokenizer", "min_frequency", True, "tokenizer.min_frequency = True: must be an integer, not true/false"),
-        ("evaluate", "batch_size", 0, "evaluate.batch_size = 0: input should be greater than or equal to 1"),
+        ("evaluate", "batch_size", 0, "evaluate.batch_size = 0: must be >= 1"),
         ("evaluate", "splits", ["dev"], "evaluate.splits.0 = 'dev': input should be 'train', 'validation' or 'test'"),
         ("finetune", "seeds", [], "finetune.seeds = []: list should have at least 1 item"),
         ("download", "source", "ftp", "download.source = 'ftp': input should be 'hub' or 'local'"),

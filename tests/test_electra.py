@@ -233,7 +233,9 @@ def test_objective_names_and_the_removed_keys():
         PretrainConfig.from_params({"nsp_weight": 0, "max_steps": 1})
     with pytest.raises(BertraceError, match=r"pretrain\.electra\.disc_weights: unknown key"):
         PretrainConfig(electra={"disc_weights": 1}, max_steps=1)
-    with pytest.raises(BertraceError, match=r"pretrain\.electra\.generator_size = 2: must be a fraction"):
+    with pytest.raises(
+        BertraceError, match=r"pretrain\.electra\.generator_size = 2: must be <= 1 \(a fraction of the discriminator.s"
+    ):
         PretrainConfig(electra={"generator_size": 2}, max_steps=1)
     with pytest.raises(BertraceError, match=r"pretrain\.electra\.disc_weight = 0: must be > 0"):
         PretrainConfig(electra={"disc_weight": 0}, max_steps=1)

@@ -394,7 +394,7 @@ def test_encoder_dropout_overrides_the_checkpoint_config(env):
     assert same.drop.p == 0.0
     sd_a, sd_b = model.state_dict(), kept.state_dict()
     assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)  # same weights: only dropout changes
-    with pytest.raises(BertraceError, match=r"finetune.encoder_dropout = 1.5: input should be less than 1"):
+    with pytest.raises(BertraceError, match=r"finetune.encoder_dropout = 1.5: must be < 1"):
         FinetuneConfig.from_params({"encoder_dropout": 1.5})
 
 
@@ -416,7 +416,7 @@ def test_layer_lr_decay_lowers_the_rate_towards_the_input(env):
     assert [layer_depth(n, 2) for n in ("gpt.wte.weight", "gpt.blocks.1.mlp.fc.bias", "gpt.ln_f.weight")] == [0, 2, 4]
     decayed = {id(p) for g in groups if g["weight_decay"] for p in g["params"]}
     assert id(named["bert.layers.0.ln_attn.weight"]) not in decayed and id(named["classifier.weight"]) in decayed
-    with pytest.raises(BertraceError, match=r"finetune.layer_lr_decay = 1.5: input should be less than or equal to 1"):
+    with pytest.raises(BertraceError, match=r"finetune.layer_lr_decay = 1.5: must be <= 1"):
         FinetuneConfig.from_params({"layer_lr_decay": 1.5})
 
 

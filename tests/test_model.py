@@ -365,18 +365,24 @@ def test_tiny_preset_forward_shapes():
 def test_config_from_params_overrides_and_errors():
     config = config_from_params({"preset": "mini", "dropout": 0.0, "gelu": "exact", "vocab_size": 16064}, 16000)
     assert (config.dropout, config.gelu, config.vocab_size, config.num_layers) == (0.0, "exact", 16064, 4)
-    with pytest.raises(BertraceError, match=r"unknown model keys \['hiden_size'\].*hidden_size"):
+    with pytest.raises(BertraceError, match=r"pretrain\.model\.hiden_size: unknown key; valid keys: .*hidden_size"):
         config_from_params({"preset": "mini", "hiden_size": 128}, 16000)
-    with pytest.raises(BertraceError, match="preset 'huge' is not one of"):
+    with pytest.raises(BertraceError, match=r"pretrain\.model\.preset = 'huge': input should be 'tiny', 'mini'"):
         config_from_params({"preset": "huge"}, 16000)
-    with pytest.raises(BertraceError, match="preset None"):
+    with pytest.raises(BertraceError, match=r"pretrain\.model\.preset is missing"):
         config_from_params({}, 16000)
-    with pytest.raises(BertraceError, match="smaller than the tokenizer"):
+    with pytest.raises(BertraceError, match=r"pretrain\.model\.vocab_size = 100: smaller than the tokenizer's 16000"):
         config_from_params({"preset": "mini", "vocab_size": 100}, 16000)
     with pytest.raises(BertraceError, match="not a multiple of num_heads"):
         config_from_params({"preset": "mini", "num_heads": 3}, 16000)
-    with pytest.raises(BertraceError, match="must be a mapping"):
+    with pytest.raises(BertraceError, match="pretrain.model must be a mapping"):
         config_from_params("mini", 16000)
+    with pytest.raises(BertraceError, match=r"pretrain\.model\.dropout = 1\.5: must be < 1"):
+        config_from_params({"preset": "mini", "dropout": 1.5}, 16000)
+    with pytest.raises(BertraceError, match=r"pretrain\.model: tokenizer_vocab_size comes from the tokenizer"):
+        config_from_params({"preset": "mini", "tokenizer_vocab_size": 10}, 16000)
+    # a key left out takes the preset's value, else BertConfig's (Google's) default: dropout 0.1
+    assert config_from_params({"preset": "mini"}, 16000).dropout == 0.1
     with pytest.raises(BertraceError, match="gelu must be"):
         BertConfig(gelu="relu")
     with pytest.raises(BertraceError, match="dropout must be a number in"):
@@ -642,7 +648,7 @@ def test_padded_vocabulary_is_never_input_or_predicted():
         config_from_params({**tiny_params, "pad_vocab_to_multiple_of": 8}, 128).to_dict()
         == config_from_params(tiny_params, 128).to_dict()
     )  # already a multiple: nothing to pad
-    for bad in (0, True, "64"):
+    for bad in (0, True, "x"):
         with pytest.raises(BertraceError, match="pad_vocab_to_multiple_of"):
             config_from_params({**tiny_params, "pad_vocab_to_multiple_of": bad}, 123)
     with pytest.raises(BertraceError, match="tokenizer_vocab_size comes from the tokenizer"):

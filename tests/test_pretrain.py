@@ -15,7 +15,7 @@ from test_pretrain_data import make_examples, make_tokenizer
 
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file
-from pipeline.models.bert import BertConfig, BertForPreTraining, pretraining_loss
+from pipeline.models.bert import BertConfig, BertForPreTraining, config_from_params, pretraining_loss
 from pipeline.pretrain import checkpoint as ckpt_lib
 from pipeline.pretrain.loop import (
     PretrainConfig,
@@ -244,7 +244,7 @@ def test_config_defaults_are_params_yaml_and_to_dict_keeps_its_json():
 def test_exact_resume_matches_an_uninterrupted_run(small_dynamic, tmp_path):
     # dropout on, dynamic masking, grad accumulation, epochs crossed, a resume point mid-epoch
     cfg = tiny_cfg(max_steps=16, grad_accum=2, eval_every=4, checkpoint_every=4, shuffle_buffer=20)
-    assert cfg.model.get("dropout", 0.1) > 0
+    assert config_from_params(cfg.model, vocab_size=100).dropout > 0
     full_metrics, full = run(cfg, small_dynamic, tmp_path / "full")
     part_metrics, first = run(cfg, small_dynamic, tmp_path / "parts", stop_at_step=6)
     assert part_metrics["step"] == 6 and not part_metrics["completed"]

@@ -63,20 +63,32 @@ _MESSAGES = {  # pydantic error type -> what to say
     "string_type": "must be a string",
     "list_type": "must be a list",
     "dict_type": "must be a mapping",
+    "model_type": "must be a mapping",
     "tuple_type": "must be a list",
     "literal_error": None,  # pydantic's own text lists the choices
-    "greater_than": None,
-    "greater_than_equal": None,
-    "less_than": None,
-    "less_than_equal": None,
     "too_short": None,
     "too_long": None,
 }
 
 
-def _describe(err: dict) -> str:
+# Ranges are declared one way, ``Annotated[Int, Field(ge=1, description=hint)]``, and read
+# ``must be >= 1 (hint)``: the bound from pydantic's error context, the hint from the field.
+_RANGES = {
+    "greater_than": ("gt", ">"),
+    "greater_than_equal": ("ge", ">="),
+    "less_than": ("lt", "<"),
+    "less_than_equal": ("le", "<="),
+}
+
+
+def _describe(err: dict, hint: str | None = None) -> str:
     kind = err.get("type", "")
+    if kind in _RANGES:
+        name, op = _RANGES[kind]
+        return f"must be {op} {err.get('ctx', {}).get(name)}" + (f" ({hint})" if hint else "")
     msg = _MESSAGES.get(kind)
+    if kind in ("too_short", "too_long") and hint:
+        return f"{err.get('msg', 'wrong length')[0].lower()}{err.get('msg', '')[1:]} ({hint})"
     if msg is None:
         msg = err.get("msg", "invalid")
         for prefix in ("Value error, ", "Assertion failed, "):
@@ -102,8 +114,17 @@ def format_errors(e: ValidationError, model: type[BaseModel], section: str, sour
         elif not loc:
             lines.append(f"{source}: {section}: {_describe(err)}; fix it in {source}")
         else:
-            lines.append(f"{source}: {key} = {err.get('input')!r}: {_describe(err)}; fix it in {source}")
+            hint = _field_hint(model, loc)
+            lines.append(f"{source}: {key} = {err.get('input')!r}: {_describe(err, hint)}; fix it in {source}")
     return "\n".join(lines)
+
+
+def _field_hint(model: type[BaseModel], loc: list[str]) -> str | None:
+    """The ``description`` of the field at ``loc`` (list indices skipped), if it has one."""
+    names = [p for p in loc if not p.isdigit()]
+    parent = _submodel(model, names[:-1]) if names else None
+    field = parent.model_fields.get(names[-1]) if parent is not None else None
+    return getattr(field, "description", None)
 
 
 def _submodel(model: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:

@@ -68,12 +68,12 @@ import os
 import random
 from itertools import chain
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Literal
+from typing import Annotated, Any, ClassVar, Iterator, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import ValidationError, field_validator
+from pydantic import Field, ValidationError
 from tqdm import tqdm
 
 from pipeline.core.config import Bool, Float, Int, format_errors
@@ -100,19 +100,6 @@ from pipeline.data.tokenizer import load_tokenizer
 ENGINE_KEYS = tuple(EngineParams.model_fields)  # workers, engine, dask_scheduler: never change the bytes
 RESERVE_DOCS = 4  # documents of a neighbouring partition sent with each task (NotNext source of a lone document)
 
-_RANGES = {  # field: (check, message)
-    "max_seq_len": (lambda v: 8 <= v <= 65535, "must be in [8, 65535]"),
-    "short_seq_prob": (lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]"),
-    "masked_lm_prob": (lambda v: 0.0 < v < 1.0, "must be in (0, 1)"),
-    "max_predictions_per_seq": (lambda v: v >= 1, "must be >= 1"),
-    "dupe_factor": (lambda v: v >= 1, "must be >= 1"),
-    "valid_dupe_factor": (lambda v: v >= 1, "must be >= 1"),
-    "docs_per_shard": (lambda v: v >= 2, "must be >= 2 (NSP negatives come from the same shard)"),
-    "row_group_size": (lambda v: v >= 1, "must be >= 1"),
-    "seed": (lambda v: v >= 0, "must be >= 0"),
-}
-
-
 class ExamplesConfig(EngineParams):
     """The ``examples`` section of params.yaml; defaults equal params.yaml.
 
@@ -127,33 +114,25 @@ class ExamplesConfig(EngineParams):
     # mlm_nsp: Google's recipe below; causal: documents packed into blocks of max_seq_len (pipeline/data/packing.py),
     # for which only max_seq_len, shuffle_documents, docs_per_shard, row_group_size and seed matter
     mode: Literal["mlm_nsp", "causal"] = "mlm_nsp"
-    max_seq_len: Int = 128
-    short_seq_prob: Float = 0.1
-    masked_lm_prob: Float = 0.15
-    max_predictions_per_seq: Int = 20
-    dupe_factor: Int = 2
-    valid_dupe_factor: Int = 1
+    max_seq_len: Annotated[Int, Field(ge=8, le=65535)] = 64
+    short_seq_prob: Annotated[Float, Field(ge=0, le=1)] = 0.1
+    masked_lm_prob: Annotated[Float, Field(gt=0, lt=1)] = 0.15
+    max_predictions_per_seq: Annotated[Int, Field(ge=1)] = 10
+    dupe_factor: Annotated[Int, Field(ge=1)] = 2
+    valid_dupe_factor: Annotated[Int, Field(ge=1)] = 1
     masking: Literal["static", "dynamic"] = "static"
     whole_word_masking: Bool = False
     mask_candidates: Literal["google", "skip_special"] = "google"  # google: only [CLS]/[SEP] are never masked
     shuffle_documents: Bool = True  # seeded document order before partitioning (Google l. 208)
-    docs_per_shard: Int = 256
-    row_group_size: Int = 512
-    seed: Int = 12345
+    docs_per_shard: Annotated[Int, Field(ge=2, description="NSP negatives come from the same shard")] = 256
+    row_group_size: Annotated[Int, Field(ge=1)] = 512
+    seed: Annotated[Int, Field(ge=0)] = 12345
 
     def __init__(self, **data: Any):
         try:
             super().__init__(**data)
         except ValidationError as e:
             raise BertraceError(format_errors(e, type(self), self.SECTION, "params.yaml")) from None
-
-    @field_validator(*_RANGES)
-    @classmethod
-    def _in_range(cls, value, info):
-        ok, why = _RANGES[info.field_name]
-        if not ok(value):
-            raise ValueError(why)
-        return value
 
     @classmethod
     def recipe_keys(cls) -> tuple[str, ...]:

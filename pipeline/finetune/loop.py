@@ -43,7 +43,7 @@ from pipeline.core.config import Bool, Float, Int, Section, Str
 from pipeline.core.device import amp_dtype, resolve_device
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import atomic_path, sha256_file
-from pipeline.finetune.task_data import DEFAULT_TASK, TaskData, TaskSplit, collate_task_batch, task_params
+from pipeline.finetune.task_data import TaskData, TaskParams, TaskSplit, collate_task_batch
 from pipeline.finetune.task_metrics import SELECTION, selection_value
 from pipeline.models.bert import BertConfig, BertForSequenceClassification, BertForTokenClassification, param_groups
 
@@ -63,11 +63,11 @@ class FinetuneConfig(Section):
     checkpoint: Str = "data/pretrain/best.pt"  # falls back to last.pt; or a HF model dir / hub pointer (hf_import)
     tokenizer: Str = "data/tokenizer/tokenizer.json"  # must be the checkpoint's (sha256 checked); HF: = checkpoint
     mirror: Str = ""  # hub mirror for the task data (env BERTRACE_HUB_MIRROR does the same)
-    task: dict = Field(default_factory=lambda: json.loads(json.dumps(DEFAULT_TASK)))  # pipeline.finetune.task_data
+    task: TaskParams = TaskParams()  # pipeline/finetune/task_data.py
     mode: Literal["full", "frozen", "scratch"] = "full"
-    max_len: Annotated[Int, Field(ge=8)] = 128
+    max_len: Annotated[Int, Field(ge=8)] = 64
     truncation: Literal["head", "head_tail"] = "head"
-    epochs: Annotated[Int, Field(ge=1)] = 3
+    epochs: Annotated[Int, Field(ge=1)] = 1
     batch_size: Annotated[Int, Field(ge=1)] = 32
     eval_batch_size: Annotated[Int, Field(ge=1)] = 128
     lr: Annotated[Float, Field(gt=0)] = 1e-4
@@ -82,7 +82,7 @@ class FinetuneConfig(Section):
     patience: Annotated[Int, Field(ge=0)] = 2  # checks without improvement before stopping; 0 = never stop early
     eval_every_steps: Annotated[Int, Field(ge=0)] = 0  # 0 = once per epoch
     group_by_length: Bool = True  # batches of similar length: less padding, same examples per epoch
-    seeds: list[Annotated[Int, Field(ge=0)]] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    seeds: list[Annotated[Int, Field(ge=0)]] = Field(default_factory=lambda: [0, 1, 2, 3, 4], min_length=1)
     log_every_steps: Annotated[Int, Field(ge=1)] = 50
     threads: Annotated[Int, Field(ge=0)] = 2  # torch CPU threads, also evaluate's (0: the host's core count)
     device: Str = "auto"  # auto | cpu | cuda | cuda:N | mps
@@ -98,12 +98,6 @@ class FinetuneConfig(Section):
         if len(set(v)) != len(v):
             raise ValueError(f"repeats a seed; give distinct seeds, e.g. {sorted(set(v))}")
         return v
-
-    @classmethod
-    def from_params(cls, params: dict | None, *, source: str = "params.yaml", section: str | None = None):
-        cfg = super().from_params(params, source=source, section=section)
-        task_params(cfg.task)  # the task section's own checks, at parse time
-        return cfg
 
 
 SHARED_KEYS = ("checkpoint", "tokenizer")  # a variant's DVC deps are finetune's: it cannot change them

@@ -49,11 +49,13 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Annotated, Any, ClassVar, Literal, Sequence
 
 import numpy as np
 import torch
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
+from pipeline.core.config import Float, Int, Section, Str
 from pipeline.core.errors import BertraceError
 from pipeline.core.formats import CLS_ID, PAD_ID, SEP_ID
 from pipeline.core.io import sha256_file
@@ -63,28 +65,111 @@ IGNORE_INDEX = -100  # label of positions the loss skips (torch's cross_entropy 
 ROLES = ("train", "validation", "test")
 TRUNCATIONS = ("head", "head_tail")
 FILE_SUFFIXES = (".tsv", ".csv", ".parquet", ".jsonl", ".json")
-DEFAULT_TASK: dict[str, Any] = {
-    "source": "hub",
-    "hub": {"dataset": "nyu-mll/glue", "config": "sst2", "revision": "main"},
-    "local": {},
-    "columns": {},
-    "text_columns": ["sentence"],
-    "label_column": "label",
-    "label_names": ["negative", "positive"],
-    "splits": {"train": "train", "validation": "validation", "test": "test"},
-    "validation_fraction": 0.1,
-    "max_examples": {"train": None, "validation": None, "test": None},
-    "sample_seed": 0,
-    "delimiter": "auto",
-    "quoting": "auto",
-    "type": "classification",
-    "format": "auto",
-    "header": True,
-}
 TASK_TYPES = ("classification", "token_classification", "regression")
 CONLL_SUFFIXES = (".conll",)
 QUOTINGS = {"minimal": csv.QUOTE_MINIMAL, "none": csv.QUOTE_NONE}
 SNIFF_DELIMITERS = ",;\t|"
+
+
+def _name(value: Any) -> Any:
+    """A label name as text (YAML reads ``[0, 1]`` as numbers)."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+_TEXT_COLUMNS = "one column (single sentence) or two (sentence pair)"
+
+
+class TaskHub(Section):
+    """``finetune.task.hub``: the hub dataset (or its mirror entry) of ``source: hub``."""
+
+    SECTION: ClassVar[str] = "finetune.task.hub"
+
+    dataset: Str = "nyu-mll/glue"
+    config: Str | None = "sst2"
+    revision: Str = "main"  # a branch, tag or commit sha of the dataset repo (the resolved sha is recorded)
+
+
+class TaskSplits(Section):
+    """``finetune.task.splits``: the source split that plays each role (validation null: carved from train)."""
+
+    SECTION: ClassVar[str] = "finetune.task.splits"
+
+    train: Str = "train"
+    validation: Str | None = "validation"
+    test: Str | None = "test"
+
+
+class TaskSample(Section):
+    """``finetune.task.max_examples``: a random subset per role, for CPU budgets (null: all rows)."""
+
+    SECTION: ClassVar[str] = "finetune.task.max_examples"
+
+    train: Annotated[Int, Field(ge=1)] | None = None
+    validation: Annotated[Int, Field(ge=1)] | None = None
+    test: Annotated[Int, Field(ge=1)] | None = None
+
+
+class TaskParams(Section):
+    """``finetune.task``: what the task is and where its rows come from (the module docstring).
+
+    Field order is params.yaml's, so the recorded task reads as the file does."""
+
+    SECTION: ClassVar[str] = "finetune.task"
+
+    type: Literal["classification", "token_classification", "regression"] = "classification"
+    source: Literal["hub", "local"] = "hub"
+    hub: TaskHub = TaskHub()
+    local: dict[Str, Any] = {}  # split -> file | {path: file, columns: {old: new}} (pipeline.data.hub.entry)
+    columns: dict[Str, Str] = {}  # renames {old: new} for every split
+    text_columns: Annotated[list[Str], Field(min_length=1, max_length=2, description=_TEXT_COLUMNS)] = ["sentence"]
+    label_column: Str = "label"
+    label_names: list[Annotated[Str, BeforeValidator(_name)]] = ["negative", "positive"]
+    splits: TaskSplits = TaskSplits()
+    validation_fraction: Annotated[Float, Field(gt=0, lt=1)] = 0.1  # carved from train when splits.validation is null
+    max_examples: TaskSample = TaskSample()
+    sample_seed: Annotated[Int, Field(ge=0)] = 0
+    delimiter: Str = "auto"  # .csv/.tsv: auto or one character
+    quoting: Literal["auto", "minimal", "none"] = "auto"
+    header: Literal[True] | Annotated[list[Str], Field(min_length=1)] = True
+    format: Literal["auto", "conll"] = "auto"  # auto: by suffix (.conll is CoNLL); conll: every local file
+
+    @field_validator("text_columns", mode="before")
+    @classmethod
+    def _one_column(cls, v):
+        return [v] if isinstance(v, str) else v  # text_columns: sentence means [sentence]
+
+    @field_validator("delimiter")
+    @classmethod
+    def _delimiter(cls, v: str) -> str:
+        if v != "auto" and (len(v) != 1 or v in '"\r\n'):
+            raise ValueError("use auto or one character, e.g. ';' or \"\\t\" (double quotes in YAML for a tab)")
+        return v
+
+    @field_validator("header", mode="before")
+    @classmethod
+    def _header(cls, v):
+        if v is not True and not (
+            isinstance(v, list) and v and all(isinstance(h, str) and h.strip() for h in v) and len(set(v)) == len(v)
+        ):
+            raise ValueError(
+                "use true (the first line names the columns) or, for a headerless .csv/.tsv, the list "
+                "of its column names in order, e.g. [genre, file, year, id, score, sentence1, sentence2]"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _per_type(self) -> "TaskParams":
+        if self.type == "token_classification" and len(self.text_columns) != 1:
+            raise BertraceError(
+                f"params.yaml: finetune.task.text_columns is {self.text_columns!r}; token_classification "
+                "reads one column of word lists (e.g. [tokens])"
+            )
+        if self.type == "regression" and self.label_names:
+            raise BertraceError(
+                f"params.yaml: finetune.task.label_names is {self.label_names!r}; a regression task "
+                "predicts one number and has no label names: set finetune.task.label_names: []"
+            )
+        return self
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,73 +350,11 @@ class _Rows:
     original_columns: list[str] = field(default_factory=list)
 
 
-def task_params(params: dict | None) -> dict[str, Any]:
-    """``finetune.task`` with defaults filled in (nested ``hub``/``splits`` merged)."""
-    params = dict(params or {})
-    unknown = sorted(str(k) for k in params if k not in DEFAULT_TASK)
-    if unknown:
-        raise BertraceError(
-            f"params.yaml: finetune.task.{unknown[0]}: unknown key; valid keys: "
-            f"{', '.join(sorted(DEFAULT_TASK))} (a typo? fix it in params.yaml)"
-        )
-    out = {**DEFAULT_TASK, **params}
-    out["hub"] = {**DEFAULT_TASK["hub"], **(params.get("hub") or {})}
-    out["splits"] = {**DEFAULT_TASK["splits"], **(params.get("splits") or {})}
-    out["columns"] = dict(params.get("columns") or {})
-    out["local"] = dict(params.get("local") or {})
-    out["max_examples"] = dict(params.get("max_examples") or {})
-    text_columns = out["text_columns"]
-    if isinstance(text_columns, str):
-        text_columns = [text_columns]
-    if not text_columns or len(text_columns) > 2:
-        raise BertraceError(
-            f"params.yaml: finetune.task.text_columns is {out['text_columns']!r}; name one column "
-            "(single sentence) or two (sentence pair)"
-        )
-    out["text_columns"] = [str(c) for c in text_columns]
-    if out["source"] not in ("hub", "local"):
-        raise BertraceError(f"params.yaml: finetune.task.source is {out['source']!r}; use 'hub' or 'local'")
-    delimiter = out["delimiter"]
-    if not (delimiter == "auto" or (isinstance(delimiter, str) and len(delimiter) == 1 and delimiter not in '"\r\n')):
-        raise BertraceError(
-            f"params.yaml: finetune.task.delimiter = {delimiter!r}: use auto or one character, e.g. "
-            "';' or \"\\t\" (double quotes in YAML for a tab)"
-        )
-    if out["quoting"] not in ("auto", *QUOTINGS):
-        raise BertraceError(
-            f"params.yaml: finetune.task.quoting = {out['quoting']!r}: use auto, minimal (standard "
-            "double quotes) or none"
-        )
-    if out["type"] not in TASK_TYPES:
-        raise BertraceError(f"params.yaml: finetune.task.type = {out['type']!r}: use one of {list(TASK_TYPES)}")
-    if out["format"] not in ("auto", "conll"):
-        raise BertraceError(
-            f"params.yaml: finetune.task.format = {out['format']!r}: use auto (by file suffix: "
-            ".conll is CoNLL) or conll (read every local file as CoNLL 'token tag' lines)"
-        )
-    header = out["header"]
-    if header is not True and not (
-        isinstance(header, list)
-        and header
-        and all(isinstance(h, str) and h.strip() for h in header)
-        and len(set(header)) == len(header)
-    ):
-        raise BertraceError(
-            f"params.yaml: finetune.task.header = {header!r}: use true (the first line names the "
-            "columns) or, for a headerless .csv/.tsv, the list of its column names in order, e.g. "
-            "[genre, file, year, id, score, sentence1, sentence2]"
-        )
-    if out["type"] == "token_classification" and len(out["text_columns"]) != 1:
-        raise BertraceError(
-            f"params.yaml: finetune.task.text_columns is {out['text_columns']!r}; token_classification "
-            "reads one column of word lists (e.g. [tokens])"
-        )
-    if out["type"] == "regression" and out["label_names"]:
-        raise BertraceError(
-            f"params.yaml: finetune.task.label_names is {out['label_names']!r}; a regression task "
-            "predicts one number and has no label names: set finetune.task.label_names: []"
-        )
-    return out
+def task_params(params: "TaskParams | dict | None") -> dict[str, Any]:
+    """``finetune.task`` checked (:class:`TaskParams`) and as plain values, every key filled in."""
+    if not isinstance(params, TaskParams):
+        params = TaskParams.from_params(params)
+    return params.to_dict()
 
 
 def csv_dialect(path: Path, delimiter: str = "auto", quoting: str = "auto") -> dict[str, Any]:
@@ -459,7 +482,7 @@ def _file_rows(
     p: dict[str, Any] | None = None,
     tables: dict[str, Any] | None = None,
 ) -> _Rows:
-    p = p or DEFAULT_TASK
+    p = p or TaskParams().to_dict()
     dialect: dict[str, Any] = {}
     if p.get("format") == "conll" or path.suffix.lower() in CONLL_SUFFIXES:
         from pipeline.finetune.token_data import read_conll
@@ -715,12 +738,7 @@ def load_task_data(
             labels = _labels(rows.columns[label_column], label_names, rows, label_column, role)
         idx = np.arange(n)
         if carve and role in ("train", "validation"):
-            frac = float(p["validation_fraction"])
-            if not 0.0 < frac < 1.0:
-                raise BertraceError(
-                    "params.yaml: finetune.task.validation_fraction must be in (0, 1) when "
-                    "finetune.task.splits.validation is null"
-                )
+            frac = float(p["validation_fraction"])  # in (0, 1): TaskParams
             perm = np.random.default_rng([int(p.get("sample_seed") or 0), 99]).permutation(n)
             n_val = max(1, int(round(n * frac)))
             idx = np.sort(perm[:n_val] if role == "validation" else perm[n_val:])
@@ -910,7 +928,7 @@ __all__ = [
     "read_headerless",
     "csv_dialect",
     "evaluate_roles",
-    "DEFAULT_TASK",
+    "TaskParams",
     "TASK_TYPES",
     "IGNORE_INDEX",
 ]

@@ -39,12 +39,14 @@ Speed levers, all exact (the outputs that are read are the full computation's):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import NamedTuple
+from typing import Annotated, ClassVar, Literal, NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 
+from pipeline.core.config import Bool, Float, Int, Section
 from pipeline.core.errors import BertraceError
 
 # --------------------------------------------------------------------------------------------
@@ -167,47 +169,84 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def config_from_params(d: dict, vocab_size: int, source: str = "params.yaml") -> BertConfig:
-    """Model config from a params section: ``{"preset": "mini", <any BertConfig field>: value}``.
+Positive = Annotated[Int, Field(ge=1)]
+Rate = Annotated[Float, Field(ge=0, lt=1)]
+
+
+class ModelParams(Section):
+    """``pretrain.model``: a preset of Google's sizes and any :class:`BertConfig` field over it.
+
+    A key left out (or null) takes the preset's value, else :class:`BertConfig`'s default
+    (Google's ``modeling.py``: dropout 0.1, GELU tanh, 512 positions). ``vocab_size`` comes from
+    the tokenizer; ``pad_vocab_to_multiple_of`` or a larger ``vocab_size`` pads the embedding.
+    Cross-field rules (heads dividing hidden_size) are :class:`BertConfig`'s.
+    """
+
+    SECTION: ClassVar[str] = "pretrain.model"
+
+    preset: Literal["tiny", "mini", "small", "medium", "base", "large"]
+    pad_vocab_to_multiple_of: Positive | None = None  # 64: tensor-core shapes for the decoder (None: 1)
+    vocab_size: Positive | None = None  # at least the tokenizer's; larger pads the embedding
+    hidden_size: Positive | None = None
+    num_layers: Positive | None = None
+    num_heads: Positive | None = None
+    intermediate_size: Positive | None = None
+    max_position: Positive | None = None
+    type_vocab_size: Positive | None = None
+    dropout: Rate | None = None
+    attention_dropout: Rate | None = None
+    layer_norm_eps: Annotated[Float, Field(gt=0)] | None = None
+    initializer_range: Annotated[Float, Field(gt=0)] | None = None
+    gelu: Literal["tanh", "exact"] | None = None
+    pad_id: Annotated[Int, Field(ge=0)] | None = None
+    embedding_size: Positive | None = None
+    pooler_activation: Literal["tanh", "gelu"] | None = None
+    pre_ln: Bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_tokenizer_vocab_size(cls, data):
+        if isinstance(data, dict) and "tokenizer_vocab_size" in data:
+            raise ValueError(
+                "tokenizer_vocab_size comes from the tokenizer; remove it (pad the vocabulary with "
+                "pad_vocab_to_multiple_of or vocab_size)"
+            )
+        return data
+
+    def to_dict(self) -> dict:
+        """The keys given (None left out): the params as written, as checkpoints record them."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def overrides(self) -> dict:
+        """The :class:`BertConfig` fields these params set (preset and padding left out)."""
+        return {k: v for k, v in self.to_dict().items() if k not in ("preset", "pad_vocab_to_multiple_of")}
+
+
+def config_from_params(
+    params: ModelParams | dict, vocab_size: int, source: str = "params.yaml", section: str = "pretrain.model"
+) -> BertConfig:
+    """Model config from ``pretrain.model`` (:class:`ModelParams`, or its mapping, checked here).
 
     ``vocab_size`` comes from the tokenizer; ``pad_vocab_to_multiple_of: N`` rounds the embedding
     up to a multiple of N (64: tensor-core shapes for the decoder matmul), and a ``vocab_size`` key
     may enlarge it to a given size. Either way the rows above the tokenizer's vocabulary are
     padding (``tokenizer_vocab_size`` records where it ends): never input, never predicted.
-    ``source`` names the file in errors.
+    ``source`` and ``section`` name the file and key in errors.
     """
-    if not isinstance(d, dict):
-        raise BertraceError(f"{source}: the model params must be a mapping like {{preset: mini}}, got {d!r}")
-    d = dict(d)
-    preset = d.pop("preset", None)
-    multiple = d.pop("pad_vocab_to_multiple_of", 1)
-    if not isinstance(multiple, int) or isinstance(multiple, bool) or multiple < 1:
-        raise BertraceError(
-            f"{source}: model pad_vocab_to_multiple_of = {multiple!r}: must be an integer >= 1 "
-            "(1: no padding; 8 or 64 for tensor cores)"
-        )
-    if preset not in PRESETS:
-        raise BertraceError(f"{source}: model preset {preset!r} is not one of {sorted(PRESETS)}; set preset")
-    valid = [f.name for f in fields(BertConfig)]
-    unknown = sorted(set(d) - set(valid))
-    if unknown:
-        raise BertraceError(f"{source}: unknown model keys {unknown}; valid keys are ['preset'] + {valid}")
-    if "tokenizer_vocab_size" in d:
-        raise BertraceError(
-            f"{source}: tokenizer_vocab_size comes from the tokenizer; remove it (pad the "
-            "vocabulary with pad_vocab_to_multiple_of or vocab_size)"
-        )
+    if not isinstance(params, ModelParams):
+        params = ModelParams.from_params(params, source=source, section=section)
+    d = params.overrides()
     override = d.get("vocab_size", vocab_size)
-    if isinstance(override, int) and override < vocab_size:
+    if override < vocab_size:
         raise BertraceError(
-            f"{source}: model vocab_size {override} is smaller than the tokenizer's "
+            f"{source}: {section}.vocab_size = {override}: smaller than the tokenizer's "
             f"{vocab_size}; remove the override or make it >= {vocab_size}"
         )
-    if isinstance(override, int):
-        d["vocab_size"] = -(-override // multiple) * multiple
-        if d["vocab_size"] > vocab_size:
-            d["tokenizer_vocab_size"] = vocab_size
-    return BertConfig(**{**PRESETS[preset], "vocab_size": vocab_size, **d})
+    multiple = params.pad_vocab_to_multiple_of or 1
+    d["vocab_size"] = -(-override // multiple) * multiple
+    if d["vocab_size"] > vocab_size:
+        d["tokenizer_vocab_size"] = vocab_size
+    return BertConfig(**{**PRESETS[params.preset], **d})
 
 
 # --------------------------------------------------------------------------------------------

@@ -57,12 +57,12 @@ import math
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Annotated, Any, Callable, Literal
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from pydantic import ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_serializer, field_validator, model_validator
 from tqdm import tqdm
 
 from pipeline.core.config import Bool, Float, Int, Section, Str, format_errors
@@ -78,7 +78,7 @@ from pipeline.core.device import (
 )
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import atomic_open, canonical_json, sha256_file
-from pipeline.models.bert import BertConfig, config_from_params, num_parameters, param_groups
+from pipeline.models.bert import BertConfig, ModelParams, config_from_params, num_parameters, param_groups
 from pipeline.pretrain import checkpoint as ckpt_lib
 from pipeline.pretrain.data import PretrainingData, continuation_table, load_manifest, prefetch
 from pipeline.pretrain.objectives.registry import OBJECTIVES, ElectraParams, MlmNspParams, Objective, make_objective
@@ -111,7 +111,11 @@ TRAIN_CURVE = "pretrain_loss.csv"
 VAL_CURVE = "pretrain_val.csv"
 
 
-_NOT_NEGATIVE_HINTS = {"warmup": " (a fraction < 1 of the budget, or a number of updates)"}
+Positive = Annotated[Int, Field(ge=1)]
+NotNegative = Annotated[Int, Field(ge=0)]
+NotNegativeFloat = Annotated[Float, Field(ge=0)]
+AboveZero = Annotated[Float, Field(gt=0)]
+_SNAPSHOT = "e.g. snapshot_steps: [2000, 4000] or snapshot_minutes: [15, 30]"
 
 
 class PretrainConfig(Section):
@@ -120,34 +124,39 @@ class PretrainConfig(Section):
     SECTION = "pretrain"
 
     objective: Str = "mlm_nsp"  # what is learnt: an OBJECTIVES name (pipeline/pretrain/objectives/<name>.py)
-    # a preset (tiny|mini|small|medium|base|large) and BertConfig overrides
-    model: dict[str, Any] = {"preset": "tiny", "dropout": 0.0, "attention_dropout": 0.0}
+    # a preset (tiny|mini|small|medium|base|large) and BertConfig overrides (pipeline/models/bert.py)
+    model: ModelParams = ModelParams(preset="tiny", dropout=0.0, attention_dropout=0.0)
     # continued pre-training: start from these weights (our .pt, or a Hugging Face model directory / hub
     # pointer file, pipeline/interop/hf_import.py) instead of a random init; its architecture wins over `model`
     # (whose dropout / attention_dropout still apply); null: random init
     init: Str | None = None
-    batch_size: Int = 32  # examples per optimizer update, all ranks and accumulation steps together
-    grad_accum: Int = 1  # micro-batches per update
-    lr: Float = 5e-4  # peak learning rate
-    warmup: Float = 0.06  # < 1: fraction of the budget; >= 1: number of updates
-    weight_decay: Float = 0.01
+    batch_size: Positive = 32  # examples per optimizer update, all ranks and accumulation steps together
+    grad_accum: Positive = 1  # micro-batches per update
+    lr: AboveZero = 5e-4  # peak learning rate
+    # < 1: fraction of the budget; >= 1: number of updates
+    warmup: Annotated[Float, Field(ge=0, description="a fraction < 1 of the budget, or a number of updates")] = 0.06
+    weight_decay: NotNegativeFloat = 0.01
     betas: tuple[Float, Float] = (0.9, 0.999)
-    eps: Float = 1e-6
-    clip_grad_norm: Float = 1.0  # 0 disables clipping
+    eps: AboveZero = 1e-6
+    clip_grad_norm: NotNegativeFloat = 1.0  # 0 disables clipping
     mlm_nsp: MlmNspParams = MlmNspParams()  # objective mlm_nsp: the NSP term's weight
     electra: ElectraParams = ElectraParams()  # objective electra: generator size, discriminator loss weight
     embedding_init: EmbeddingInit = EmbeddingInit()  # random, or skip-gram vectors from the examples (wordvec.py)
     # budget: exactly one of these
-    max_steps: Int | None = 18000  # optimizer updates (reproducible)
-    epochs: Float | None = None  # passes over the training shards, may be fractional (reproducible)
-    time_minutes: Float | None = None  # wall clock, the lr schedule follows elapsed time (NOT reproducible)
-    snapshot_steps: list[Int] = [2500, 5000]  # keep the weights at these updates (snapshots/step-000500.pt)
-    snapshot_minutes: list[Float] = []  # ... and/or at these elapsed minutes (snapshots/minute-015.pt; wall clock)
-    eval_every: Int = 500  # updates between validations (0: only at the end)
-    eval_batches: Int | None = 20  # validation batches of batch_size (global) examples per evaluation (None/0: all)
-    log_every: Int = 20  # updates between training-metric logs
-    checkpoint_every: Int | None = 500  # updates between checkpoints (None/0: off)
-    checkpoint_minutes: Float | None = None  # and/or minutes between checkpoints (None/0: off; wall clock)
+    max_steps: NotNegative | None = 16000  # optimizer updates (reproducible)
+    epochs: NotNegativeFloat | None = None  # passes over the training shards, may be fractional (reproducible)
+    time_minutes: NotNegativeFloat | None = None  # wall clock, the lr schedule follows elapsed time (NOT reproducible)
+    # keep the weights at these updates (snapshots/step-000500.pt)
+    snapshot_steps: Annotated[list[Annotated[Int, Field(gt=0)]], Field(description=_SNAPSHOT)] = [4000, 8000]
+    # ... and/or at these elapsed minutes (snapshots/minute-015.pt; wall clock)
+    snapshot_minutes: Annotated[list[Annotated[Float, Field(gt=0)]], Field(description=_SNAPSHOT)] = []
+    eval_every: NotNegative = 500  # updates between validations (0: only at the end)
+    eval_batches: NotNegative | None = (
+        20  # validation batches of batch_size (global) examples per evaluation (None/0: all)
+    )
+    log_every: Positive = 20  # updates between training-metric logs
+    checkpoint_every: NotNegative | None = 500  # updates between checkpoints (None/0: off)
+    checkpoint_minutes: NotNegativeFloat | None = None  # and/or minutes between checkpoints (None/0: off; wall clock)
     shuffle_buffer: Int = 10_000  # examples in each rank's shuffle buffer
     seed: Int = 0
     device: Str = "auto"  # auto (cuda -> mps -> cpu) | cpu | cuda | cuda:N | mps
@@ -156,7 +165,7 @@ class PretrainConfig(Section):
     )
     tf32: Bool = True  # TensorFloat-32 matmuls on Ampere+ GPUs
     compile: Bool = False  # torch.compile the model (dynamic shapes; compile time is not in time_minutes)
-    num_threads: Int = 2  # torch CPU threads (0: torch's default, the host's core count)
+    num_threads: NotNegative = 2  # torch CPU threads (0: torch's default, the host's core count)
     deterministic: Bool = True  # deterministic kernels (pipeline/core/device.py); no cost on the CPU
     verify_shards: Bool = True  # rehash the example shards against their manifest before training
     resume: Literal["auto", True, False] = "auto"  # the stage's resume= (see pretrain()); --no-resume wins
@@ -197,44 +206,15 @@ class PretrainConfig(Section):
             )
         return data
 
+    @field_serializer("model")
+    def _model_as_written(self, model: ModelParams) -> dict:
+        return model.to_dict()  # the keys given, as checkpoints have always recorded them
+
     @field_validator("resume", mode="before")
     @classmethod
     def _resume(cls, v):
         if v != "auto" and not isinstance(v, bool):
             raise ValueError("must be auto, true or false")
-        return v
-
-    @field_validator("batch_size", "grad_accum", "log_every")
-    @classmethod
-    def _positive(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError("must be >= 1")
-        return v
-
-    @field_validator(
-        "max_steps",
-        "epochs",
-        "time_minutes",
-        "eval_every",
-        "eval_batches",
-        "checkpoint_every",
-        "checkpoint_minutes",
-        "num_threads",
-        "weight_decay",
-        "clip_grad_norm",
-        "warmup",
-    )
-    @classmethod
-    def _not_negative(cls, v, info):
-        if v is not None and v < 0:
-            raise ValueError("must be >= 0" + _NOT_NEGATIVE_HINTS.get(info.field_name, ""))
-        return v
-
-    @field_validator("lr", "eps")
-    @classmethod
-    def _above_zero(cls, v: float) -> float:
-        if v <= 0:
-            raise ValueError("must be > 0")
         return v
 
     @field_validator("betas", mode="before")
@@ -246,9 +226,7 @@ class PretrainConfig(Section):
 
     @field_validator("snapshot_steps", "snapshot_minutes")
     @classmethod
-    def _snapshots(cls, v: list) -> list:
-        if any(x <= 0 for x in v):
-            raise ValueError("must be > 0, e.g. snapshot_steps: [2000, 4000] or snapshot_minutes: [15, 30]")
+    def _in_order(cls, v: list) -> list:
         return sorted(v)
 
     @model_validator(mode="after")
@@ -1147,10 +1125,11 @@ def _pretrain(
     manifest, manifest_sha, train_data, valid_data, micro = _load_data(cfg, examples_dir, tokenizer_json, rank, world)
     manifest_path = examples_dir / "manifest.json"
     tokenizer_sha = manifest["tokenizer_sha256"]
-    config = objective.model_config(config_from_params(dict(cfg.model), vocab_size=int(manifest["vocab_size"])))
+    config = objective.model_config(config_from_params(cfg.model, vocab_size=int(manifest["vocab_size"])))
     init = _init_checkpoint(cfg, tokenizer_sha, tokenizer_json) if cfg.init else None
     if init is not None:
-        drop = {k: float(cfg.model[k]) for k in ("dropout", "attention_dropout") if cfg.model.get(k) is not None}
+        given = cfg.model.overrides()
+        drop = {k: given[k] for k in ("dropout", "attention_dropout") if k in given}
         config = objective.model_config(BertConfig.from_dict({**init["model_config"], **drop}))
     if manifest["max_seq_len"] > config.max_position:
         raise BertraceError(

@@ -24,7 +24,7 @@ examples, params, torch version and thread count (as the rest of pre-training).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Annotated, Iterator, Literal
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -42,14 +42,14 @@ class EmbeddingInit(Section):
     SECTION = "pretrain.embedding_init"
 
     method: Literal["random", "skipgram"] = "skipgram"
-    window: Int = Field(5, ge=1)  # largest distance between centre and context (word2vec -window)
-    negatives: Int = Field(5, ge=1)  # noise ids per pair (word2vec -negative)
-    subsample: Float = Field(1e-4, ge=0)  # frequent-id subsampling threshold (word2vec -sample); 0 = off
-    epochs: Float = Field(1.0, gt=0)  # passes over the training examples (which hold examples.dupe_factor copies)
-    lr: Float = Field(1e-2, gt=0)  # Adam peak, decayed linearly to 0
-    shared_negatives: Int = Field(64, ge=1)  # noise ids drawn per example row, scored by all its centres
-    batch_rows: Int = Field(256, ge=1)  # example rows per update
-    seed: Int = 0
+    window: Annotated[Int, Field(ge=1)] = 5  # largest distance between centre and context (word2vec -window)
+    negatives: Annotated[Int, Field(ge=1)] = 5  # noise ids per pair (word2vec -negative)
+    subsample: Annotated[Float, Field(ge=0)] = 1e-4  # frequent-id subsampling threshold (word2vec -sample); 0 = off
+    epochs: Annotated[Float, Field(gt=0)] = 1.0  # passes over the training examples (examples.dupe_factor copies)
+    lr: Annotated[Float, Field(gt=0)] = 1e-2  # Adam peak, decayed linearly to 0
+    shared_negatives: Annotated[Int, Field(ge=1)] = 64  # noise ids drawn per example row, scored by all its centres
+    batch_rows: Annotated[Int, Field(ge=1)] = 256  # example rows per update
+    seed: Annotated[Int, Field(ge=0)] = 0
 
 
 def training_rows(examples_dir: str | Path, manifest: dict) -> Iterator[np.ndarray]:

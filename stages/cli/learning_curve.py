@@ -114,7 +114,7 @@ def main(progress: bool = True) -> dict:
         series = read_series(SERIES_DIR, tokenizer_sha)  # this run's and earlier runs' on the same corpus
         if len(series) > 1:  # objectives differ in cost per update: compare them per minute of pre-training
             unit = "minutes"
-        task = ft.task.get("hub", {}).get("config") or "task"
+        task = ft.task.hub.config or "task"
         plot_curve(
             PNG,
             series,

@@ -15,11 +15,11 @@ weighted mean.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import field_validator
+from pydantic import Field
 
 from pipeline.core.config import Float, Section
 from pipeline.core.errors import BertraceError
@@ -34,14 +34,9 @@ class MlmNspParams(Section):
 
     # loss = mlm + nsp_weight * nsp (run_pretraining.py: 1). NSP is what trains the pooled [CLS] that
     # fine-tuning reads: weighted 0 (objective mlm) SST-2 lost 1.1 points and the frozen probe 8 (docs/results.md)
-    nsp_weight: Float = 1.0
-
-    @field_validator("nsp_weight")
-    @classmethod
-    def _weight(cls, v: float) -> float:
-        if v <= 0:
-            raise ValueError("must be > 0 (Google: 1); for the masked LM alone set pretrain.objective: mlm")
-        return v
+    nsp_weight: Annotated[
+        Float, Field(gt=0, description="Google: 1; for the masked LM alone set pretrain.objective: mlm")
+    ] = 1.0
 
 
 class BertPretraining(Objective):

@@ -15,11 +15,11 @@ harder, so the two losses do not fall together).
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import field_validator
+from pydantic import Field
 
 from pipeline.core.config import Float, Section
 from pipeline.core.errors import BertraceError
@@ -27,29 +27,20 @@ from pipeline.models.bert import BertConfig
 from pipeline.models.electra import ElectraForPreTraining, ElectraOutput, generator_config, uniform_noise
 from pipeline.pretrain.objectives.base import Objective
 
+_FRACTION = "a fraction of the discriminator's, e.g. 0.25"
+
 
 class ElectraParams(Section):
     """``pretrain.electra`` in params.yaml (used by ``objective: electra`` only)."""
 
     SECTION = "pretrain.electra"
 
-    generator_size: Float = 0.25  # generator hidden size / the discriminator's (ELECTRA: 1/4; Figure 3)
-    generator_layers: Float = 1.0  # generator layers / the discriminator's (ELECTRA: same depth)
-    disc_weight: Float = 50.0  # loss = generator MLM + disc_weight * discriminator (ELECTRA: 50)
-
-    @field_validator("generator_size", "generator_layers")
-    @classmethod
-    def _fraction(cls, v: float) -> float:
-        if not 0 < v <= 1:
-            raise ValueError("must be a fraction of the discriminator's in (0, 1], e.g. 0.25")
-        return v
-
-    @field_validator("disc_weight")
-    @classmethod
-    def _weight(cls, v: float) -> float:
-        if v <= 0:
-            raise ValueError("must be > 0 (ELECTRA: 50)")
-        return v
+    # generator hidden size / the discriminator's (ELECTRA: 1/4; Figure 3)
+    generator_size: Annotated[Float, Field(gt=0, le=1, description=_FRACTION)] = 0.25
+    # generator layers / the discriminator's (ELECTRA: same depth)
+    generator_layers: Annotated[Float, Field(gt=0, le=1, description=_FRACTION)] = 1.0
+    # loss = generator MLM + disc_weight * discriminator (ELECTRA: 50)
+    disc_weight: Annotated[Float, Field(gt=0, description="ELECTRA: 50")] = 50.0
 
 
 def electra_losses(
@@ -91,8 +82,7 @@ class ElectraPretraining(Objective):
 
     @classmethod
     def from_config(cls, cfg) -> "ElectraPretraining":
-        model = dict(cfg.model)
-        return cls(cfg.electra, seed=cfg.seed, pooler_activation=model.get("pooler_activation"))
+        return cls(cfg.electra, seed=cfg.seed, pooler_activation=cfg.model.pooler_activation)
 
     def model_config(self, config: BertConfig) -> BertConfig:
         """ELECTRA's classification head for the discriminator, unless the params chose one."""
