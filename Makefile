@@ -31,7 +31,7 @@ else
 	PATH="$(abspath $(BIN)):$$PATH" dvc repro
 endif
 
-# Experiments side by side in 160 columns: the params that differ and the metrics (tests/test_daily_loop.py).
+# Experiments side by side in 160 columns: the params that differ and the metrics (tests/e2e/test_daily_loop.py).
 # A sweep: `dvc exp run --queue -S finetune.lr=1e-4 -S finetune.threads=1` (once per point; threads = cores / -j),
 # `dvc queue start -j 2`, then `make exps`.
 exps: install

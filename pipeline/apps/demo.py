@@ -33,7 +33,7 @@ from pipeline.core.errors import BertraceError
 
 KINDS = ("classification", "regression", "token_classification", "causal_lm")
 INSTALL_HINT = "pip install -e '.[demo]'"
-# element ids of the shared page (tests/test_demo.py drives the page through them)
+# element ids of the shared page (tests/unit/apps/test_demo.py drives the page through them)
 IDS = {
     "input": "demo-input",
     "input_b": "demo-input-b",

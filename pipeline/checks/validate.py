@@ -53,7 +53,7 @@ _BLANK_REGEX = "^[" + "".join(c for c in map(chr, range(0x3001)) if c.isspace())
 
 
 class ValidateConfig(Section):
-    """The ``validate`` section of params.yaml (defaults equal params.yaml; tests/test_config.py)."""
+    """The ``validate`` section of params.yaml (defaults equal params.yaml; tests/unit/core/test_config.py)."""
 
     SECTION: ClassVar[str] = "validate"
 

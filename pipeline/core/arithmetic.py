@@ -45,7 +45,7 @@ X86_64 = ("x86_64", "amd64")
 
 
 class ComputeConfig(Section):
-    """The ``compute`` section of params.yaml (defaults equal params.yaml; tests/test_config.py)."""
+    """The ``compute`` section of params.yaml (defaults equal params.yaml; tests/unit/core/test_config.py)."""
 
     SECTION: ClassVar[str] = "compute"
 

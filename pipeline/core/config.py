@@ -1,7 +1,7 @@
 """One strict, typed layer for the sections of params.yaml (pydantic v2).
 
 Each stage's library module declares its section as a :class:`Section` subclass whose field
-defaults equal params.yaml (tests/test_config.py checks it, so deleting a line never changes a
+defaults equal params.yaml (tests/unit/core/test_config.py checks it, so deleting a line never changes a
 run). Unknown keys are rejected with the list of valid ones; a value of the wrong type is
 rejected with ``section.key``, the value and the fix, never a TypeError from deep inside:
 

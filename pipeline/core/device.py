@@ -121,7 +121,7 @@ def resolve_precision(name: str, device: torch.device) -> tuple[torch.dtype | No
     batch 32 x 128, one thread (bench/bench_model.py --variants): the training step 1.65x faster
     than fp32 (898 vs 1483 ms), and 300 updates of a tiny model follow fp32's loss curve (final MLM
     loss 3.486 vs 3.502; validation 3.519 vs 3.534). Still bit-reproducible: two bf16 runs give the
-    same weights (tests/test_electra.py), but not fp32's."""
+    same weights (tests/unit/pretrain/test_electra.py), but not fp32's."""
     if name == "auto":
         if device.type == "cpu":
             return (torch.bfloat16, False) if cpu_bf16_native() else (None, False)

@@ -44,7 +44,7 @@ from pipeline.data.raw_corpus import load_raw_manifest
 
 
 class CleanConfig(EngineParams):
-    """The ``clean`` section of params.yaml (defaults equal params.yaml; tests/test_config.py)."""
+    """The ``clean`` section of params.yaml (defaults equal params.yaml; tests/unit/core/test_config.py)."""
 
     SECTION: ClassVar[str] = "clean"
 

@@ -81,7 +81,7 @@ class LocalSource(Section):
 
 
 class DownloadConfig(Section):
-    """The ``download`` section of params.yaml (defaults equal params.yaml; tests/test_config.py)."""
+    """The ``download`` section of params.yaml (defaults equal params.yaml; tests/unit/core/test_config.py)."""
 
     SECTION: ClassVar[str] = "download"
 

@@ -30,7 +30,7 @@ _PIECE_CHARS = 1 << 13  # the trainer gets documents cut into pieces of about th
 
 
 class TokenizerConfig(Section):
-    """The ``tokenizer`` section of params.yaml (defaults equal params.yaml; tests/test_config.py)."""
+    """The ``tokenizer`` section of params.yaml (defaults equal params.yaml; tests/unit/core/test_config.py)."""
 
     SECTION: ClassVar[str] = "tokenizer"
 

@@ -24,7 +24,7 @@ from pipeline.lineage.provenance import STAGE_ORDER, iter_records
 
 
 class EvaluateConfig(Section):
-    """The ``evaluate`` section of params.yaml (defaults equal params.yaml; tests/test_config.py)."""
+    """The ``evaluate`` section of params.yaml (defaults equal params.yaml; tests/unit/core/test_config.py)."""
 
     SECTION: ClassVar[str] = "evaluate"
 

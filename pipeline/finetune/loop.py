@@ -53,7 +53,7 @@ VERSION = 1
 
 
 class FinetuneConfig(Section):
-    """The ``finetune`` section of params.yaml (defaults equal params.yaml; tests/test_config.py).
+    """The ``finetune`` section of params.yaml (defaults equal params.yaml; tests/unit/core/test_config.py).
 
     The optimizer keys are named as in ``pretrain``: ``lr``, ``warmup`` (a fraction of the
     planned steps), ``weight_decay``, ``betas``, ``eps``, ``clip_grad_norm``."""

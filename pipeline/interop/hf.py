@@ -2,7 +2,7 @@
 
 Used by export (``bertrace export --hf``), the faithfulness tests and the benchmark; kept out of
 ``model.py`` so that the pre-training stage does not depend on it (editing the conversion reruns
-no stage). tests/test_model.py checks logits against ``transformers`` to 1e-5 through these maps.
+no stage). tests/unit/models/test_model.py checks logits against ``transformers`` to 1e-5 through these maps.
 """
 
 from __future__ import annotations

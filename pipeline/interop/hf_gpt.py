@@ -1,7 +1,7 @@
 """Hugging Face interoperability of the decoder: ``transformers``' GPT-2 config and names.
 
 The GPT-2 counterpart of ``pipeline/interop/hf.py``, used by the export (``pipeline/interop/export_gpt.py``), the
-faithfulness tests (tests/test_gpt.py: logits within 1e-5) and bench/bench_gpt.py. Kept out of
+faithfulness tests (tests/unit/models/test_gpt.py: logits within 1e-5) and bench/bench_gpt.py. Kept out of
 ``gpt.py`` so that pre-training does not depend on it.
 
 Two differences of layout: HF's GPT-2 uses ``Conv1D`` layers, whose weight is the transpose of

@@ -253,7 +253,7 @@ def build_record(
 
 def code_hashes(stage: str, root: str | os.PathLike = ".") -> dict[str, str]:
     """``{path: sha256}`` of the Python files ``stage`` lists as deps in ``root``/dvc.yaml (its
-    import closure, tests/test_dvc_deps.py); {} for a stage dvc.yaml does not know."""
+    import closure, tests/unit/test_dvc_deps.py); {} for a stage dvc.yaml does not know."""
     root = Path(root)
     spec = dvc_stages(root).get(stage)
     if not isinstance(spec, dict):

@@ -17,7 +17,7 @@ The network is the one Google's released ``modeling.py`` builds:
   positions (``gather_indexes``); next-sentence head Linear(H, 2) on the pooled vector.
 
 Parameter names differ from Hugging Face's; ``pipeline/interop/hf.py`` maps
-between the two, and tests/test_model.py checks logits against ``transformers`` to 1e-5.
+between the two, and tests/unit/models/test_model.py checks logits against ``transformers`` to 1e-5.
 
 Speed levers, all exact (the outputs that are read are the full computation's):
 - the MLM head runs on the ~15% masked rows only (at 4 layers / 256 hidden / vocab 16k the

@@ -14,7 +14,7 @@ The network is OpenAI's GPT-2 (``model.py`` of openai/gpt-2; Hugging Face ``GPT2
 It reuses the encoder's :class:`~pipeline.models.bert.BertConfig` (``type_vocab_size`` is unused),
 its ``gelu``, ``FeedForward`` (the same fc -> GELU -> proj MLP) and ``init_weights``.
 Parameter names differ from Hugging Face's; ``pipeline/interop/hf_gpt.py`` maps between the two and
-tests/test_gpt.py checks logits against ``transformers`` to 1e-5.
+tests/unit/models/test_gpt.py checks logits against ``transformers`` to 1e-5.
 
 Padding: batches are right-padded, so every real token precedes every padding token in its row
 and the causal mask alone keeps padding out of every real position's attention; the attention

@@ -45,7 +45,7 @@ UNITS = {"steps": ("pretrain_steps", "pre-training steps"), "minutes": ("pretrai
 
 class LearningCurveConfig(Section):
     """The ``learning_curve`` section of params.yaml (``make learning-curve``; defaults equal
-    params.yaml, tests/test_config.py). The fine-tuning itself is ``finetune``'s, with these seeds."""
+    params.yaml, tests/unit/core/test_config.py). The fine-tuning itself is ``finetune``'s, with these seeds."""
 
     SECTION: ClassVar[str] = "learning_curve"
 

@@ -89,7 +89,7 @@ class CausalLM(Objective):
         return batch.input_ids[:, 1:].reshape(-1)
 
     def losses(self, out: GPTOutput, batch) -> dict[str, torch.Tensor]:
-        # = pipeline.models.gpt.causal_lm_loss(model(input_ids).logits, input_ids) (tests/test_clm.py)
+        # = pipeline.models.gpt.causal_lm_loss(model(input_ids).logits, input_ids) (tests/unit/pretrain/test_clm.py)
         return {"loss": out.loss if out.loss is not None else F.cross_entropy(out.logits.float(), self.targets(batch))}
 
     def eval_sums(self, out: GPTOutput, batch) -> torch.Tensor:
