@@ -132,3 +132,29 @@ def _stage_closure(stage: str) -> set[str]:
 def test_a_stage_imports_none_of_the_code_it_does_not_run(stage, never):
     assert all((REPO / path).is_file() for path in never), never  # the files exist: the test can fail
     assert _stage_closure(stage) & never == set()
+
+
+def test_tests_share_helpers_through_support_only():
+    """Test modules import helpers from tests/support/ (or conftest), never from another test module,
+    and every test module sits in tests/unit/<subpackage>/, tests/unit/ or tests/e2e/."""
+    subpackages = {p.name for p in (REPO / "pipeline").iterdir() if (p / "__init__.py").exists()}
+    offenders, misplaced = [], []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        rel = path.relative_to(REPO / "tests")
+        if path.name.startswith("test_"):
+            where = rel.parts[:-1]
+            if not (
+                where in (("unit",), ("e2e",)) or (len(where) == 2 and where[0] == "unit" and where[1] in subpackages)
+            ):
+                misplaced.append(rel.as_posix())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                last = name.split(".")[-1]
+                if last.startswith("test_") or (
+                    name.startswith("tests.") and name.split(".")[1] not in ("support", "conftest")
+                ):
+                    offenders.append(f"{rel.as_posix()}: {name}")
+    assert not offenders, f"import helpers from tests/support/ instead: {offenders}"
+    assert not misplaced, f"test modules outside tests/unit/<subpackage>/ and tests/e2e/: {misplaced}"
