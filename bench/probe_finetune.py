@@ -25,8 +25,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probe_pretrain import parse_variant  # noqa: E402
+from probe_pretrain import parse_variant  # noqa: E402  (first: it sets params.yaml's CPU pins)
 
+from pipeline.core.device import apply_arithmetic  # noqa: E402
 from pipeline.core.errors import BertraceError  # noqa: E402
 from pipeline.data.tokenizer import load_tokenizer  # noqa: E402
 from pipeline.finetune.loop import (  # noqa: E402
@@ -38,6 +39,7 @@ from pipeline.finetune.loop import (  # noqa: E402
     train_seed,
 )
 from pipeline.finetune.task_data import load_task_data  # noqa: E402
+from stages.arithmetic import compute_config  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args(argv)
+    apply_arithmetic(compute_config(args.params))  # oneDNN off, the pins checked (pipeline/core/device.py)
     base = dict(yaml.safe_load(Path(args.params).read_text())["finetune"])
     if args.seeds:
         base["seeds"] = [int(s) for s in args.seeds.split(",")]

@@ -7,7 +7,8 @@ section plus ``key=value`` overrides, trained for ``--minutes`` of wall clock (t
 follows the clock, so every variant warms up and decays within its budget), then validated on
 ``--eval-batches`` batches. Variants run one after the other: run nothing else on the machine
 meanwhile, since the budget is wall time (a wall-clock budget on purpose: the question is loss
-per minute; the rows are not reproducible, unlike the default ``max_steps`` pipeline).
+per minute; the rows are not reproducible, unlike the default ``max_steps`` pipeline). The arithmetic is
+the stages' (``compute`` in ``params.yaml``: portable pins by default).
 
     python bench/probe_pretrain.py --minutes 4 --variant "" --variant lr=2e-3 \\
         --variant lr=2e-3,objective=mlm --variant lr=5e-3 --variant batch_size=128,lr=3e-3 \\
@@ -28,6 +29,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from stages.arithmetic import compute_config  # noqa: E402  (first: params.yaml's CPU pins, before torch loads)
+
+# isort: split
+from pipeline.core.device import apply_arithmetic  # noqa: E402
 from pipeline.pretrain.loop import PretrainConfig, pretrain  # noqa: E402
 
 
@@ -74,6 +79,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args(argv)
+    apply_arithmetic(compute_config(args.params))  # oneDNN off, the pins checked (pipeline/core/device.py)
     base = yaml.safe_load(Path(args.params).read_text())["pretrain"]
     base = {k: v for k, v in base.items() if k != "resume"}
     rows = []
