@@ -105,6 +105,10 @@ def test_profiles_and_markdown(tmp_path):
     md = render_scorecard([big_gain], goal=goal)
     assert "Goal met by: this run." in md and "Accuracy and time met" not in md
     assert "Goal met by: none of these rows." in render_scorecard([row], goal=goal)  # no scratch variant: unknown
+    # goal.seeds: a mean of 3 seeds does not count where the goal asks for 5 (3 is the default)
+    md = render_scorecard([big_gain], goal={**goal, "seeds": 5})
+    assert "≥ 84.0 % mean of 5 seeds" in md and "Goal met by: none of these rows." in md
+    assert "Goal met by: this run." in render_scorecard([{**big_gain, "seeds": 5}], goal={**goal, "seeds": 5})
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(BertraceError, match="broken.json: not valid JSON"):
         read_profiles(tmp_path)
