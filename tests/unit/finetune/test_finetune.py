@@ -514,7 +514,7 @@ def test_probe_script_fine_tunes_each_variant(env, tmp_path):
         "mirror": "",
     }
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({"finetune": base}))
+    params.write_text(yaml.safe_dump({"compute": {"kernels": "portable"}, "finetune": base}))
     rows = probe.main(
         [
             "--checkpoint",

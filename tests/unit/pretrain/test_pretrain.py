@@ -546,7 +546,14 @@ def test_probe_script_trains_each_variant_for_its_minutes(examples, tmp_path):
     with pytest.raises(SystemExit, match="key=value"):
         probe.parse_variant("lr")
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({"pretrain": {**tiny_cfg().to_dict(), "max_steps": None, "resume": "auto"}}))
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "compute": {"kernels": "portable"},
+                "pretrain": {**tiny_cfg().to_dict(), "max_steps": None, "resume": "auto"},
+            }
+        )
+    )
     rows = probe.main(
         [
             "--examples",
