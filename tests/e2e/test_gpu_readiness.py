@@ -37,49 +37,16 @@ from pipeline.core.device import mfu, peak_flops, resolve_device, resolve_precis
 from pipeline.core.errors import BertraceError
 from pipeline.models.bert import BertConfig, BertForPreTraining
 from pipeline.pretrain.data import PretrainingData, collate_examples
-from pipeline.pretrain.loop import PretrainConfig, pretrain
+from pipeline.pretrain.loop import PretrainConfig
 from pipeline.pretrain.objectives.registry import BertPretraining
 from tests.conftest import REPO
 from tests.support.examples_data import make_examples
-
-TINY = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "max_position": 64}
+from tests.support.pretraining import TINY, run
+from tests.support.pretraining import tiny_cfg as support_tiny_cfg
 
 
 def tiny_cfg(**kw) -> PretrainConfig:
-    base = dict(
-        objective="mlm_nsp",
-        embedding_init={"method": "random"},
-        model=dict(TINY),
-        batch_size=16,
-        lr=3e-3,
-        warmup=0.1,
-        max_steps=6,
-        eval_every=0,
-        eval_batches=None,
-        log_every=1,
-        checkpoint_every=None,
-        checkpoint_minutes=None,
-        shuffle_buffer=64,
-        seed=0,
-        num_threads=1,
-        snapshot_steps=[],
-    )
-    base.update(kw)
-    return PretrainConfig(**base)
-
-
-def run(cfg, examples, out, **kw):
-    logs = []
-    metrics = pretrain(
-        cfg,
-        examples_dir=examples,
-        out_dir=out,
-        provenance={},
-        progress=False,
-        on_log=lambda s, m: logs.append((s, m)),
-        **kw,
-    )
-    return metrics, logs
+    return support_tiny_cfg(**{"max_steps": 6, **kw})  # tests/support/pretraining.py's, 6 updates
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from pipeline.models.bert import (
     pretraining_correct,
     pretraining_loss,
 )
+from tests.support.weights import randomize
 
 V = 211  # tiny vocabulary: these tests are about the math, not the size
 
@@ -55,24 +56,13 @@ def batch(B=4, T=24, seed=0):
 # Faithfulness: same weights, same inputs -> the same logits as transformers
 
 
-def _randomize(model: nn.Module, seed: int) -> None:
-    """Every parameter random (biases and LayerNorm too, which init leaves at 0 / 1), large
-    enough that GELU's tanh and erf forms differ: a swapped or misnamed weight cannot hide."""
-    g = torch.Generator().manual_seed(seed)
-    ln_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.LayerNorm)}
-    with torch.no_grad():
-        for p in model.parameters():
-            noise = torch.randn(p.shape, generator=g)
-            p.copy_(1 + 0.1 * noise if id(p) in ln_weights else 0.2 * noise)
-
-
 def _hf_pair(config: BertConfig, hf_act: str | None = None):
     transformers = pytest.importorskip("transformers")
     hf_cfg = hf_config(config)
     if hf_act is not None:
         hf_cfg["hidden_act"] = hf_act
     hf = transformers.BertForPreTraining(transformers.BertConfig(**hf_cfg)).eval()
-    _randomize(hf, seed=1)
+    randomize(hf, seed=1)
     ours = BertForPreTraining(config).eval()
     load_hf_state_dict(ours, hf.state_dict())
     return ours, hf
@@ -162,7 +152,7 @@ def test_sequence_classification_matches_hugging_face():
     transformers = pytest.importorskip("transformers")
     config = tiny(gelu="exact")
     hf = transformers.BertForSequenceClassification(transformers.BertConfig(**hf_config(config, num_labels=3))).eval()
-    _randomize(hf, seed=2)
+    randomize(hf, seed=2)
     ours = BertForSequenceClassification(config, num_labels=3).eval()
     load_hf_state_dict(ours, hf.state_dict())
     ids, token_type, mask, _ = batch()
@@ -177,7 +167,7 @@ def test_to_hf_state_dict_loads_strictly_into_transformers_and_round_trips():
     transformers = pytest.importorskip("transformers")
     config = tiny()
     ours = BertForPreTraining(config).eval()
-    _randomize(ours, seed=4)
+    randomize(ours, seed=4)
     sd = to_hf_state_dict(ours)
     hf = transformers.BertForPreTraining(transformers.BertConfig(**hf_config(config))).eval()
     assert set(sd) == set(hf.state_dict())
@@ -194,7 +184,7 @@ def test_to_hf_state_dict_loads_strictly_into_transformers_and_round_trips():
         assert torch.equal(v, sd[k]), k
     # the classifier too
     cls = BertForSequenceClassification(config, num_labels=2).eval()
-    _randomize(cls, seed=5)
+    randomize(cls, seed=5)
     hf_cls = transformers.BertForSequenceClassification(
         transformers.BertConfig(**hf_config(config, num_labels=2))
     ).eval()
@@ -529,7 +519,7 @@ def test_pre_ln_layers_normalise_before_each_sublayer_and_once_after_the_last():
     no final LayerNorm and a different output from the same weights."""
     torch.manual_seed(0)
     model = BertModel(tiny(pre_ln=True)).eval()
-    _randomize(model, seed=3)
+    randomize(model, seed=3)
     ids, token_type, mask, _ = batch()
     with torch.no_grad():
         seq, pooled = model(ids, token_type, mask)
