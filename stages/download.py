@@ -1,9 +1,9 @@
 """DVC stage `download`: corpus from the Hugging Face hub (or a mirror) or local files → data/raw/."""
 
-import os
 from pathlib import Path
 
 from pipeline.data.download import DownloadConfig, download_corpus
+from pipeline.data.hub import configured_mirror
 from stages.common import StageRun, load_params, run_stage
 
 OUT = Path("data/raw")
@@ -11,7 +11,7 @@ OUT = Path("data/raw")
 
 def main() -> None:
     params = load_params("download")
-    mirror = DownloadConfig.from_params(params).mirror or os.environ.get("BERTRACE_HUB_MIRROR") or None
+    mirror = configured_mirror(DownloadConfig.from_params(params).mirror)
     with StageRun("download", params) as run:
         manifest = download_corpus(params, OUT, mirror=mirror)
         for f in manifest.get("source", {}).get("files", []) or []:

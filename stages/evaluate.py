@@ -14,7 +14,6 @@ from __future__ import annotations
 import stages.arithmetic  # noqa: F401  (first: params.yaml compute's CPU kernel pins, set before torch loads)
 
 # isort: split
-import os
 import time
 from pathlib import Path
 
@@ -23,13 +22,14 @@ import torch
 from pipeline.core.device import apply_arithmetic, resolve_device
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import read_json, write_json
+from pipeline.data.hub import configured_mirror
 from pipeline.evaluate.inference import Classifier
 from pipeline.evaluate.report import (
     EvaluateConfig,
     collapse_warnings,
     evaluate_logits,
+    evaluation_summary,
     metrics_for_dvc,
-    metrics_summary,
     plot_confusion,
     provenance_chain,
     render_report,
@@ -76,7 +76,7 @@ def main(progress: bool = True) -> dict:
     cfg = EvaluateConfig.from_params(params)
     finetune_params = load_params("finetune")
     task = finetune_params.get("task")
-    mirror = finetune_params.get("mirror") or os.environ.get("BERTRACE_HUB_MIRROR") or None
+    mirror = configured_mirror(finetune_params.get("mirror"))
     model_path = MODEL
     splits, batch_size = evaluate_roles(task, cfg.splits), cfg.batch_size  # auto: the task's own roles
     compute = compute_config()
@@ -184,7 +184,7 @@ def main(progress: bool = True) -> dict:
 
         metrics = metrics_for_dvc(results)
         write_json(DETAILS, metrics)  # every number; METRICS: the few a user compares
-        write_json(METRICS, metrics_summary(results))
+        write_json(METRICS, evaluation_summary(results))
 
         # This run's scorecard row; the `scorecard` stage draws it beside recorded profiles and references.
         try:

@@ -25,7 +25,6 @@ import stages.arithmetic  # noqa: F401  (first: params.yaml compute's CPU kernel
 import argparse
 import contextlib
 import functools
-import os
 import shutil
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ import torch
 from pipeline.core.device import apply_arithmetic
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import atomic_path, sha256_bytes
+from pipeline.data.hub import configured_mirror
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.finetune.loop import (
     FinetuneConfig,
@@ -77,7 +77,7 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
     apply_arithmetic(compute)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    mirror = cfg.mirror or os.environ.get("BERTRACE_HUB_MIRROR") or None
+    mirror = configured_mirror(cfg.mirror)
     max_len, truncation = cfg.max_len, cfg.truncation
     # A Hugging Face model directory or hub pointer file (pipeline/interop/hf_import.py) brings its own tokenizer:
     # finetune.tokenizer names the same path, so DVC tracks it instead of the tokenizer stage's output.

@@ -47,6 +47,14 @@ NETWORK_ERRORS = {
 }
 
 
+MIRROR_ENV = "BERTRACE_HUB_MIRROR"
+
+
+def configured_mirror(param: str | None) -> str | None:
+    """The hub mirror a stage reads: its ``mirror`` param, else env ``BERTRACE_HUB_MIRROR``, else None (the hub)."""
+    return param or os.environ.get(MIRROR_ENV) or None
+
+
 def hub_offline() -> bool:
     """Whether huggingface_hub or datasets is in offline mode (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)."""
     import datasets.config as dc

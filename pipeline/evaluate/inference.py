@@ -66,7 +66,7 @@ def load_finetuned(path: str | Path) -> dict[str, Any]:
     return check_finetuned(read_checkpoint(path), path)
 
 
-def strip_wrappers(state_dict: dict[str, Any]) -> dict[str, Any]:
+def unwrapped_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
     """Drop the key prefixes torch.compile (``_orig_mod.``) and DDP (``module.``) add."""
     out = {}
     for k, v in state_dict.items():
@@ -78,7 +78,7 @@ def strip_wrappers(state_dict: dict[str, Any]) -> dict[str, Any]:
 
 def load_weights(model: torch.nn.Module, state_dict: dict[str, Any], path: str | Path) -> None:
     try:
-        model.load_state_dict(strip_wrappers(state_dict))
+        model.load_state_dict(unwrapped_state_dict(state_dict))
     except RuntimeError as e:
         raise BertraceError(
             f"{path}: weights do not fit its model_config ({str(e).splitlines()[0]}); "

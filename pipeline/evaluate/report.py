@@ -169,7 +169,7 @@ def metrics_for_dvc(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 SPLIT_SHORT = {"validation": "dev", "test": "test"}  # metrics/eval.json key prefixes
 
 
-def metrics_summary(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+def evaluation_summary(results: dict[str, dict[str, Any]]) -> dict[str, float]:
     """The few numbers of ``metrics/eval.json`` (``dvc exp show`` columns): macro F1 per split and
     the accuracy of the held-out ones (``dev_f1``, ``test_acc``, ``test_f1``); the dev accuracy a
     user compares is fine-tuning's mean ± std over seeds (``metrics/finetune.json`` ``dev_acc``,

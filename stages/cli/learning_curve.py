@@ -14,10 +14,10 @@ costs one fine-tuning per point, more than the default 60-minute budget allows.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from pipeline.core.io import sha256_file, write_json
+from pipeline.data.hub import configured_mirror
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.finetune.loop import (
     FinetuneConfig,
@@ -50,7 +50,7 @@ SERIES_DIR = Path("reports/learning_curves")  # one <label>.json per run: the PN
 def main(progress: bool = True) -> dict:
     cfg = LearningCurveConfig.from_params(load_params("learning_curve"))
     ft = FinetuneConfig.from_params({**load_params("finetune"), "seeds": cfg.seeds})
-    mirror = ft.mirror or os.environ.get("BERTRACE_HUB_MIRROR") or None
+    mirror = configured_mirror(ft.mirror)
     tokenizer_path = Path(ft.tokenizer or TOKENIZER)
     unit, points = curve_points(PRETRAIN_DIR)
     # reference lines: learning_curve.reference, else reports/references.yaml's learning_curve

@@ -223,7 +223,7 @@ def test_collapsed_predictions_warn_in_the_report_and_mark_the_scorecard_row():
 
 
 def test_metrics_summaries_hold_the_few_numbers_a_user_compares():
-    from pipeline.evaluate.report import metrics_summary
+    from pipeline.evaluate.report import evaluation_summary
     from stages.pretrain import metrics_summary as pretrain_summary
 
     details = {
@@ -248,7 +248,7 @@ def test_metrics_summaries_hold_the_few_numbers_a_user_compares():
         "validation": {"accuracy": 0.83, "macro_f1": 0.82, "n": 872},
         "test": {"accuracy": 0.81, "macro_f1": 0.8},
     }
-    assert metrics_summary(results) == {"dev_f1": 0.82, "test_acc": 0.81, "test_f1": 0.8}
+    assert evaluation_summary(results) == {"dev_f1": 0.82, "test_acc": 0.81, "test_f1": 0.8}
 
 
 # ---------------------------------------------------------------------------------------------
