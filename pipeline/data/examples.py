@@ -85,6 +85,7 @@ from pipeline.core.io import atomic_path, sha256_bytes, sha256_file, write_json
 from pipeline.data.masking import MaskingSpec, mask_sequence
 from pipeline.data.packing import generate_packed
 from pipeline.data.sentences import split_sentences
+from pipeline.data import shards
 from pipeline.data.shards import (
     arrow_array,
     document_order,
@@ -465,12 +466,7 @@ def _partition_task(shared: tuple, split: str, partition: int, docs: list[str], 
     tokenizer_text, tokenizer_sha, cfg, fingerprint, limit_threads = shared
     if limit_threads:  # N worker processes already use the cores; the Rust thread pool would oversubscribe
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    if fingerprint != code_fingerprint():
-        raise BertraceError(
-            "examples: this worker runs other bertrace code or library versions than the client "
-            f"(fingerprint {code_fingerprint()[:12]} != {fingerprint[:12]}); install the same "
-            "bertrace, numpy, pyarrow and tokenizers on every Dask worker"
-        )
+    shards.check_worker_code(fingerprint, CODE_MODULES)
     key = (tokenizer_sha, repr(cfg.recipe()))
     if key not in _WORKERS:
         _WORKERS.clear()
@@ -478,30 +474,20 @@ def _partition_task(shared: tuple, split: str, partition: int, docs: list[str], 
     return _WORKERS[key].process(split, partition, docs, dupes, reserve)
 
 
+# the modules whose source decides the MLM / NSP shard bytes (with the library versions)
+CODE_MODULES = (
+    "pipeline.data.examples",
+    "pipeline.data.shards",
+    "pipeline.data.encode",
+    "pipeline.data.sentences",
+    "pipeline.data.masking",
+    "pipeline.core.formats",
+)
+
+
 def code_fingerprint() -> str:
     """Hash of the code and library versions that determine the shard bytes (checked on Dask workers)."""
-    global _FINGERPRINT
-    if _FINGERPRINT is None:
-        import sys
-
-        import tokenizers
-
-        h = hashlib.sha256()
-        for name in (
-            "pipeline.data.examples",
-            "pipeline.data.shards",
-            "pipeline.data.encode",
-            "pipeline.data.sentences",
-            "pipeline.data.masking",
-            "pipeline.core.formats",
-        ):
-            h.update(Path(sys.modules[name].__file__).read_bytes())
-        h.update(f"{np.__version__} {pa.__version__} {tokenizers.__version__}".encode())
-        _FINGERPRINT = h.hexdigest()
-    return _FINGERPRINT
-
-
-_FINGERPRINT: str | None = None
+    return shards.code_fingerprint(CODE_MODULES)
 
 
 # ----------------------------------------------------------------------------- corpus

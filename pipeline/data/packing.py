@@ -57,6 +57,7 @@ from pipeline.data.encode import SentenceEncoder
 from pipeline.core.errors import BertraceError
 from pipeline.core.formats import PACKED_COLUMNS, SCHEMA_VERSION, SEP_ID, SPECIAL_IDS, SPLIT_IDS, UNIGRAM_COUNTS
 from pipeline.core.io import atomic_path, sha256_bytes, sha256_file, write_json
+from pipeline.data import shards
 from pipeline.data.shards import (
     document_order,
     id_dtype,
@@ -159,12 +160,7 @@ def _pack_task(shared: tuple, split: str, partition: int, docs: list[str]):
     tokenizer_text, tokenizer_sha, cfg, fingerprint, limit_threads = shared
     if limit_threads:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    if fingerprint != code_fingerprint():
-        raise BertraceError(
-            "examples: this worker runs other bertrace code or library versions than the client "
-            f"(fingerprint {code_fingerprint()[:12]} != {fingerprint[:12]}); install the same "
-            "bertrace, numpy, pyarrow and tokenizers on every Dask worker"
-        )
+    shards.check_worker_code(fingerprint, CODE_MODULES)
     key = (tokenizer_sha, repr(cfg.recipe()))
     if key not in _PACKERS:
         _PACKERS.clear()
@@ -172,23 +168,13 @@ def _pack_task(shared: tuple, split: str, partition: int, docs: list[str]):
     return _PACKERS[key].process(split, partition, docs)
 
 
-_FINGERPRINT: str | None = None
+# the modules whose source decides the packed bytes (with the library versions)
+CODE_MODULES = ("pipeline.data.packing", "pipeline.data.shards", "pipeline.data.encode", "pipeline.core.formats")
 
 
 def code_fingerprint() -> str:
-    """Hash of the code and library versions that determine the packed bytes."""
-    global _FINGERPRINT
-    if _FINGERPRINT is None:
-        import sys
-
-        import tokenizers
-
-        h = hashlib.sha256()
-        for name in ("pipeline.data.packing", "pipeline.data.shards", "pipeline.data.encode", "pipeline.core.formats"):
-            h.update(Path(sys.modules[name].__file__).read_bytes())
-        h.update(f"{np.__version__} {pa.__version__} {tokenizers.__version__}".encode())
-        _FINGERPRINT = h.hexdigest()
-    return _FINGERPRINT
+    """Hash of the code and library versions that determine the packed bytes (checked on Dask workers)."""
+    return shards.code_fingerprint(CODE_MODULES)
 
 
 def unigram_cross_entropy(train_counts: np.ndarray, eval_counts: np.ndarray) -> float:

@@ -130,3 +130,33 @@ def remove_stale(out_dir: Path):
         if d.is_dir():
             for f in chain(d.glob("shard-*.parquet"), d.glob(".shard-*.tmp")):
                 f.unlink()
+
+
+_FINGERPRINTS: dict[tuple[str, ...], str] = {}
+
+
+def code_fingerprint(modules: tuple[str, ...]) -> str:
+    """Hash of ``modules``' source and of the numpy, pyarrow and tokenizers versions: what decides a
+    writer's shard bytes, compared on every Dask worker (:func:`check_worker_code`)."""
+    if modules not in _FINGERPRINTS:
+        import sys
+
+        import tokenizers
+
+        h = hashlib.sha256()
+        for name in modules:
+            h.update(Path(sys.modules[name].__file__).read_bytes())
+        h.update(f"{np.__version__} {pa.__version__} {tokenizers.__version__}".encode())
+        _FINGERPRINTS[modules] = h.hexdigest()
+    return _FINGERPRINTS[modules]
+
+
+def check_worker_code(client_fingerprint: str, modules: tuple[str, ...]) -> None:
+    """Fail when this worker's code or libraries differ from the client's (other bytes would follow)."""
+    here = code_fingerprint(modules)
+    if client_fingerprint != here:
+        raise BertraceError(
+            "examples: this worker runs other bertrace code or library versions than the client "
+            f"(fingerprint {here[:12]} != {client_fingerprint[:12]}); install the same "
+            "bertrace, numpy, pyarrow and tokenizers on every Dask worker"
+        )
