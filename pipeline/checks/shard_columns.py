@@ -6,7 +6,7 @@ Shared by the MLM / NSP and packed shard suites (:mod:`pipeline.checks.validate`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -85,6 +85,45 @@ def open_shard(path: Path, entry: dict) -> tuple[list[CheckResult], Any]:
         )
         return results, None
     return results, table
+
+
+def check_structure(
+    path: Path, entry: dict, spec, columns_suite, columns_message: Callable[[Any, CheckResult], str]
+) -> tuple[list[CheckResult], Any]:
+    """The checks every shard kind starts with: the file against its manifest entry (:func:`open_shard`),
+    the column names (the Great Expectations ``columns_suite``; ``columns_message(table, check)`` says
+    what is wrong) and the column types (:func:`schema_problems`). ``(results, table)``; the table is
+    None when the row checks cannot run."""
+    import pandas as pd
+
+    from pipeline.checks.gx import to_check
+
+    target = str(path)
+    results, table = open_shard(path, entry)
+    if table is None:
+        return results, None
+    (r,) = columns_suite.run(pd.DataFrame(columns=table.column_names), run_name=target)
+    check = to_check(r, target)
+    results.append(check)
+    if not check.success:
+        check.message = columns_message(table, check)
+        return results, None
+    problems, usable = schema_problems(table, spec)
+    types = {f.name: str(f.type) for f in table.schema}
+    results.append(
+        CheckResult(
+            target,
+            "parquet_column_types",
+            not problems,
+            types,
+            len(problems),
+            [{"column": p} for p in problems],
+            "column types as in the spec"
+            if not problems
+            else f"{path}: column types differ from the spec: " + "; ".join(problems),
+        )
+    )
+    return results, table if usable else None
 
 
 def list_column_arrays(column) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

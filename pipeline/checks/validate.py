@@ -31,10 +31,9 @@ from pydantic import Field
 from pipeline.checks.gx import GX, SuiteRun, to_check
 from pipeline.checks.report import LINE_SEPARATORS, CheckResult, ValidationReport, failed_check, preview
 from pipeline.checks.shard_columns import (
+    check_structure,
     list_column_arrays,
     nullable_ints,
-    open_shard,
-    schema_problems,
     segment_max,
     segment_sum,
 )
@@ -604,42 +603,19 @@ def _check_shard(
     path: Path, entry: dict, spec: _ShardSpec, columns_suite: SuiteRun, row_suite: SuiteRun, max_sample_rows: int
 ) -> tuple[list[CheckResult], tuple | None]:
     """All checks of one shard; also its (labels, lengths, masked counts) for the split totals."""
-    import pandas as pd
-
     target = str(path)
-    results, table = open_shard(path, entry)
-    if table is None:
-        return results, None
 
-    (r,) = columns_suite.run(pd.DataFrame(columns=table.column_names), run_name=target)
-    check = to_check(r, target)
-    if not check.success:
+    def columns_message(table, check: CheckResult) -> str:
         diff = check.observed.get("mismatched", {}) if isinstance(check.observed, dict) else {}
         detail = ", ".join(f"{k} {v}" for k, v in diff.items() if v)
-        check.message = (
+        return (
             f"{path}: columns {table.column_names} do not match the spec"
             + (f" ({detail})" if detail else "")
             + "; rerun the examples stage"
         )
-        results.append(check)
-        return results, None
-    results.append(check)
-    problems, usable = schema_problems(table, spec)
-    types = {f.name: str(f.type) for f in table.schema}
-    results.append(
-        CheckResult(
-            target,
-            "parquet_column_types",
-            not problems,
-            types,
-            len(problems),
-            [{"column": p} for p in problems],
-            "column types as in the spec"
-            if not problems
-            else f"{path}: column types differ from the spec: " + "; ".join(problems),
-        )
-    )
-    if not usable:
+
+    results, table = check_structure(path, entry, spec, columns_suite, columns_message)
+    if table is None:
         return results, None
     try:
         frame, context = _derive(table, spec)

@@ -28,7 +28,12 @@ import numpy as np
 
 from pipeline.checks.gx import GX, to_check
 from pipeline.checks.report import CheckResult, ValidationReport, failed_check
-from pipeline.checks.shard_columns import list_column_arrays, open_shard, schema_problems, segment_max, segment_sum
+from pipeline.checks.shard_columns import (
+    check_structure,
+    list_column_arrays,
+    segment_max,
+    segment_sum,
+)
 from pipeline.core.errors import BertraceError
 
 _PREVIEW = 24  # ids shown around a bad spot of a block
@@ -123,34 +128,17 @@ def _derive(table, spec: _PackedSpec):
 
 def _check_shard(path: Path, entry: dict, spec: _PackedSpec, columns_suite, row_suite, max_sample_rows: int):
     """All checks of one shard; also ``(lengths, separators, block digests)`` for the split and overlap checks."""
-    import pandas as pd
-
     target = str(path)
-    results, table = open_shard(path, entry)
-    if table is None:
-        return results, None
-    (r,) = columns_suite.run(pd.DataFrame(columns=table.column_names), run_name=target)
-    check = to_check(r, target)
-    if not check.success:
-        check.message = f"{path}: columns {table.column_names} are not exactly {spec.columns}; rerun the examples stage"
-        return results + [check], None
-    results.append(check)
-    problems, usable = schema_problems(table, spec)
-    types = {f.name: str(f.type) for f in table.schema}
-    results.append(
-        CheckResult(
-            target,
-            "parquet_column_types",
-            not problems,
-            types,
-            len(problems),
-            [{"column": p} for p in problems],
-            "column types as in the spec"
-            if not problems
-            else f"{path}: column types differ from the spec: " + "; ".join(problems),
-        )
+    results, table = check_structure(
+        path,
+        entry,
+        spec,
+        columns_suite,
+        lambda table, _: (
+            f"{path}: columns {table.column_names} are not exactly {spec.columns}; rerun the examples stage"
+        ),
     )
-    if not usable:
+    if table is None:
         return results, None
     frame, digests, (off, ids) = _derive(table, spec)
 
