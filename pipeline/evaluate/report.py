@@ -366,6 +366,28 @@ def _short(h: str | None, n: int = 12) -> str:
     return f"`{h[:n]}`" if h else "—"
 
 
+def checkpoint_section(checkpoint: dict[str, Any], recorded: tuple[str, str]) -> list[str]:
+    """An evaluation report's "Checkpoint" table: the rows ``checkpoint`` has, hashes and path as code;
+    ``recorded`` is the (key, label) of what fine-tuning recorded for this task type."""
+    lines = ["## Checkpoint", "", "| | |", "|---|---|"]
+    for key, label in (
+        ("path", "file"),
+        ("sha256", "sha256"),
+        ("tokenizer_sha256", "tokenizer sha256"),
+        ("mode", "fine-tuning mode"),
+        ("seed", "seed"),
+        ("num_parameters", "parameters"),
+        ("model", "model"),
+        ("task", "task"),
+        recorded,
+    ):
+        if checkpoint.get(key) is not None:
+            value = checkpoint[key]
+            value = f"`{value}`" if key in ("path", "sha256", "tokenizer_sha256") else value
+            lines.append(f"| {label} | {value} |")
+    return lines + [""]
+
+
 def render_report(
     results: dict[str, dict[str, Any]],
     *,
@@ -394,23 +416,9 @@ def render_report(
     ]
     lines += [f"> **Warning** — {w}" for w in warnings] + ([""] if warnings else [])
 
-    lines += ["## Checkpoint", "", "| | |", "|---|---|"]
-    for key, label in (
-        ("path", "file"),
-        ("sha256", "sha256"),
-        ("tokenizer_sha256", "tokenizer sha256"),
-        ("mode", "fine-tuning mode"),
-        ("seed", "seed"),
-        ("num_parameters", "parameters"),
-        ("model", "model"),
-        ("task", "task"),
-        ("recorded_validation_accuracy", "validation accuracy recorded by fine-tuning"),
-    ):
-        if checkpoint.get(key) is not None:
-            value = checkpoint[key]
-            value = f"`{value}`" if key in ("path", "sha256", "tokenizer_sha256") else value
-            lines.append(f"| {label} | {value} |")
-    lines.append("")
+    lines += checkpoint_section(
+        checkpoint, ("recorded_validation_accuracy", "validation accuracy recorded by fine-tuning")
+    )
 
     lines += [
         "## Results",

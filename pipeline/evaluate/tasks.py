@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pipeline.core.io import atomic_open
-from pipeline.evaluate.report import confusion_matrix, save_figure
+from pipeline.evaluate.report import checkpoint_section, confusion_matrix, save_figure
 from pipeline.finetune.task_metrics import entity_metrics, regression_metrics, score_buckets
 
 GRADES = [str(g) for g in range(6)]  # STS-B's 0..5 similarity grades: the regression confusion's classes
@@ -164,23 +164,7 @@ def render_task_report(
         "headline numbers in `metrics/eval.json`, all of them in `reports/evaluate.json`, run details in MLflow.",
         "",
     ]
-    lines += ["## Checkpoint", "", "| | |", "|---|---|"]
-    for key, label in (
-        ("path", "file"),
-        ("sha256", "sha256"),
-        ("tokenizer_sha256", "tokenizer sha256"),
-        ("mode", "fine-tuning mode"),
-        ("seed", "seed"),
-        ("num_parameters", "parameters"),
-        ("model", "model"),
-        ("task", "task"),
-        ("recorded", "recorded by fine-tuning"),
-    ):
-        if checkpoint.get(key) is not None:
-            value = checkpoint[key]
-            value = f"`{value}`" if key in ("path", "sha256", "tokenizer_sha256") else value
-            lines.append(f"| {label} | {value} |")
-    lines.append("")
+    lines += checkpoint_section(checkpoint, ("recorded", "recorded by fine-tuning"))
 
     if task_type == "token_classification":
         lines += [
