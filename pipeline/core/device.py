@@ -150,8 +150,11 @@ def precision_name(autocast_dtype: torch.dtype | None) -> str:
 
 
 def fused_adamw(device: torch.device) -> bool:
-    """Build AdamW with ``fused=True`` (one kernel for all parameters) on this device."""
-    return device.type == "cuda"
+    """Build AdamW with ``fused=True`` on this device: one kernel per step on CUDA; on the CPU one
+    vectorised ATen kernel per parameter (element-wise, so the same bytes at any thread count, and
+    under the portable pins its AVX2 build), 1.2 ms against 4.5 ms for the per-op update of the
+    2/128 model's 2.6 M parameters."""
+    return device.type in ("cuda", "cpu")
 
 
 def amp_dtype(device: torch.device) -> torch.dtype | None:
