@@ -115,10 +115,10 @@ class ExamplesConfig(EngineParams):
     # mlm_nsp: Google's recipe below; causal: documents packed into blocks of max_seq_len (pipeline/data/packing.py),
     # for which only max_seq_len, shuffle_documents, docs_per_shard, row_group_size and seed matter
     mode: Literal["mlm_nsp", "causal"] = "mlm_nsp"
-    max_seq_len: Annotated[Int, Field(ge=8, le=65535)] = 64
+    max_seq_len: Annotated[Int, Field(ge=8, le=65535)] = 128
     short_seq_prob: Annotated[Float, Field(ge=0, le=1)] = 0.1
     masked_lm_prob: Annotated[Float, Field(gt=0, lt=1)] = 0.15
-    max_predictions_per_seq: Annotated[Int, Field(ge=1)] = 10
+    max_predictions_per_seq: Annotated[Int, Field(ge=1)] = 20
     dupe_factor: Annotated[Int, Field(ge=1)] = 2
     valid_dupe_factor: Annotated[Int, Field(ge=1)] = 1
     masking: Literal["static", "dynamic"] = "static"

@@ -70,7 +70,7 @@ class FinetuneConfig(Section):
     epochs: Annotated[Int, Field(ge=1)] = 1
     batch_size: Annotated[Int, Field(ge=1)] = 32
     eval_batch_size: Annotated[Int, Field(ge=1)] = 128
-    lr: Annotated[Float, Field(gt=0)] = 1e-4
+    lr: Annotated[Float, Field(gt=0)] = 2e-4
     weight_decay: Annotated[Float, Field(ge=0)] = 0.01
     warmup: Annotated[Float, Field(ge=0, lt=1)] = 0.1  # fraction of the planned steps
     betas: tuple[Float, Float] = (0.9, 0.999)

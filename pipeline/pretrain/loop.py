@@ -143,7 +143,7 @@ class PretrainConfig(Section):
     electra: ElectraParams = ElectraParams()  # objective electra: generator size, discriminator loss weight
     embedding_init: EmbeddingInit = EmbeddingInit()  # random, or skip-gram vectors from the examples (wordvec.py)
     # budget: exactly one of these
-    max_steps: NotNegative | None = 16000  # optimizer updates (reproducible)
+    max_steps: NotNegative | None = 14000  # optimizer updates (reproducible)
     epochs: NotNegativeFloat | None = None  # passes over the training shards, may be fractional (reproducible)
     time_minutes: NotNegativeFloat | None = None  # wall clock, the lr schedule follows elapsed time (NOT reproducible)
     # keep the weights at these updates (snapshots/step-000500.pt)
