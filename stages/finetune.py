@@ -42,6 +42,7 @@ from pipeline.finetune.loop import (
     check_checkpoint_tokenizer,
     checkpoint_metrics,
     finetune,
+    finetuned_model_config,
     headline_metrics,
     load_pretrained,
     resolve_checkpoint,
@@ -197,7 +198,7 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
         save_finetuned(
             out / "model.pt",
             state_dict=best.state_dict,
-            model_config=ckpt["model_config"],
+            model_config=finetuned_model_config(ckpt, cfg.pooling, data.task_type),
             label_names=data.label_names,
             task=data.task_info(),
             tokenizer_sha256=tokenizer_sha,

@@ -1,5 +1,7 @@
 """Fine-tuning a pre-trained encoder on a classification task (run_classifier.py, Devlin et al.
-2018 section 4.1): [CLS] pooled vector -> dropout -> Linear, cross-entropy, AdamW.
+2018 section 4.1): pooled vector -> dropout -> Linear, cross-entropy, AdamW. The pooler (dense +
+tanh, pre-trained by NSP) reads [CLS] as Google's, or with ``pooling: mean`` the mean of the last
+layer over the unpadded tokens (Reimers & Gurevych 2019's mean pooling).
 
 The encoder comes from a pre-training checkpoint: its config (never re-typed in params) and,
 in ``full`` / ``frozen`` mode, its ``bert.*`` weights; the MLM and NSP heads are dropped and the
@@ -7,7 +9,7 @@ classifier starts fresh. Modes:
 
 * ``full``: every weight trains (the paper's fine-tuning);
 * ``frozen``: the encoder is frozen (``requires_grad=False``, kept in eval mode so no dropout
-  noise) and only the classifier on the pooled [CLS] vector learns: a linear probe;
+  noise) and only the classifier on the pooled vector learns: a linear probe;
 * ``scratch``: the same architecture, randomly initialised: what pre-training buys.
 
 Optimisation follows Google's ``optimization.py``: AdamW with eps 1e-6, no weight decay on
@@ -78,6 +80,7 @@ class FinetuneConfig(Section):
     clip_grad_norm: Annotated[Float, Field(ge=0)] = 1.0  # 0 = no clipping
     dropout: Annotated[Float, Field(ge=0, lt=1)] | None = 0.1  # classifier; null = the encoder's hidden dropout
     encoder_dropout: Annotated[Float, Field(ge=0, lt=1)] | None = 0.1  # null = the checkpoint's (pre-training's)
+    pooling: Literal["cls", "mean"] = "mean"  # the pooler's input: [CLS] (BERT) or the mean over the tokens
     layer_lr_decay: Annotated[Float, Field(gt=0, le=1)] = 1.0  # ELECTRA's layer-wise lr decay; 1.0 = one lr for all
     patience: Annotated[Int, Field(ge=0)] = 2  # checks without improvement before stopping; 0 = never stop early
     eval_every_steps: Annotated[Int, Field(ge=0)] = 0  # 0 = once per epoch
@@ -186,6 +189,18 @@ def check_checkpoint_tokenizer(ckpt: dict[str, Any], ckpt_path: str | Path, toke
     return actual
 
 
+def finetuned_model_config(ckpt: dict[str, Any], pooling: str = "cls", task_type: str = "classification") -> dict:
+    """The checkpoint's model config with the sequence classifier's ``classifier_pooling`` set to
+    ``pooling`` (``cls`` | ``mean``, see :class:`~pipeline.models.bert.BertConfig`): the config
+    a fine-tuned ``model.pt`` records, so that evaluate, predict and export rebuild its forward.
+    Token classification (every position) and a GPT decoder (its last real token) do not pool."""
+    config = dict(ckpt["model_config"])
+    config.pop("classifier_pooling", None)
+    if pooling != "cls" and task_type != "token_classification" and not is_causal_checkpoint(ckpt):
+        config["classifier_pooling"] = pooling
+    return config
+
+
 def build_model(
     ckpt: dict[str, Any],
     num_labels: int,
@@ -193,6 +208,7 @@ def build_model(
     *,
     dropout: float | None = None,
     encoder_dropout: float | None = None,
+    pooling: str = "cls",
     seed: int = 0,
     source: str = "checkpoint",
     task_type: str = "classification",
@@ -204,10 +220,10 @@ def build_model(
 
     ``encoder_dropout`` replaces the checkpoint's hidden and attention dropout: a model
     pre-trained without dropout (short budgets, Geiping & Goldstein 2022 "Cramming", sec. 4.3)
-    is fine-tuned with it switched back on."""
+    is fine-tuned with it switched back on. ``pooling``: :func:`finetuned_model_config`."""
     if mode not in MODES:
         raise BertraceError(f"params.yaml: finetune.mode is {mode!r}; use one of {list(MODES)}")
-    model_config = dict(ckpt["model_config"])
+    model_config = finetuned_model_config(ckpt, pooling, task_type)
     if encoder_dropout is not None:
         model_config.update(dropout=float(encoder_dropout), attention_dropout=float(encoder_dropout))
     config = BertConfig.from_dict(model_config)
@@ -555,6 +571,7 @@ def train_seed(
         cfg.mode,
         dropout=cfg.dropout,
         encoder_dropout=cfg.encoder_dropout,
+        pooling=cfg.pooling,
         seed=seed,
         source=source,
         task_type=task_type,
@@ -840,7 +857,8 @@ def save_finetuned(
     """Write ``model.pt`` atomically: tensors, numbers, strings, lists, dicts only. ``num_labels``
     (the head's outputs) defaults to ``len(label_names)``; a regression head has 1 and no names;
     ``task["type"]`` names the task type; ``architecture`` (:func:`architecture`): ``bert`` (an
-    encoder, pooled [CLS]) or ``gpt`` (a decoder, last-token pooling)."""
+    encoder; ``model_config`` says how it pools, :func:`finetuned_model_config`) or ``gpt`` (a
+    decoder, last-token pooling)."""
     path = Path(path)
     state = {
         "format": FORMAT,
@@ -869,6 +887,7 @@ __all__ = [
     "resolve_checkpoint",
     "check_checkpoint_tokenizer",
     "build_model",
+    "finetuned_model_config",
     "linear_warmup_decay",
     "evaluate_split",
     "train_seed",

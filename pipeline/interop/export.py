@@ -287,6 +287,13 @@ def _export_hf(tf, model_pt, out_dir, tokenizer_path, verify) -> dict[str, Any]:
             "ELECTRA classes (post-LN) cannot express; export a post-LN checkpoint, or use this one "
             "with bertrace (finetune, evaluate, predict)"
         )
+    if kind == "classifier" and config.classifier_pooling != "cls":
+        raise BertraceError(
+            f"{src}: its classifier pools the mean of the tokens (finetune.pooling: "
+            f"{config.classifier_pooling}), which transformers' sequence classifiers ([CLS] only) cannot "
+            "express; fine-tune with finetune.pooling: cls to export it, or use this one with bertrace "
+            "(evaluate, predict, serve)"
+        )
     if not electra and config.embedding_dim != config.hidden_size:
         raise BertraceError(
             f"{src}: embedding_size {config.embedding_dim} differs from hidden_size "

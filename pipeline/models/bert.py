@@ -80,6 +80,10 @@ class BertConfig:
     # pre-LN layers (LayerNorm before attention and FFN, a final LayerNorm after the last layer)
     # instead of BERT's post-LN; see the module docstring
     pre_ln: bool = False
+    # what the sequence classifier's pooler reads: "cls" (BERT: the [CLS] vector, run_classifier.py)
+    # | "mean" (the last layer averaged over the unpadded positions, as Sentence-BERT's mean
+    # pooling, Reimers & Gurevych 2019; ModernBERT's classifier_pooling). Pre-training reads [CLS]
+    classifier_pooling: str = "cls"
 
     def __post_init__(self):
         for name in (
@@ -115,6 +119,10 @@ class BertConfig:
                 f"model config: pooler_activation must be 'tanh' (BERT) or 'gelu' (ELECTRA), "
                 f"got {self.pooler_activation!r}"
             )
+        if self.classifier_pooling not in ("cls", "mean"):
+            raise BertraceError(
+                f"model config: classifier_pooling must be 'cls' or 'mean', got {self.classifier_pooling!r}"
+            )
         t = self.tokenizer_vocab_size
         if t is not None and (not isinstance(t, int) or isinstance(t, bool) or not 1 <= t <= self.vocab_size):
             raise BertraceError(
@@ -139,6 +147,7 @@ class BertConfig:
             ("embedding_size", None),
             ("pooler_activation", "tanh"),
             ("pre_ln", False),
+            ("classifier_pooling", "cls"),
         ):
             if d[key] == default:
                 del d[key]
@@ -436,6 +445,8 @@ class BertModel(nn.Module):
     [CLS] rows only, and sequence_output is [len(rows), H]. The result at those rows is exactly
     the full computation's (keys and values still come from every position); pre-training
     passes the masked positions, classification an empty tensor (it reads [CLS] only).
+    ``pool_cls=False`` skips the pooler (pooled_output None): a caller that pools another
+    vector calls :meth:`pool` itself.
     """
 
     def __init__(self, config: BertConfig, pooler: bool = True):
@@ -463,6 +474,7 @@ class BertModel(nn.Module):
         rows: torch.Tensor | None = None,
         *,
         padded: bool | None = None,
+        pool_cls: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         B, T = input_ids.shape
         if T > self.config.max_position:
@@ -489,12 +501,16 @@ class BertModel(nn.Module):
         if self.ln_final is not None:
             x = self.ln_final(x)
         seq, cls = (x, x[:, 0]) if rows is None else (x[: len(rows)], x[len(rows) :])
-        if self.pooler is None:
+        if self.pooler is None or not pool_cls:
             return seq, None
-        if self.pooler_drop is not None:  # ELECTRA: dropout, dense, GELU (erf, as HF's "gelu")
-            return seq, F.gelu(self.pooler(self.pooler_drop(cls)))
-        pooled = torch.tanh(self.pooler(cls))  # modeling.py get_pooled_output: dense + tanh on [CLS]
-        return seq, pooled
+        return seq, self.pool(cls)
+
+    def pool(self, v: torch.Tensor) -> torch.Tensor:
+        """The pooler on a [B, H] sentence vector: dense + tanh (modeling.py get_pooled_output), or
+        ELECTRA's dropout, dense, GELU (erf, as HF's "gelu")."""
+        if self.pooler_drop is not None:
+            return F.gelu(self.pooler(self.pooler_drop(v)))
+        return torch.tanh(self.pooler(v))
 
 
 class PreTrainingOutput(NamedTuple):
@@ -696,8 +712,9 @@ class _EncoderWithHead(nn.Module):
 
 
 class BertForSequenceClassification(_EncoderWithHead):
-    """BertModel -> dropout -> Linear on the pooled [CLS] vector (run_classifier.py
-    ``create_model``). ``forward -> logits [B, num_labels]``."""
+    """BertModel -> pooler -> dropout -> Linear (run_classifier.py ``create_model``). The pooler
+    reads the [CLS] vector, or with ``config.classifier_pooling: mean`` the mean of the last layer
+    over the unpadded positions. ``forward -> logits [B, num_labels]``."""
 
     def forward(
         self,
@@ -705,8 +722,17 @@ class BertForSequenceClassification(_EncoderWithHead):
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        no_rows = torch.zeros(0, dtype=torch.long, device=input_ids.device)  # only [CLS] is read
-        _, pooled = self.bert(input_ids, token_type_ids, attention_mask, rows=no_rows)
+        if self.config.classifier_pooling == "mean":
+            seq, _ = self.bert(input_ids, token_type_ids, attention_mask, pool_cls=False)
+            if attention_mask is None:
+                mean = seq.mean(dim=1)
+            else:
+                keep = attention_mask.to(seq.dtype).unsqueeze(-1)  # [B, T, 1]
+                mean = (seq * keep).sum(dim=1) / keep.sum(dim=1).clamp_min(1.0)
+            pooled = self.bert.pool(mean)
+        else:
+            no_rows = torch.zeros(0, dtype=torch.long, device=input_ids.device)  # only [CLS] is read
+            _, pooled = self.bert(input_ids, token_type_ids, attention_mask, rows=no_rows)
         return self.classifier(self.drop(pooled))
 
 

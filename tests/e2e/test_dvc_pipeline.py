@@ -66,6 +66,7 @@ def repo(tmp_path_factory):
     copy_repo(root)
     params = tiny_params(yaml.safe_load((root / "params.yaml").read_text()))
     params["evaluate"]["registered_model_name"] = MODEL_NAME
+    params["finetune"]["pooling"] = "cls"  # the Hugging Face export below needs BERT's [CLS] pooling
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 from pathlib import Path
@@ -119,9 +120,11 @@ def make_finetuned(
     scale: float = 30.0,
     provenance: dict | None = None,
     tokenizer: Path | None = None,
+    pooling: str = "cls",
 ) -> Path:
     """``out_dir/model.pt`` + ``out_dir/tokenizer.json`` as the finetune stage writes them, with a random
-    tiny BertForSequenceClassification (classifier weights scaled so predictions vary)."""
+    tiny BertForSequenceClassification (classifier weights scaled so predictions vary) that pools
+    ``pooling`` (``classifier_pooling``: cls | mean)."""
     from pipeline.finetune.loop import save_finetuned
     from pipeline.models.bert import BertForSequenceClassification
 
@@ -135,7 +138,7 @@ def make_finetuned(
 
     vocab = Tokenizer.from_file(str(tok_path)).get_vocab_size()
     torch.manual_seed(seed)
-    config = tiny_config(vocab)
+    config = dataclasses.replace(tiny_config(vocab), classifier_pooling=pooling)
     model = BertForSequenceClassification(config, len(label_names)).eval()
     # A random encoder maps every text to nearly the same [CLS] vector: scale the classifier up and
     # centre its logits on sample texts so that the predicted class varies.

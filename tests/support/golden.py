@@ -94,7 +94,7 @@ def golden_run(work: Path) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(ft.threads)
     try:
-        model = build_model(ckpt, 2, dropout=ft.dropout, encoder_dropout=ft.encoder_dropout, seed=0)
+        model = build_model(ckpt, 2, dropout=ft.dropout, encoder_dropout=ft.encoder_dropout, pooling=ft.pooling, seed=0)
         model.train()
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=ft.lr, betas=tuple(ft.betas), eps=ft.eps, weight_decay=ft.weight_decay

@@ -5,6 +5,7 @@ to end on a tiny model with a tiny tokenizer trained here."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import statistics
 
@@ -21,6 +22,7 @@ from pipeline.finetune.loop import (
     LengthGroupedBatches,
     build_model,
     check_checkpoint_tokenizer,
+    finetuned_model_config,
     layer_depth,
     layerwise_lr_groups,
     linear_warmup_decay,
@@ -300,6 +302,20 @@ def test_encoder_dropout_overrides_the_checkpoint_config(env):
         FinetuneConfig.from_params({"encoder_dropout": 1.5})
 
 
+def test_pooling_is_recorded_in_the_config_of_sequence_classifiers_only(env):
+    ckpt = {**env["ckpt"], "model_config": {**env["ckpt"]["model_config"], "classifier_pooling": "mean"}}
+    assert "classifier_pooling" not in finetuned_model_config(ckpt, "cls")  # [CLS]: the config as pre-trained
+    assert finetuned_model_config(env["ckpt"], "mean")["classifier_pooling"] == "mean"
+    assert "classifier_pooling" not in finetuned_model_config(env["ckpt"], "mean", "token_classification")
+    mean = build_model(env["ckpt"], 2, "full", pooling="mean", seed=0)
+    cls = build_model(env["ckpt"], 2, "full", seed=0)
+    assert mean.config.classifier_pooling == "mean" and cls.config.classifier_pooling == "cls"
+    sd_m, sd_c = mean.state_dict(), cls.state_dict()
+    assert all(torch.equal(sd_m[k], sd_c[k]) for k in sd_m)  # same weights: only what the pooler reads
+    with pytest.raises(BertraceError, match=r"finetune.pooling = 'max'"):
+        FinetuneConfig.from_params({"pooling": "max"})
+
+
 def test_layer_lr_decay_lowers_the_rate_towards_the_input(env):
     model = build_model(env["ckpt"], 2, "full", seed=0)
     L = model.config.num_layers
@@ -459,7 +475,9 @@ def test_finetune_stage_end_to_end(env, tmp_path, monkeypatch):
         sha256_file(env["task"]["local"]["train"]),
         sha256_file(env["task"]["local"]["validation"]),
     }
-    assert BertConfig.from_dict(ckpt["model_config"]) == BertConfig.from_dict(env["ckpt"]["model_config"])
+    # the pre-training config plus the pooling the stage fine-tuned with (finetune.pooling's default)
+    expected = dataclasses.replace(BertConfig.from_dict(env["ckpt"]["model_config"]), classifier_pooling="mean")
+    assert BertConfig.from_dict(ckpt["model_config"]) == expected
 
     # it loads strictly and reproduces the reported validation accuracy
     model = BertForSequenceClassification(BertConfig.from_dict(ckpt["model_config"]), ckpt["num_labels"])

@@ -283,6 +283,24 @@ def test_a_pre_ln_checkpoint_is_refused_naming_the_param(ckpt_dir, tmp_path):
     assert not (tmp_path / "hf").exists()
 
 
+def test_a_mean_pooled_classifier_predicts_batch_invariantly_and_is_refused_by_hf_export(ckpt_dir, tmp_path):
+    """finetune.pooling: mean is recorded in model.pt's config: inference rebuilds the mean (padding
+    masked out of it), and the HF export, whose sequence classifiers read [CLS], refuses it."""
+    from pipeline.interop.export import export_hf
+
+    make_finetuned(tmp_path / "mean", seed=5, pooling="mean", tokenizer=ckpt_dir / "tokenizer.json")
+    clf = Classifier.load(tmp_path / "mean" / "model.pt")
+    assert clf.model.config.classifier_pooling == "mean"
+    texts = TEXTS + sentences(12, 6)
+    one_by_one = np.concatenate([clf.logits([t], batch_size=1) for t in texts])
+    np.testing.assert_allclose(clf.logits(texts, batch_size=7), one_by_one, atol=1e-5)
+    with pytest.raises(
+        BertraceError, match=r"model\.pt: its classifier pools the mean of the tokens \(finetune\.pooling: mean\)"
+    ):
+        export_hf(tmp_path / "mean" / "model.pt", tmp_path / "hf", tokenizer_path=ckpt_dir / "tokenizer.json")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_export_without_transformers_is_a_clear_error(ckpt_dir, tmp_path, monkeypatch):
     from pipeline.interop import export
 

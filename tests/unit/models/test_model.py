@@ -557,6 +557,39 @@ def test_pre_ln_config_round_trips_and_rejects_a_non_boolean():
     assert model.bert.ln_final.weight.grad is not None and model.bert.ln_final.weight.grad.abs().sum() > 0
 
 
+def test_mean_pooling_reads_the_unpadded_tokens_through_the_pooler():
+    """classifier_pooling mean: the pooler (dense + tanh) reads each row's mean over its real
+    tokens, so padding a row, or batching it with a longer one, leaves its logits as they are."""
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(tiny(classifier_pooling="mean"), 3).eval()
+    randomize(model, seed=1)
+    ids, token_type, mask, _ = batch()
+    with torch.no_grad():
+        logits = model(ids, token_type, mask)
+        seq, _ = model.bert(ids, token_type, mask)
+        for b in range(ids.size(0)):
+            n = int(mask[b].sum())
+            by_hand = model.classifier(torch.tanh(model.bert.pooler(seq[b, :n].mean(0))))
+            torch.testing.assert_close(logits[b], by_hand, atol=1e-5, rtol=0)
+        n = int(mask[1].sum())  # a padded row, alone and unpadded
+        alone = model(ids[1:2, :n], token_type[1:2, :n], mask[1:2, :n])
+        unmasked = model(ids[1:2, :n], token_type[1:2, :n])
+        cls_model = BertForSequenceClassification(tiny(), 3).eval()
+        cls_model.load_state_dict(model.state_dict())
+        cls_logits = cls_model(ids, token_type, mask)
+    torch.testing.assert_close(alone[0], logits[1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(unmasked, alone, atol=1e-6, rtol=0)
+    assert (cls_logits - logits).abs().max() > 1e-3  # the same weights read [CLS] otherwise
+
+
+def test_classifier_pooling_config_round_trips_and_rejects_other_values():
+    assert "classifier_pooling" not in tiny().to_dict()  # [CLS]: configs (and checkpoints) read as before
+    d = tiny(classifier_pooling="mean").to_dict()
+    assert d["classifier_pooling"] == "mean" and BertConfig.from_dict(d).classifier_pooling == "mean"
+    with pytest.raises(BertraceError, match="classifier_pooling must be 'cls' or 'mean', got 'max'"):
+        tiny(classifier_pooling="max")
+
+
 def test_pretraining_correct_counts():
     from pipeline.models.bert import PreTrainingOutput
 
