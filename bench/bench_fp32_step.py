@@ -22,9 +22,9 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 
-from pipeline.core.arithmetic import ComputeConfig, process_env  # noqa: E402  (torch-free)
+from pipeline.core.arithmetic import ComputeConfig, pin_process  # noqa: E402  (torch-free)
 
-os.environ.update(process_env(ComputeConfig()))  # before torch loads, as stages/arithmetic.py does
+pin_process(ComputeConfig())  # the pins and MKL's vendor shim, before torch loads, as stages/arithmetic.py does
 
 # isort: split
 import argparse  # noqa: E402

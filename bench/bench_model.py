@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.core.device import peak_flops  # noqa: E402
+from pipeline.core.device import fused_adamw, peak_flops  # noqa: E402
 from pipeline.core.formats import MASK_ID  # noqa: E402
 from pipeline.interop.hf import hf_config, to_hf_state_dict  # noqa: E402
 from pipeline.models.bert import (  # noqa: E402
@@ -203,7 +203,9 @@ def build_variant(args, name: str):
         hf.load_state_dict(to_hf_state_dict(model))
         model = hf
     model.to(args.device).train()
-    opt = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-4, **({"fused": True} if device_type == "cuda" else {}))
+    # the AdamW the training loops build (fused on the CPU too), for both models alike
+    fused = fused_adamw(torch.device(args.device))
+    opt = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-4, **({"fused": True} if fused else {}))
     fwd = torch.compile(model, dynamic=True) if compiled else model
 
     def step(b):

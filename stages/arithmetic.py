@@ -1,6 +1,7 @@
 """The CPU kernel pins of params.yaml ``compute`` (pipeline/core/arithmetic.py), set in this process's
-environment before torch loads: ATen, MKL and oneDNN read them once, at their first kernel, so
-every stage that runs torch imports this module first. A stage whose torch was already loaded
+environment before torch loads, with MKL's vendor shim loaded (so AMD CPUs run MKL's AVX2 branch
+too): ATen, MKL and oneDNN read them once, at their first kernel, so every stage that runs torch
+imports this module first. A stage whose torch was already loaded
 (an in-process call) is checked instead: :func:`pipeline.core.device.apply_arithmetic` fails there
 when the pins did not take effect."""
 
@@ -10,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from pipeline.core.arithmetic import ComputeConfig, process_env
+from pipeline.core.arithmetic import ComputeConfig, pin_process
 from pipeline.core.errors import BertraceError
 from stages.common import load_params
 
@@ -23,15 +24,16 @@ def compute_config(params_file: str | os.PathLike = PARAMS_FILE) -> ComputeConfi
 
 
 def pin_cpu_arithmetic(params_file: str | os.PathLike = PARAMS_FILE) -> None:
-    """Export the pins ``compute.kernels`` asks for, if torch is not loaded yet. A params file that
-    cannot be read is left to the stage's own parsing, which reports it in one line."""
+    """Export the pins ``compute.kernels`` asks for and load MKL's vendor shim, if torch is not
+    loaded yet. A params file that cannot be read is left to the stage's own parsing, which reports
+    it in one line."""
     if "torch" in sys.modules:
         return
     try:
         cfg = compute_config(params_file)
     except BertraceError:
         return
-    os.environ.update(process_env(cfg))
+    pin_process(cfg)
 
 
 pin_cpu_arithmetic()

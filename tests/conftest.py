@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.arithmetic import ComputeConfig, process_env
+from pipeline.core.arithmetic import ComputeConfig, pin_process
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -24,8 +24,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 
 # The tests run torch as the stages do by default (params.yaml compute.kernels: portable): the kernel
-# pins go into the environment before torch loads, for this process and the stages it starts.
-os.environ.update(process_env(ComputeConfig()))
+# pins go into the environment before torch loads, for this process and the stages it starts, and
+# MKL's vendor shim is loaded (AMD CPUs).
+pin_process(ComputeConfig())
 
 
 @functools.cache

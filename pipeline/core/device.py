@@ -30,6 +30,7 @@ What stays nondeterministic, switch or not (https://pytorch.org/docs/stable/note
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import re
@@ -38,7 +39,14 @@ from typing import Any
 
 import torch
 
-from pipeline.core.arithmetic import PORTABLE_CAPABILITY, PORTABLE_ENV, ComputeConfig, host_specific_reasons, is_x86_64
+from pipeline.core.arithmetic import (
+    PORTABLE_CAPABILITY,
+    PORTABLE_ENV,
+    PORTABLE_MKL_BRANCH,
+    ComputeConfig,
+    host_specific_reasons,
+    is_x86_64,
+)
 from pipeline.core.errors import BertraceError
 
 CUBLAS_WORKSPACE = ":4096:8"
@@ -245,6 +253,40 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# mkl_cbwr.h's branch values (MKL_CBWR_BRANCH): what mkl_branch() names
+MKL_CBWR_BRANCHES = {
+    1: "OFF",
+    2: "AUTO",
+    3: "COMPATIBLE",
+    4: "SSE2",
+    6: "SSSE3",
+    7: "SSE4_1",
+    8: "SSE4_2",
+    9: "AVX",
+    10: "AVX2",
+    11: "AVX512_MIC",
+    12: "AVX512",
+    13: "AVX512_MIC_E1",
+    14: "AVX512_E1",
+}
+
+
+def mkl_branch() -> str | None:
+    """The conditional-numerical-reproducibility branch MKL runs in this process: ``AVX2`` under the
+    portable pins; ``OFF`` where ``MKL_CBWR`` is unset (MKL picks its fastest path); ``AUTO`` where
+    MKL ignored ``MKL_CBWR=AVX2``, as on an AMD CPU without the vendor shim (pipeline/core/arithmetic.py). Read from torch's statically linked MKL through
+    ``mkl_serv_cbwr_get(MKL_CBWR_BRANCH)``, the function behind ``mkl_cbwr_get``, which the wheel
+    does not export; None where torch has no such MKL (not x86-64 Linux)."""
+    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    try:
+        get = ctypes.CDLL(str(lib)).mkl_serv_cbwr_get
+    except (OSError, AttributeError):
+        return None
+    get.restype, get.argtypes = ctypes.c_int, [ctypes.c_int]
+    value = get(1)
+    return MKL_CBWR_BRANCHES.get(value, f"branch {value}")
+
+
 def apply_arithmetic(cfg: ComputeConfig) -> None:
     """Apply ``compute.kernels`` after torch loaded (pipeline/core/arithmetic.py): in portable mode on
     x86-64, switch oneDNN off and check that the environment pins took effect, i.e. that they were
@@ -264,6 +306,14 @@ def apply_arithmetic(cfg: ComputeConfig) -> None:
             "the pins must be set before torch loads; run the stage as `python -m stages.<name>` "
             "(dvc repro does), or export " + " ".join(f"{k}={v}" for k, v in PORTABLE_ENV.items())
         )
+    branch = mkl_branch()
+    if branch not in (None, PORTABLE_MKL_BRANCH):
+        raise BertraceError(
+            f"params.yaml: compute.kernels = portable, but MKL runs its {branch} branch on this CPU "
+            f"({cpu_model()}), not {PORTABLE_MKL_BRANCH}: MKL's vendor shim was not loaded before torch; "
+            "run the stage as `python -m stages.<name>` with a C compiler installed (it builds the shim), "
+            "or set compute.kernels: native"
+        )
 
 
 def arithmetic_state(device: torch.device, precision: str, threads_fixed: bool) -> dict[str, Any]:
@@ -282,6 +332,7 @@ def arithmetic_state(device: torch.device, precision: str, threads_fixed: bool) 
         "kernels": "portable" if pinned else "native",
         "cpu_capability": capability,
         "mkl_cbwr": os.environ.get("MKL_CBWR"),
+        "mkl_branch": mkl_branch(),
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
         "mkldnn": bool(torch.backends.mkldnn.enabled),
         "device": device.type,

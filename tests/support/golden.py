@@ -14,16 +14,15 @@ differs fails naming the first tensor that differs.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from pipeline.core.arithmetic import ComputeConfig, process_env  # noqa: E402  (torch-free)
+from pipeline.core.arithmetic import ComputeConfig, pin_process  # noqa: E402  (torch-free)
 
-os.environ.update(process_env(ComputeConfig()))  # before torch loads, as stages.arithmetic does
+pin_process(ComputeConfig())  # the pins and MKL's vendor shim, before torch loads, as stages.arithmetic does
 
 # isort: split
 import argparse  # noqa: E402
@@ -119,6 +118,7 @@ def golden_run(work: Path) -> dict:
         "torch": torch.__version__,
         "kernels": state["kernels"],
         "cpu_capability": state["cpu_capability"],
+        "mkl_branch": state["mkl_branch"],
         "threads": cfg.num_threads,
         "pretrain_loss": metrics.get("loss"),
         "finetune_losses": losses,

@@ -1,9 +1,12 @@
 """params.yaml ``compute``: the CPU kernel pins reach a stage process before torch loads, a pin
-set too late is one clear error, and the record says which arithmetic a run used and whether
-another kind of host rebuilds its bytes (pipeline/core/arithmetic.py, stages/arithmetic.py)."""
+set too late is one clear error, MKL's vendor shim is built once and says "Intel", and the record
+says which arithmetic a run used and whether another kind of host rebuilds its bytes
+(pipeline/core/arithmetic.py, stages/arithmetic.py). tests/e2e/test_golden.py runs the shim on an
+emulated AMD CPU."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -11,13 +14,22 @@ import sys
 import pytest
 import yaml
 
-from pipeline.core.arithmetic import PORTABLE_ENV, ComputeConfig, host_line, host_specific_reasons, process_env
+from pipeline.core.arithmetic import (
+    MKL_VENDOR_SHIM_C,
+    PORTABLE_ENV,
+    ComputeConfig,
+    build_mkl_vendor_shim,
+    host_line,
+    host_specific_reasons,
+    process_env,
+)
 from pipeline.core.errors import BertraceError
 from tests.conftest import REPO
 
 PROBE = (
-    "import os, stages.arithmetic, torch; "
-    "print(os.environ.get('MKL_CBWR'), os.environ.get('ONEDNN_MAX_CPU_ISA'), torch.backends.cpu.get_cpu_capability())"
+    "import os, stages.arithmetic, torch; from pipeline.core.device import mkl_branch; "
+    "print(os.environ.get('MKL_CBWR'), os.environ.get('ONEDNN_MAX_CPU_ISA'), torch.backends.cpu.get_cpu_capability(), "
+    "mkl_branch())"
 )
 
 
@@ -37,19 +49,20 @@ def test_a_stage_process_sets_the_pins_before_torch_loads(tmp_path):
     out = subprocess.run(
         [sys.executable, "-c", PROBE], cwd=tmp_path, env=_unpinned_env(), capture_output=True, text=True, check=True
     ).stdout.split()
-    assert out == ["AVX2", "AVX2", "AVX2"]
+    assert out == ["AVX2", "AVX2", "AVX2", "AVX2"]  # MKL reports the branch it runs
     # a conflicting variable in the caller's shell does not win over params.yaml
     env = {**_unpinned_env(), "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "AUTO"}
     out = subprocess.run(
         [sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
     ).stdout.split()
-    assert out == ["AVX2", "AVX2", "AVX2"]
+    assert out == ["AVX2", "AVX2", "AVX2", "AVX2"]
     # native: nothing is pinned
     _params(tmp_path, "native")
     out = subprocess.run(
         [sys.executable, "-c", PROBE], cwd=tmp_path, env=_unpinned_env(), capture_output=True, text=True, check=True
     ).stdout.split()
     assert out[:2] == ["None", "None"]
+    assert out[3] == "OFF"  # no reproducibility branch: MKL picks its fastest path
 
 
 @pytest.mark.skipif(not process_env(ComputeConfig()), reason="portable kernels are x86-64's")
@@ -120,3 +133,41 @@ def test_the_record_says_what_ties_the_bytes_to_a_host():
         "host-specific arithmetic (compute.kernels native (AVX512 kernels)): rebuild on a "
         "Intel Xeon Platinum 8488C host"
     )
+
+
+def test_the_mkl_vendor_shim_is_built_once_and_says_intel(tmp_path, monkeypatch):
+    lib = build_mkl_vendor_shim(tmp_path)
+    assert lib.parent == tmp_path and lib.suffix == ".so"
+    assert [p.name for p in tmp_path.iterdir()] == [lib.name]  # no temporary left behind
+    check = ctypes.CDLL(str(lib)).mkl_serv_intel_cpu_true
+    check.restype = ctypes.c_int
+    assert check() == 1
+    # cached: a second build compiles nothing (no compiler is even looked for)
+    stamp = lib.stat().st_mtime_ns
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert build_mkl_vendor_shim(tmp_path) == lib and lib.stat().st_mtime_ns == stamp
+    assert "mkl_serv_intel_cpu_true" in MKL_VENDOR_SHIM_C
+
+
+def test_a_shim_that_cannot_be_built_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(BertraceError) as e:
+        build_mkl_vendor_shim(tmp_path / "a")
+    assert str(e.value) == (
+        "no C compiler (cc, gcc or $CC) to build the MKL vendor shim; install one (Debian: apt install gcc)"
+    )
+    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    with pytest.raises(
+        BertraceError, match=r"^false could not build the MKL vendor shim \(exit 1\); check the C compiler$"
+    ):
+        build_mkl_vendor_shim(tmp_path / "b")
+    assert not list((tmp_path / "b").iterdir())  # nothing half-written
+
+
+def test_mkl_on_another_branch_ties_the_bytes_to_the_host():
+    portable = {"kernels": "portable", "cpu_capability": "AVX2", "device": "cpu", "precision": "fp32", "threads": 2}
+    assert host_specific_reasons({**portable, "mkl_branch": "AVX2"}) == []
+    assert host_specific_reasons(portable) == []  # records from before the branch was read
+    assert host_specific_reasons({**portable, "mkl_branch": "AUTO"}) == ["MKL's AUTO branch, not AVX2"]
