@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.core.device import fused_adamw, peak_flops  # noqa: E402
+from pipeline.core.device import build_adamw, peak_flops  # noqa: E402
 from pipeline.core.formats import MASK_ID  # noqa: E402
 from pipeline.interop.hf import hf_config, to_hf_state_dict  # noqa: E402
 from pipeline.models.bert import (  # noqa: E402
@@ -148,7 +148,7 @@ def build(args, which: str):
     else:
         model = ours
     model.to(args.device).train()
-    opt = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-4, fused=True)
+    opt = build_adamw(param_groups(model, 0.01), torch.device(args.device), lr=1e-4, betas=(0.9, 0.999), eps=1e-8)
     fwd = torch.compile(model) if args.compile else model
     device_type = args.device.split(":")[0]
 
@@ -204,8 +204,7 @@ def build_variant(args, name: str):
         model = hf
     model.to(args.device).train()
     # the AdamW the training loops build (fused on the CPU too), for both models alike
-    fused = fused_adamw(torch.device(args.device))
-    opt = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-4, **({"fused": True} if fused else {}))
+    opt = build_adamw(param_groups(model, 0.01), torch.device(args.device), lr=1e-4, betas=(0.9, 0.999), eps=1e-8)
     fwd = torch.compile(model, dynamic=True) if compiled else model
 
     def step(b):

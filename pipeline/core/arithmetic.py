@@ -123,11 +123,16 @@ def load_mkl_vendor_shim(cache_dir: Path | None = None) -> Path:
     setting :func:`process_env`, as ``stages.arithmetic`` does. Harmless on Intel CPUs, where MKL's
     own check answers the same."""
     lib = build_mkl_vendor_shim(cache_dir)
-    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    try:
+        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        raise BertraceError(
+            f"{lib}: the MKL vendor shim does not load ({e}); set CC to a compiler for this machine and delete the file"
+        ) from None
     return lib
 
 
-def pin_process(cfg: ComputeConfig) -> dict[str, str]:
+def pin_process(cfg: ComputeConfig) -> None:
     """Put :func:`process_env` into ``os.environ`` and, when it pins anything, load MKL's vendor
     shim: what a process does before it imports torch (``stages.arithmetic``, the golden run, the
     benches). A shim that cannot be built is passed over: only AMD CPUs need it, and there
@@ -139,7 +144,6 @@ def pin_process(cfg: ComputeConfig) -> dict[str, str]:
             load_mkl_vendor_shim()
         except BertraceError:
             pass
-    return env
 
 
 def host_specific_reasons(arithmetic: dict[str, Any]) -> list[str]:

@@ -165,6 +165,17 @@ def fused_adamw(device: torch.device) -> bool:
     return device.type in ("cuda", "cpu")
 
 
+def build_adamw(
+    groups: Any, device: torch.device, *, lr: float, betas: tuple[float, float], eps: float
+) -> torch.optim.AdamW:
+    """AdamW (Loshchilov & Hutter 2019) as every training loop builds it: fused where
+    :func:`fused_adamw` says so, the per-op update elsewhere. ``groups`` as ``torch.optim`` takes
+    them (weight decay per group)."""
+    return torch.optim.AdamW(
+        groups, lr=lr, betas=tuple(betas), eps=eps, **({"fused": True} if fused_adamw(device) else {})
+    )
+
+
 def amp_dtype(device: torch.device) -> torch.dtype | None:
     """Autocast dtype for fine-tuning and evaluation (no params key): bf16 on a GPU with native
     bf16, fp16 on older GPUs (training then needs a GradScaler), None (fp32) elsewhere."""
@@ -274,7 +285,8 @@ MKL_CBWR_BRANCHES = {
 def mkl_branch() -> str | None:
     """The conditional-numerical-reproducibility branch MKL runs in this process: ``AVX2`` under the
     portable pins; ``OFF`` where ``MKL_CBWR`` is unset (MKL picks its fastest path); ``AUTO`` where
-    MKL ignored ``MKL_CBWR=AVX2``, as on an AMD CPU without the vendor shim (pipeline/core/arithmetic.py). Read from torch's statically linked MKL through
+    MKL ignored ``MKL_CBWR=AVX2``, as on an AMD CPU without the vendor shim
+    (pipeline/core/arithmetic.py). Read from torch's statically linked MKL through
     ``mkl_serv_cbwr_get(MKL_CBWR_BRANCH)``, the function behind ``mkl_cbwr_get``, which the wheel
     does not export; None where torch has no such MKL (not x86-64 Linux)."""
     lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"

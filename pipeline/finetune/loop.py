@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from pydantic import Field, field_validator
 
 from pipeline.core.config import Bool, Float, Int, Section, Str
-from pipeline.core.device import amp_dtype, fused_adamw, resolve_device
+from pipeline.core.device import amp_dtype, build_adamw, resolve_device
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import atomic_path, sha256_file
 from pipeline.finetune.task_data import TaskData, TaskParams, TaskSplit, collate_task_batch
@@ -578,9 +578,7 @@ def train_seed(
     ).to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     groups = layerwise_lr_groups(model, cfg.lr, cfg.weight_decay, cfg.layer_lr_decay)
-    optimizer = torch.optim.AdamW(
-        groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **({"fused": True} if fused_adamw(device) else {})
-    )
+    optimizer = build_adamw(groups, device, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
     generator = torch.Generator().manual_seed(seed)
     if cfg.group_by_length:
         sampler = LengthGroupedBatches([len(x) for x in train.input_ids], cfg.batch_size, generator)

@@ -68,7 +68,7 @@ from tqdm import tqdm
 from pipeline.core.config import Bool, Float, Int, Section, Str, format_errors
 from pipeline.core.device import (
     arithmetic_state,
-    fused_adamw,
+    build_adamw,
     mfu,
     precision_name,
     resolve_device,
@@ -132,7 +132,7 @@ class PretrainConfig(Section):
     init: Str | None = None
     batch_size: Positive = 32  # examples per optimizer update, all ranks and accumulation steps together
     grad_accum: Positive = 1  # micro-batches per update
-    lr: AboveZero = 5e-4  # peak learning rate
+    lr: AboveZero = 1e-3  # peak learning rate
     # < 1: fraction of the budget; >= 1: number of updates
     warmup: Annotated[Float, Field(ge=0, description="a fraction < 1 of the budget, or a number of updates")] = 0.06
     weight_decay: NotNegativeFloat = 0.01
@@ -143,7 +143,7 @@ class PretrainConfig(Section):
     electra: ElectraParams = ElectraParams()  # objective electra: generator size, discriminator loss weight
     embedding_init: EmbeddingInit = EmbeddingInit()  # random, or skip-gram vectors from the examples (wordvec.py)
     # budget: exactly one of these
-    max_steps: NotNegative | None = 14000  # optimizer updates (reproducible)
+    max_steps: NotNegative | None = 10000  # optimizer updates (reproducible)
     epochs: NotNegativeFloat | None = None  # passes over the training shards, may be fractional (reproducible)
     time_minutes: NotNegativeFloat | None = None  # wall clock, the lr schedule follows elapsed time (NOT reproducible)
     # keep the weights at these updates (snapshots/step-000500.pt)
@@ -518,12 +518,8 @@ class Trainer:
         self.world, self.rank, self.main, self.micro = world, rank, rank == 0, micro
         self.out_dir, self.curves_dir, self.provenance, self.on_log = out_dir, curves_dir, provenance, on_log
         self.last_path, self.best_path = out_dir / ckpt_lib.LAST, out_dir / ckpt_lib.BEST
-        self.optimizer = torch.optim.AdamW(
-            param_groups(model, cfg.weight_decay),
-            lr=cfg.lr,
-            betas=tuple(cfg.betas),
-            eps=cfg.eps,
-            **({"fused": True} if fused_adamw(device) else {}),
+        self.optimizer = build_adamw(
+            param_groups(model, cfg.weight_decay), device, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps
         )
         self.scaler = torch.amp.GradScaler(device.type, enabled=use_scaler)
         self.budget: Budget | None = None

@@ -95,7 +95,7 @@ def test_fp16_resume_keeps_fused_adamw_under_the_gradscaler(examples, tmp_path, 
     ``AssertionError`` on the first step (the same optimizer and GradScaler code, on the CPU)."""
     cfg = tiny_cfg(max_steps=6)
     with monkeypatch.context() as unfused:  # the CPU runs fused AdamW too: write the unfused checkpoint
-        unfused.setattr(train, "fused_adamw", lambda device: False)
+        unfused.setattr(device_lib, "fused_adamw", lambda device: False)
         run(cfg, examples, tmp_path, stop_at_step=3)
     saved = torch.load(tmp_path / "last.pt", weights_only=True)["optimizer"]["param_groups"]
     assert all(g["fused"] is None for g in saved)

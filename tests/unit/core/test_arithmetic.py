@@ -21,6 +21,7 @@ from pipeline.core.arithmetic import (
     build_mkl_vendor_shim,
     host_line,
     host_specific_reasons,
+    load_mkl_vendor_shim,
     process_env,
 )
 from pipeline.core.errors import BertraceError
@@ -164,6 +165,20 @@ def test_a_shim_that_cannot_be_built_says_what_to_install(tmp_path, monkeypatch)
     ):
         build_mkl_vendor_shim(tmp_path / "b")
     assert not list((tmp_path / "b").iterdir())  # nothing half-written
+
+
+def test_a_shim_this_process_cannot_load_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    """A compiler for another machine (a cross compiler as ``cc``) builds a file ``dlopen`` refuses."""
+    cross = tmp_path / "cross-cc"
+    cross.write_text('#!/bin/sh\nwhile [ "$1" != -o ]; do shift; done\nprintf "not an ELF file" > "$2"\n')
+    cross.chmod(0o755)
+    monkeypatch.setenv("CC", str(cross))
+    with pytest.raises(BertraceError) as e:
+        load_mkl_vendor_shim(tmp_path / "cache")
+    (lib,) = (tmp_path / "cache").iterdir()
+    message = str(e.value)
+    assert message.startswith(f"{lib}: the MKL vendor shim does not load (") and "\n" not in message
+    assert message.endswith("); set CC to a compiler for this machine and delete the file")
 
 
 def test_mkl_on_another_branch_ties_the_bytes_to_the_host():
