@@ -143,11 +143,11 @@ class PretrainConfig(Section):
     electra: ElectraParams = ElectraParams()  # objective electra: generator size, discriminator loss weight
     embedding_init: EmbeddingInit = EmbeddingInit()  # random, or skip-gram vectors from the examples (wordvec.py)
     # budget: exactly one of these
-    max_steps: NotNegative | None = 10000  # optimizer updates (reproducible)
+    max_steps: NotNegative | None = 8000  # optimizer updates (reproducible)
     epochs: NotNegativeFloat | None = None  # passes over the training shards, may be fractional (reproducible)
     time_minutes: NotNegativeFloat | None = None  # wall clock, the lr schedule follows elapsed time (NOT reproducible)
     # keep the weights at these updates (snapshots/step-000500.pt)
-    snapshot_steps: Annotated[list[Annotated[Int, Field(gt=0)]], Field(description=_SNAPSHOT)] = [4000, 8000]
+    snapshot_steps: Annotated[list[Annotated[Int, Field(gt=0)]], Field(description=_SNAPSHOT)] = [2000, 4000]
     # ... and/or at these elapsed minutes (snapshots/minute-015.pt; wall clock)
     snapshot_minutes: Annotated[list[Annotated[Float, Field(gt=0)]], Field(description=_SNAPSHOT)] = []
     eval_every: NotNegative = 500  # updates between validations (0: only at the end)
