@@ -12,52 +12,39 @@ can give back the exact inputs. :func:`chain_ids` picks the hashes that identify
 place in the pipeline (tokenizer, examples, checkpoints …); stages tag MLflow runs with them.
 
 A record holds nothing about *when*, *where* or *by which run* it was made, so two builds of the
-same code, params and data write the same record bytes and leave ``dvc.lock`` unchanged. That
-part is the stage's **run log** (:func:`build_run_log`): git commit and dirty paths, pipeline-run
-and MLflow run ids, start and finish times, host, durations and throughput. It goes to MLflow
-(tags, metrics and the ``provenance/run.json`` artifact) and to ``runs/<stage>.json`` in the
-working copy (git-ignored, not a DVC output), and names the record it belongs to by
-:func:`record_digest` (MLflow tag ``bertrace.record_sha256``), so ``bertrace trace`` finds it
-locally or on a shared tracking server (docs/provenance.md, "Records and run logs").
+same code, params and data write the same record bytes and leave ``dvc.lock`` unchanged; that part
+is the stage's run log (:mod:`pipeline.lineage.runlog`). A record's ``code`` (the sha256 of each code
+dep) is the one part that changes with an edit that changes no output, so what later stages read
+leaves it out: a checkpoint embeds :func:`without_code` of its chain, and :func:`record_digest` —
+the key run logs and MLflow runs use — ignores it. Editing a comment in the pre-training loop then
+rewrites ``data/provenance/pretrain.json`` (no stage depends on it) but not ``best.pt``, and the
+rebuild stops there (docs/provenance.md, "Records and run logs").
+
+This module decides the bytes of every record, so it is a code dep of every stage that writes
+one; :data:`RECORD_VERSION` names its format. The modules in :data:`OUTPUT_NEUTRAL` only report —
+MLflow runs and tags, run logs — and no DVC output is computed from them: a stage's code deps in
+dvc.yaml are its import closure *without* them (``tests/unit/test_dvc_deps.py``), so editing how a
+tag is written reruns nothing. Such a module writes no DVC output and returns nothing a stage writes
+into one (tested there too).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import platform
 import re
-import subprocess
 import sys
-import uuid
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
 
-from pipeline.core.io import canonical_json, sha256_bytes, sha256_file, sha256_json
+from pipeline.core.io import canonical_json, read_json, sha256_bytes, sha256_file, sha256_json
 
-RECORD_VERSION = 2  # 2: the run fields (git, times, run ids) moved to the run log; ``code`` added
-RUN_LOG_DIR = Path("runs")  # runs/<stage>.json: the latest run log of each stage in this working copy
-RECORD_TAG = "bertrace.record_sha256"  # MLflow tag: record_digest() of the record a run wrote
-# What a run log adds to its record when a consumer shows both (trace, scorecard, evaluation.md).
-RUN_FIELDS = ("git", "pipeline_run_id", "mlflow_run_id", "started", "finished", "seconds", "host")
-
-# Paths that change *because* the pipeline runs; they do not make the code tree dirty.
-_RUN_PRODUCTS = (
-    "dvc.lock",
-    "metrics/",
-    "plots/",
-    "reports/",
-    "runs/",
-    "mlflow.db",
-    "mlruns/",
-    "mlartifacts/",
-    ".dvc/.gitignore",
-    ".dvc/tmp/",
-    ".dvc/cache/",
-)
+OUTPUT_NEUTRAL = ("pipeline.lineage.runlog", "pipeline.lineage.tracking")  # not code deps (module docstring)
+PROVENANCE_DIR = Path("data/provenance")  # data/provenance/<stage>.json: each stage's record (a DVC output)
+RECORD_VERSION = 3  # the format of records (docs/formats.md "Provenance record"); raise it when their fields change
 
 LIBRARIES = (
     "torch",
@@ -71,89 +58,6 @@ LIBRARIES = (
     "dvc",
     "transformers",
 )
-
-
-def git_state(repo_dir: str | os.PathLike = ".") -> dict[str, Any]:
-    """Commit hash and dirty flag of the git tree at ``repo_dir`` (``None`` outside git).
-
-    Changes to run products (``dvc.lock``, ``metrics/`` …) do not count as dirty: ``dvc repro``
-    rewrites them while it runs.
-    """
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=repo_dir, check=True, capture_output=True, text=True).stdout
-
-    try:
-        commit = git("rev-parse", "HEAD").strip()
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        return {"commit": None, "dirty": None, "dirty_paths": []}
-    try:
-        status = git("status", "--porcelain", "--untracked-files=normal")
-    except subprocess.CalledProcessError:
-        status = ""
-    dirty = []
-    for line in status.splitlines():
-        if not line.strip():
-            continue
-        code, path = line[:2], line[3:].strip().strip('"')
-        if path.startswith(_RUN_PRODUCTS):
-            continue
-        if code == "??" and path.startswith("data/"):
-            continue  # a DVC output not yet in data/.gitignore (DVC adds it after the stage ran)
-        dirty.append(path)
-    state = {"commit": commit, "dirty": bool(dirty), "dirty_paths": dirty[:20]}
-    experiment = dvc_experiment(repo_dir)
-    if experiment is not None:
-        # `dvc exp run` commits the workspace (params.yaml as -S set it, any other change) to the
-        # experiment's ref when the run ends: the changes are in a commit, the tree is not dirty.
-        experiment["changed_paths"] = dirty[:20]
-        state.update(dirty=False, dirty_paths=[], experiment=experiment)
-    return state
-
-
-def dvc_experiment(repo_dir: str | os.PathLike = ".") -> dict[str, Any] | None:
-    """The DVC experiment this stage runs in, or None outside ``dvc exp run``.
-
-    DVC sets ``DVC_EXP_NAME`` and ``DVC_EXP_BASELINE_REV`` (the commit the experiment starts
-    from) for every stage of ``dvc exp run`` (workspace, ``--temp`` and ``--queue``;
-    dvc/repo/experiments/queue/base.py). The experiment's commit is saved as the git ref
-    ``refs/exps/<baseline[:2]>/<baseline[2:]>/<name>``; ``params_diff`` is ``{key: [baseline, now]}``
-    of params.yaml (dotted keys), what ``-S`` changed."""
-    name, baseline = os.environ.get("DVC_EXP_NAME"), os.environ.get("DVC_EXP_BASELINE_REV")
-    if not name or not baseline:
-        return None
-    return {
-        "name": name,
-        "baseline_rev": baseline,
-        "ref": f"refs/exps/{baseline[:2]}/{baseline[2:]}/{name}",
-        "params_diff": _params_diff(repo_dir, baseline),
-    }
-
-
-def _params_diff(repo_dir: str | os.PathLike, baseline: str, params_file: str = "params.yaml") -> dict[str, list]:
-    def flat(obj: Any, prefix: str = "") -> dict[str, Any]:
-        if isinstance(obj, dict) and obj:
-            return {k: v for key, value in obj.items() for k, v in flat(value, f"{prefix}{key}.").items()}
-        return {prefix[:-1]: obj}
-
-    try:
-        now = yaml.safe_load(Path(repo_dir, params_file).read_text(encoding="utf-8")) or {}
-        before = None
-        for where in (repo_dir, os.environ.get("DVC_ROOT")):  # a temp workspace may lack the baseline's objects
-            if not where:
-                continue
-            proc = subprocess.run(
-                ["git", "show", f"{baseline}:{params_file}"], cwd=where, capture_output=True, text=True
-            )
-            if proc.returncode == 0:
-                before = yaml.safe_load(proc.stdout) or {}
-                break
-    except (OSError, yaml.YAMLError):
-        return {}
-    if before is None:
-        return {}
-    a, b = flat(before), flat(now)
-    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
 def library_versions() -> dict[str, str | None]:
@@ -183,41 +87,6 @@ def hash_path(path: str | os.PathLike) -> str:
 
 def params_hash(params: Any) -> str:
     return sha256_json(params)
-
-
-def _proc_start_time(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def pipeline_run_id() -> str:
-    """An id shared by every stage of one ``dvc repro``.
-
-    ``BERTRACE_PIPELINE_RUN_ID`` wins when set. Otherwise the nearest ancestor process that
-    is DVC (Linux ``/proc``) identifies the run by its pid and start time. A stage run on
-    its own gets a fresh id.
-    """
-    if os.environ.get("BERTRACE_PIPELINE_RUN_ID"):
-        return os.environ["BERTRACE_PIPELINE_RUN_ID"]
-    pid = os.getppid()
-    for _ in range(12):
-        if pid <= 1:
-            break
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            break
-        if any(
-            os.path.basename(part.decode(errors="replace")) == "dvc" or part.endswith(b"/dvc") or part == b"dvc"
-            for part in cmdline[:3]
-        ) or (len(cmdline) > 2 and cmdline[1:3] == [b"-m", b"dvc"]):
-            return sha256_bytes(f"dvc:{pid}:{_proc_start_time(pid)}".encode())[:16]
-        pid = int(stat.rsplit(")", 1)[1].split()[1])
-    return uuid.uuid4().hex[:16]
 
 
 def build_record(
@@ -251,6 +120,12 @@ def build_record(
     return record
 
 
+def read_record(stage: str, root: str | os.PathLike = ".") -> dict[str, Any] | None:
+    """The record ``stage`` left in ``root``/data/provenance/, or None when there is none."""
+    path = Path(root) / PROVENANCE_DIR / f"{stage}.json"
+    return read_json(path) if path.exists() else None
+
+
 def code_hashes(stage: str, root: str | os.PathLike = ".") -> dict[str, str]:
     """``{path: sha256}`` of the Python files ``stage`` lists as deps in ``root``/dvc.yaml (its
     import closure, tests/unit/test_dvc_deps.py); {} for a stage dvc.yaml does not know."""
@@ -261,70 +136,36 @@ def code_hashes(stage: str, root: str | os.PathLike = ".") -> dict[str, str]:
     return {p: sha256_file(root / p) for p in dvc_paths(spec.get("deps")) if p.endswith(".py") and (root / p).is_file()}
 
 
-def now_utc() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def build_run_log(
-    record: dict[str, Any],
-    *,
-    git: dict[str, Any],
-    run_id: str | None,
-    mlflow_run_id: str | None,
-    tracking: str | None,
-    started: str | None,
-    seconds: float | None,
-    timings: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The run log of the run that wrote ``record``: when, where, from which commit and under which
-    run ids (the module docstring). ``tracking``: the MLflow tracking URI, credentials removed."""
-    return {
-        "stage": record.get("stage"),
-        "record_sha256": record_digest(record),
-        "git": git,
-        "pipeline_run_id": run_id,
-        "mlflow_run_id": mlflow_run_id,
-        "tracking_uri": tracking,
-        "started": started,
-        "finished": now_utc(),
-        "seconds": None if seconds is None else round(seconds, 2),
-        "host": platform.node(),
-        "cpus": os.cpu_count(),
-        "timings": timings or {},
-    }
-
-
-def read_run_log(
-    stage: str, record: dict[str, Any] | None = None, root: str | os.PathLike = "."
-) -> dict[str, Any] | None:
-    """``runs/<stage>.json`` under ``root`` when it belongs to ``record`` (same :func:`record_digest`;
-    any run log of the stage when ``record`` is None), else None."""
-    import json
-
-    path = Path(root) / RUN_LOG_DIR / f"{stage}.json"
-    try:
-        log = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(log, dict) or (record is not None and log.get("record_sha256") != record_digest(record)):
-        return None
-    return log
-
-
-def with_run(record: dict[str, Any], run_log: dict[str, Any] | None) -> dict[str, Any]:
-    """``record`` with its run log's :data:`RUN_FIELDS` laid over it, for display (a copy)."""
-    if not run_log:
+def without_code(record: Any) -> Any:
+    """``record`` and every record embedded in it without their code identity: ``code`` (the code
+    deps' sha256) and the ``.py`` deps of ``dvc_lock`` entries. What a checkpoint embeds: it then
+    changes only when the data, params or libraries behind it do (a copy)."""
+    if isinstance(record, list):
+        return [without_code(r) for r in record]
+    if not isinstance(record, dict):
         return record
-    return {**record, **{k: run_log[k] for k in RUN_FIELDS if run_log.get(k) is not None}}
+    out = {}
+    for key, value in record.items():
+        if key == "code" and isinstance(value, dict):
+            continue
+        if key == "dvc_lock" and isinstance(value, dict):
+            value = {stage: _lock_without_code(entry) for stage, entry in value.items()}
+        elif key in ("upstream", "pretrain") or isinstance(value, (dict, list)) and key != "params":
+            value = without_code(value)
+        out[key] = value
+    return out
 
 
-def without_run(record: dict[str, Any]) -> dict[str, Any]:
-    """The inverse of :func:`with_run`: ``record`` without the run fields a display laid over it."""
-    return {k: v for k, v in record.items() if k not in RUN_FIELDS}
+def _lock_without_code(entry: Any) -> Any:
+    if not isinstance(entry, dict) or not isinstance(entry.get("deps"), dict):
+        return entry
+    return {**entry, "deps": {p: md5 for p, md5 in entry["deps"].items() if not str(p).endswith(".py")}}
 
 
 def record_digest(record: dict[str, Any]) -> str:
-    return sha256_bytes(canonical_json(record).encode())
+    """sha256 of a record's canonical JSON, its code identity left out (:func:`without_code`): the
+    same for ``data/provenance/<stage>.json`` and the copy a checkpoint embeds."""
+    return sha256_bytes(canonical_json(without_code(record)).encode())
 
 
 # --------------------------------------------------------------------------------------------
@@ -525,9 +366,11 @@ def dvc_stages(root: str | os.PathLike = ".") -> dict[str, Any]:
 def dvc_lock_upstream(stage: str, root: str | os.PathLike = ".") -> dict[str, Any] | None:
     """The ``dvc.lock`` entries of the stages whose outputs ``stage`` depends on, as they are now.
 
-    ``{upstream stage: {"outs": {path: md5}, "deps": {path: md5}}}``, outs in the DVC cache only
-    (not ``cache: false`` metrics and plots, which git keeps), ``None`` for a stage that
-    dvc.yaml declares but dvc.lock does not list yet). ``dvc repro`` writes a stage's entry
+    ``{upstream stage: {"outs": {path: md5}, "deps": {path: md5}}}``: the outs ``stage`` reads, in the
+    DVC cache (not ``cache: false`` metrics and plots, which git keeps), and the upstream stage's data
+    deps (not its code: code identity stays in each stage's own record, so an edit that changes no
+    output changes no downstream record); ``None`` for a stage that dvc.yaml declares but dvc.lock
+    does not list yet. ``dvc repro`` writes a stage's entry
     right after it ran, so when a stage starts its upstream entries name the exact bytes it
     reads. ``None`` outside a DVC project or for a stage dvc.yaml does not know.
     """
@@ -558,12 +401,13 @@ def dvc_lock_upstream(stage: str, root: str | os.PathLike = ".") -> dict[str, An
             found[name] = None
             continue
         uncached = uncached_paths(declared)
+        entries = {role: [e for e in entry.get(role) or [] if isinstance(e, dict)] for role in ("outs", "deps")}
         found[name] = {
-            role: {
+            "outs": {
                 e["path"]: e.get("md5")
-                for e in entry.get(role) or []
-                if isinstance(e, dict) and not (role == "outs" and e.get("path") in uncached)
-            }
-            for role in ("outs", "deps")
+                for e in entries["outs"]
+                if e.get("path") not in uncached and any(_overlaps(str(e.get("path")), d) for d in deps)
+            },
+            "deps": {e["path"]: e.get("md5") for e in entries["deps"] if not str(e.get("path")).endswith(".py")},
         }
     return found

@@ -50,16 +50,8 @@ from pipeline.core.arithmetic import host_line, is_x86_64
 from pipeline.core.errors import BertraceError
 from pipeline.core.formats import MANIFEST
 from pipeline.core.io import sha256_file
-from pipeline.lineage.provenance import (
-    RECORD_TAG,
-    STAGE_ORDER,
-    hash_path,
-    iter_records,
-    params_hash,
-    read_run_log,
-    record_digest,
-    with_run,
-)
+from pipeline.lineage.provenance import STAGE_ORDER, hash_path, iter_records, params_hash, record_digest
+from pipeline.lineage.runlog import CHECKPOINT_RECORD_TAG, RECORD_TAG, read_run_log, with_run
 
 OK, CHANGED, MISSING = "ok", "changed", "missing"
 EXPORT_INFO = "bertrace_export.json"  # pipeline.interop.export.EXPORT_INFO (not imported: export imports transformers)
@@ -368,18 +360,23 @@ class _RunLogs:
             self._client = self._connect()
         if not self._client:
             return None
-        with contextlib.suppress(Exception), _quiet_mlflow():
-            runs = self._client.search_runs(
-                self._experiments,
-                filter_string=f"tags.`{RECORD_TAG}` = '{digest}'",
-                order_by=["attributes.start_time DESC"],
-                max_results=1,
-            )
-            if runs:
-                with tempfile.TemporaryDirectory(prefix="bertrace-trace-") as tmp:
-                    local = self._client.download_artifacts(runs[0].info.run_id, "provenance/run.json", tmp)
-                    log = json.loads(Path(local).read_text(encoding="utf-8"))
-                return log if isinstance(log, dict) and log.get("record_sha256") == digest else None
+        for tag in (RECORD_TAG, CHECKPOINT_RECORD_TAG):  # the stage's record, or the one its checkpoints embed
+            with contextlib.suppress(Exception), _quiet_mlflow():
+                runs = self._client.search_runs(
+                    self._experiments,
+                    filter_string=f"tags.`{tag}` = '{digest}'",
+                    order_by=["attributes.start_time DESC"],
+                    max_results=1,
+                )
+                if runs:
+                    with tempfile.TemporaryDirectory(prefix="bertrace-trace-") as tmp:
+                        local = self._client.download_artifacts(runs[0].info.run_id, "provenance/run.json", tmp)
+                        log = json.loads(Path(local).read_text(encoding="utf-8"))
+                    if isinstance(log, dict) and digest in (
+                        log.get("record_sha256"),
+                        log.get("checkpoint_record_sha256"),
+                    ):
+                        return log
         return None
 
     def _connect(self):
@@ -729,7 +726,7 @@ def format_tree(lin: dict[str, Any], verification: list[dict[str, Any]] | None =
         if pv is not None and pv["status"] == CHANGED:
             params += f" (params.yaml now {_short(pv['actual'])})"
         if node["stage"] == "imported":  # a published checkpoint: no commit or params of ours
-            lines.append(f"{pad}└─ imported  read {node.get('finished') or '-'}")
+            lines.append(f"{pad}└─ imported")
         else:
             lines.append(
                 f"{pad}└─ {node['stage']}  commit {commit}{dirty}  {params}  finished {node.get('finished') or '-'}"

@@ -44,13 +44,14 @@ def module_imports(path: Path) -> set[str]:
     return out
 
 
-def closure(entry_module: str) -> set[str]:
-    """Repo-relative files of ``entry_module`` and everything of ours it imports, transitively."""
+def closure(entry_module: str, neutral: tuple[str, ...] = ()) -> set[str]:
+    """Repo-relative files of ``entry_module`` and everything of ours it imports, transitively;
+    the modules in ``neutral`` are neither counted nor followed."""
     seen: set[str] = set()
     todo = [entry_module]
     while todo:
         name = todo.pop()
-        if name in seen:
+        if name in seen or name in neutral:
             continue
         seen.add(name)
         parts = name.split(".")
@@ -60,6 +61,14 @@ def closure(entry_module: str) -> set[str]:
             todo += sorted(module_imports(path) - seen)
     files = {_module_file(n) for n in seen}
     return {p.relative_to(REPO).as_posix() for p in files if p is not None}
+
+
+def code_deps(entry_module: str) -> set[str]:
+    """A stage's code deps (dvc.yaml): the closure of its entry module without the output-neutral
+    modules (``pipeline.lineage.provenance.OUTPUT_NEUTRAL``: they only log, so editing them reruns nothing)."""
+    from pipeline.lineage.provenance import OUTPUT_NEUTRAL
+
+    return closure(entry_module, OUTPUT_NEUTRAL)
 
 
 def stage_modules() -> dict[str, str]:

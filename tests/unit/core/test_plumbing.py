@@ -14,6 +14,7 @@ import yaml
 
 from pipeline.core.io import atomic_open, sha256_file, sha256_json, write_json
 from pipeline.lineage import provenance as prov
+from pipeline.lineage import runlog
 from tests.conftest import REPO, empty_mlflow_store
 
 
@@ -61,30 +62,30 @@ def test_git_state_reports_commit_and_dirty_but_ignores_run_products(tmp_path):
     (tmp_path / "dvc.lock").write_text("a\n")
     _git(tmp_path, "add", "-A")
     _git(tmp_path, "commit", "-qm", "c")
-    state = prov.git_state(tmp_path)
+    state = runlog.git_state(tmp_path)
     assert len(state["commit"]) == 40 and state["dirty"] is False
     (tmp_path / "dvc.lock").write_text("b\n")  # dvc repro rewrites it while running
-    assert prov.git_state(tmp_path)["dirty"] is False
+    assert runlog.git_state(tmp_path)["dirty"] is False
     (tmp_path / "data" / "raw").mkdir(parents=True)  # a fresh DVC output, not yet git-ignored
     (tmp_path / "data" / "raw" / "part-0.parquet").write_text("x")
-    assert prov.git_state(tmp_path)["dirty"] is False
+    assert runlog.git_state(tmp_path)["dirty"] is False
     (tmp_path / "code.py").write_text("x = 2\n")
-    state = prov.git_state(tmp_path)
+    state = runlog.git_state(tmp_path)
     assert state["dirty"] is True and state["dirty_paths"] == ["code.py"]
 
 
 def test_git_state_outside_git(tmp_path):
-    assert prov.git_state(tmp_path)["commit"] is None
+    assert runlog.git_state(tmp_path)["commit"] is None
 
 
 def test_pipeline_run_id_from_env(monkeypatch):
     monkeypatch.setenv("BERTRACE_PIPELINE_RUN_ID", "abc123")
-    assert prov.pipeline_run_id() == "abc123"
+    assert runlog.pipeline_run_id() == "abc123"
 
 
 def test_pipeline_run_id_standalone_is_fresh(monkeypatch):
     monkeypatch.delenv("BERTRACE_PIPELINE_RUN_ID", raising=False)
-    assert prov.pipeline_run_id() != prov.pipeline_run_id()
+    assert runlog.pipeline_run_id() != runlog.pipeline_run_id()
 
 
 def test_stage_with_missing_input_fails_with_one_clear_line(tmp_path):
@@ -123,7 +124,7 @@ def test_git_state_ignores_dvc_internal_files(tmp_path):
     (tmp_path / ".dvc" / "tmp").mkdir(parents=True)
     (tmp_path / ".dvc" / ".gitignore").write_text("/cache\n")  # `dvc repro` writes it on first use
     (tmp_path / ".dvc" / "tmp" / "lock").write_text("")
-    assert prov.git_state(tmp_path)["dirty"] is False
+    assert runlog.git_state(tmp_path)["dirty"] is False
 
 
 def test_chain_ids_prefer_what_the_downstream_stage_consumed():
@@ -170,7 +171,7 @@ def test_dvc_lock_upstream_names_the_stages_a_stage_reads(tmp_path):
                     "ex": {
                         "cmd": "y",
                         "deps": ["stages/ex.py", "data/tokenizer/tokenizer.json"],
-                        "outs": ["data/examples"],
+                        "outs": ["data/examples", "data/provenance/ex.json"],
                     },
                     "val": {"cmd": "z", "deps": ["data/examples"], "metrics": [{"metrics/val.json": {"cache": False}}]},
                     "tok2": {
@@ -195,10 +196,16 @@ def test_dvc_lock_upstream_names_the_stages_a_stage_reads(tmp_path):
                 "stages": {
                     "tok": {
                         "cmd": "x",
-                        "deps": [{"path": "data/clean/train.txt", "md5": "c"}],
+                        "deps": [{"path": "data/clean/train.txt", "md5": "c"}, {"path": "stages/tok.py", "md5": "k"}],
                         "outs": [{"path": "data/tokenizer", "md5": "t.dir"}],
                     },
-                    "ex": {"cmd": "y", "outs": [{"path": "data/examples", "md5": "e.dir"}]},
+                    "ex": {
+                        "cmd": "y",
+                        "outs": [
+                            {"path": "data/examples", "md5": "e.dir"},
+                            {"path": "data/provenance/ex.json", "md5": "r"},
+                        ],
+                    },
                     "tok2": {
                         "cmd": "w",
                         "outs": [{"path": "data/t2", "md5": "t2.dir"}, {"path": "plots/t2.csv", "md5": "p"}],
@@ -212,7 +219,8 @@ def test_dvc_lock_upstream_names_the_stages_a_stage_reads(tmp_path):
     }  # git keeps the plot
     assert prov.dvc_lock_upstream("ex", tmp_path) == {
         "tok": {"outs": {"data/tokenizer": "t.dir"}, "deps": {"data/clean/train.txt": "c"}}
-    }
+    }  # not the upstream stage's code
+    # only the outputs the stage reads: not the upstream record, which changes with the upstream code
     assert prov.dvc_lock_upstream("pre", tmp_path) == {
         "ex": {"outs": {"data/examples": "e.dir"}, "deps": {}},
         "val": None,
@@ -273,7 +281,7 @@ def test_foreach_stages_expand_as_dvc_names_them(tmp_path):
     assert stages["l@b"] == {"cmd": "h b"}
     assert prov.dvc_lock_upstream("v@frozen", tmp_path) == {"ft": {"outs": {"data/ft": "f.dir"}, "deps": {}}}
     assert prov.dvc_lock_upstream("card", tmp_path) == {
-        "v@frozen": {"outs": {"data/v/frozen": "v.dir"}, "deps": {}},
+        "v@frozen": {"outs": {}, "deps": {}},  # it reads reports/v (git's), not data/v/frozen
         "v@scratch": None,
     }
 

@@ -152,7 +152,8 @@ def test_every_stage_run_logs_any_names(stage, tmp_path, monkeypatch):
     through the StageRun every stage logs with: the run finishes, nothing is lost."""
     import mlflow
 
-    from stages.common import MAX_FILE_TAGS, StageRun
+    from pipeline.lineage.tracking import MAX_FILE_TAGS
+    from stages.common import StageRun
 
     monkeypatch.chdir(tmp_path)
     names = FIXED + random_names(60, seed=STAGES.index(stage))
