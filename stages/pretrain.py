@@ -2,8 +2,14 @@
 
 One process: ``python -m stages.pretrain``. Several (DDP): ``torchrun --nproc_per_node N -m
 stages.pretrain`` (NCCL on GPUs, gloo on CPU); only rank 0 writes files and logs to MLflow.
-A run continues from ``data/pretrain/last.pt`` when it exists and fits the current data and
-recipe (``data/pretrain`` is ``persist: true`` in dvc.yaml so DVC keeps it); see ``pretrain.resume``.
+
+It trains in ``runs/resume/pretrain/`` (untracked, git-ignored: DVC deletes ``data/pretrain`` before
+every run of the stage) and, when training returns, publishes that directory's checkpoints to
+``data/pretrain/`` (``pipeline.pretrain.checkpoint.publish_dir``). A run continues from
+``runs/resume/pretrain/last.pt`` when it exists and fits the current data and recipe, so an
+interrupted ``dvc repro`` resumes; see ``pretrain.resume``. The outputs hold no times: durations and
+throughput go to the run log (``runs/pretrain.json`` ``timings``, MLflow), ``reports/pretrain.json``
+holds the rest.
 
 Before training it checks that ``data/tokenizer/tokenizer.json`` (when present) is the tokenizer
 the manifest names, and rehashes every shard against the manifest's sha256s (skip with
@@ -25,14 +31,17 @@ import torch.distributed as dist
 from pipeline.core.device import apply_arithmetic
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file, write_json
+from pipeline.lineage.provenance import code_hashes
+from pipeline.pretrain.checkpoint import forget_other_code, load_checkpoint, publish_dir
 from pipeline.pretrain.data import load_manifest, verify_shards
-from pipeline.pretrain.loop import TRAIN_CURVE, VAL_CURVE, PretrainConfig, pretrain
+from pipeline.pretrain.loop import TRAIN_CURVE, VAL_CURVE, PretrainConfig, pretrain, split_timings
 from stages.arithmetic import compute_config
 from stages.common import DETAILS_DIR, METRICS_DIR, StageRun, load_params, run_stage
 
 EXAMPLES = Path("data/examples")
 TOKENIZER = Path("data/tokenizer/tokenizer.json")
 OUT = Path("data/pretrain")
+WORK = Path("runs/resume/pretrain")  # where training writes and resumes; published to OUT when it returns
 PLOTS = Path("plots")
 
 
@@ -102,12 +111,12 @@ def check_shards(cfg: PretrainConfig, manifest: dict, rank: int, world: int, exa
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stages.pretrain", description=__doc__.splitlines()[0])
-    parser.add_argument("--no-resume", action="store_true", help="ignore data/pretrain/last.pt and start over")
+    parser.add_argument("--no-resume", action="store_true", help=f"ignore {WORK}/last.pt and start over")
     args = parser.parse_args(argv)
 
     params = load_params("pretrain")
-    # resume: auto (default) continues data/pretrain/last.pt when it was trained on the same data,
-    # recipe and budget (only cadence/device changed) and starts over otherwise; true insists on
+    # resume: auto (default) continues runs/resume/pretrain/last.pt when it was trained on the same data,
+    # recipe, budget and code of this stage (only cadence/device changed) and starts over otherwise; true insists on
     # resuming (a mismatch is an error naming both hashes; a larger budget extends the run);
     # false (or --no-resume) starts over.
     cfg = PretrainConfig.from_params(params)
@@ -144,25 +153,32 @@ def main(argv: list[str] | None = None) -> None:
                 }
             )
 
-            metrics = pretrain(
-                cfg,
-                examples_dir=EXAMPLES,
-                out_dir=OUT,
-                provenance=run.checkpoint_provenance(),
-                resume=resume,
-                on_log=lambda step, m: run.log_metrics(m, step=step),
-                progress=main_rank,
-                tokenizer_json=TOKENIZER if TOKENIZER.exists() else None,
-                curves_dir=PLOTS,
+            if main_rank and (note := forget_other_code(WORK, code_hashes("pretrain"), resume)):
+                print(f"pretrain: {note}")
+            metrics, timings = split_timings(
+                pretrain(
+                    cfg,
+                    examples_dir=EXAMPLES,
+                    out_dir=WORK,
+                    provenance=run.checkpoint_provenance(),
+                    resume=resume,
+                    on_log=lambda step, m: run.log_metrics(m, step=step),
+                    progress=main_rank,
+                    tokenizer_json=TOKENIZER if TOKENIZER.exists() else None,
+                    curves_dir=PLOTS,
+                )
             )
             if not main_rank:
                 return
+            publish_dir(WORK, OUT)
             for name in ("last.pt", "best.pt"):
                 if (OUT / name).exists():
                     run.add_output(OUT / name)
+            run.checkpoint_written(load_checkpoint(OUT / "last.pt")["provenance"])  # what trace finds the run by
             run.set_tags({"bertrace.model_sha256": metrics["model_sha256"]})
             run.extra.update({k: metrics[k] for k in ("budget", "deterministic", "num_threads") if k in metrics})
-            write_json(DETAILS_DIR / "pretrain.json", metrics)  # every number
+            write_json(DETAILS_DIR / "pretrain.json", metrics)  # every number but the timings
+            run.log_timings(timings)  # the run log and MLflow: they differ on every rebuild
             write_json(
                 METRICS_DIR / "pretrain.json", metrics_summary(metrics)
             )  # the DVC metrics file: the few compared
@@ -188,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
                 )
             print(
                 f"pretrain: step {metrics['step']}, {metrics['tokens_seen']:,} tokens, "
-                f"{metrics['train_seconds'] / 60:.1f} min{val} -> {OUT}"
+                f"{timings['train_seconds'] / 60:.1f} min{val} -> {OUT}"
             )
     finally:
         if world > 1 and dist.is_initialized():
@@ -197,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def metrics_summary(metrics: dict) -> dict:
     """The numbers ``metrics/pretrain.json`` holds (``dvc exp show`` columns): tokens seen, validation
-    loss and each objective's validation accuracy (``val_mlm_acc`` → ``mlm_acc``), throughput."""
+    loss and each objective's validation accuracy (``val_mlm_acc`` → ``mlm_acc``); no timings."""
     out = {"tokens": metrics.get("tokens_seen"), "val_loss": metrics.get("val_loss")}
     out.update(
         {
@@ -208,7 +224,6 @@ def metrics_summary(metrics: dict) -> dict:
     )
     for k in ("val_bits_per_byte", "val_unigram_bits_per_byte"):  # clm: comparable across tokenizers
         out[k[len("val_") :]] = metrics.get(k)
-    out["tok_per_s"] = metrics.get("tokens_per_s")
     return {k: v for k, v in out.items() if v is not None}
 
 

@@ -24,8 +24,8 @@ What stays nondeterministic, switch or not (https://pytorch.org/docs/stable/note
   (fp32 / bf16 / fp16, TF32) and DDP world sizes, and on the CPU across thread counts: intra-op
   reductions are split per thread, so ``num_threads`` (0 = torch's default, the number of cores)
   is part of the recipe; the provenance records the count used;
-* timing columns (``seconds``, ``tokens_per_s``) of the loss curves, and which weights a
-  ``snapshot_minutes`` snapshot or which rows a ``checkpoint_minutes`` checkpoint closes.
+* which weights a ``snapshot_minutes`` snapshot or which rows a ``checkpoint_minutes`` checkpoint
+  closes (durations and throughput are in no output: the run log's ``timings``).
 """
 
 from __future__ import annotations

@@ -39,7 +39,6 @@ Provenance: a root record ``{"stage": "imported", "source", "revision", "resolve
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import io
 import json
@@ -467,7 +466,6 @@ def import_checkpoint(spec: str | Path, *, param: str = "finetune.checkpoint") -
         "tokenizer_sha256": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest(),
         "weights": weights,
         "libraries": library_versions(),
-        "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     if source.get("pointer"):
         provenance["inputs"][source["pointer"].as_posix()] = hashlib.sha256(source["pointer"].read_bytes()).hexdigest()

@@ -5,25 +5,36 @@ dicts, so ``torch.load(path, weights_only=True)`` reads it without unpickling co
 
 * ``model`` / ``optimizer`` / ``scaler`` state dicts, ``model_config`` (``BertConfig.to_dict``),
   ``train_config`` (the ``PretrainConfig`` as a dict);
-* progress: ``step`` (optimizer updates), ``tokens_seen``, ``train_seconds``, ``data_position``
-  (``epoch``, ``batch`` consumed in it, the world size and per-rank batch it refers to);
+* progress: ``step`` (optimizer updates), ``tokens_seen``, ``data_position`` (``epoch``, ``batch``
+  consumed in it, the world size and per-rank batch it refers to);
 * ``rng``: the torch CPU / CUDA, numpy and python ``random`` states of every rank;
 * ``best_val_mlm_loss``, ``history`` (the loss curve so far), ``metrics`` (latest validation);
-* ``provenance``: the caller's record (git commit + dirty flag, params and their hash, ...)
-  with ``tokenizer_sha256`` and ``examples_manifest_sha256`` always present.
+* ``provenance``: the caller's record (params and their hash, inputs, ...) with
+  ``tokenizer_sha256`` and ``examples_manifest_sha256`` always present.
+
+No times: for a step or epoch budget a checkpoint is a function of the code, params and data, the
+same bytes on every rebuild. A run the wall clock governs (``time_minutes``, ``snapshot_minutes``,
+``checkpoint_minutes``; not reproducible anyway) also keeps ``train_seconds``, the training time its
+resume continues from.
 
 Files are written with :func:`pipeline.core.io.atomic_path` (temporary file in the same
 directory, fsync, rename): a kill at any moment leaves either the previous checkpoint or
-the new one, never a torn file.
+the new one, never a torn file. :func:`publish_dir` gives a finished run's directory to DVC.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
+import os
 import pickle
 import random
+import secrets
+import shutil
+import sys
 import zipfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +100,11 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     try:
         with atomic_path(path) as tmp, open(tmp, "wb") as raw:
             # A file object, not a path: torch.save names the zip records after the file it writes,
-            # and the temporary name is random, so a path would give other bytes for the same state.
+            # and the temporary name is random, so a path would give other bytes for the same state
+            # (and _canonical: the pickle follows the values, not which objects hold them).
             f = _WriteErrors(raw)
             try:
-                torch.save({"format": FORMAT, "version": VERSION, **state}, f)
+                torch.save(_canonical({"format": FORMAT, "version": VERSION, **state}), f)
             except RuntimeError as e:
                 if f.error is not None:
                     raise f.error from e
@@ -109,6 +121,22 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
             raise
         raise BertraceError(_no_space(path, needed, e)) from None
     return path
+
+
+def _canonical(obj: Any) -> Any:
+    """``obj`` with its dicts, lists and tuples rebuilt and every string interned, so that its pickle is
+    a function of its values: pickle writes a second reference to one object as a back-reference, and a
+    resumed run's strings are unpickled copies where an uninterrupted run's are shared literals."""
+    if type(obj) is str:
+        return sys.intern(obj)
+    if type(obj) in (dict, OrderedDict):  # an OrderedDict: a state_dict, with its _metadata
+        out = type(obj)((_canonical(k), _canonical(v)) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):
+            out._metadata = _canonical(obj._metadata)
+        return out
+    if type(obj) in (list, tuple):
+        return type(obj)(_canonical(v) for v in obj)
+    return obj
 
 
 class _WriteErrors:
@@ -223,3 +251,104 @@ def remove_stale_temporaries(directory: str | Path, names: tuple[str, ...] = (LA
                 tmp.unlink()
                 removed += 1
     return removed
+
+
+# ----------------------------------------------------------------------------- publish
+
+
+def publish_dir(src: str | Path, dst: str | Path) -> Path:
+    """Replace the directory ``dst`` with the files of ``src`` (every file under it but hidden ones,
+    the temporaries of :func:`pipeline.core.io.atomic_path`), atomically: a failure at any point
+    leaves the previous ``dst`` as it was and no temporary behind.
+
+    The stage trains in a work directory that outlives DVC's removal of its outputs (resume) and
+    publishes it to ``data/pretrain``: the files are hard-linked (copied when linking fails, e.g.
+    across filesystems) into a sibling temporary directory, fsynced, and renamed into place.
+    Hard links are safe because every checkpoint write is an atomic rename (a new inode), never
+    an in-place edit: the next run's ``last.pt`` never changes the bytes published (or cached by
+    DVC) before it."""
+    src, dst = Path(src), Path(dst)
+    if not src.is_dir():
+        raise BertraceError(f"{src}: no such directory to publish to {dst}; rerun the stage that trains into it")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    for stale in [*dst.parent.glob(f".{dst.name}.*.tmp"), *dst.parent.glob(f".{dst.name}.*.old")]:
+        shutil.rmtree(stale, ignore_errors=True)  # left by a publish that was killed
+    tmp = dst.parent / f".{dst.name}.{secrets.token_hex(6)}.tmp"
+    tmp.mkdir()
+    try:
+        for file in sorted(p for p in src.rglob("*") if p.is_file() and not _hidden(p.relative_to(src))):
+            target = tmp / file.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(file, target)  # safe: a checkpoint is replaced by a rename, never edited in place
+            except OSError:
+                shutil.copyfile(file, target)
+            with open(target, "rb") as f:
+                os.fsync(f.fileno())
+        for directory in [*sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True), tmp]:
+            _fsync_dir(directory)
+        if not (dst.exists() or dst.is_symlink()):
+            os.replace(tmp, dst)
+        else:  # moved aside, not deleted, until the new one is in place
+            old = dst.parent / f".{dst.name}.{secrets.token_hex(6)}.old"
+            os.replace(dst, old)
+            try:
+                os.replace(tmp, dst)
+            except BaseException:
+                os.replace(old, dst)
+                raise
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink()
+        _fsync_dir(dst.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dst
+
+
+CODE_STAMP = ".code.json"  # in the work directory: the stage's code hashes of the run that wrote it (not published)
+
+
+def forget_other_code(work: str | Path, code: dict[str, str], resume: bool | str) -> str | None:
+    """Keep ``work``'s checkpoints only if this code wrote them: exact resume continues a run under
+    the code that started it. ``code`` is the stage's ``{path: sha256}`` (its dvc.yaml code deps).
+    With ``resume: auto`` a work directory written by other code is emptied (a new run, as in a
+    fresh clone); with ``resume: true`` it is kept (the user insists). Stamps ``work`` with ``code``;
+    returns a line saying what it did, or None."""
+    work = Path(work)
+    stamp = work / CODE_STAMP
+    note = None
+    if (work / LAST).exists():
+        try:
+            before = json.loads(stamp.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            before = None
+        if before != code:
+            changed = sorted(p for p in set(code) | set(before or {}) if (before or {}).get(p) != code.get(p))
+            what = ", ".join(changed[:4]) + (" …" if len(changed) > 4 else "") if before else "unknown code"
+            if resume == "auto":
+                shutil.rmtree(work)
+                note = f"{work}: its checkpoints were made by other code of this stage ({what}): starting over"
+            elif resume:
+                note = (
+                    f"{work}: resuming checkpoints made by other code of this stage ({what}); pretrain.resume is true"
+                )
+    work.mkdir(parents=True, exist_ok=True)
+    with atomic_path(stamp) as tmp:
+        Path(tmp).write_text(json.dumps(code, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return note
+
+
+def _hidden(rel: Path) -> bool:
+    return any(part.startswith(".") for part in rel.parts)
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem (or OS) lets a directory be fsynced
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -39,6 +39,14 @@ from that position, so an interrupted run continues bit-for-bit like an uninterr
 and a resumed run drifts from an uninterrupted one in the last bits. Under DDP only rank 0
 reads ``last.pt`` and it broadcasts the state, so nodes need no shared filesystem.
 
+Times are not results: the checkpoints and loss curves of a step or epoch budget hold no
+durations or throughput, so two runs of the same commit, params and data write the same bytes.
+:func:`pretrain` still returns the session's timings (:data:`TIMINGS`: ``train_seconds``,
+``tokens_per_s``, ``steps_per_s``, ``mfu``, ``embedding_init_seconds``) beside its metrics, for the
+stage's run log (:func:`split_timings`). A run the wall clock governs (``time_minutes``,
+``snapshot_minutes``, ``checkpoint_minutes``) keeps ``train_seconds`` in its checkpoints: its
+resume needs it.
+
 ``compile: true``: the first update of a session compiles the model; the clock (a
 ``time_minutes`` budget, ``train_seconds``, throughput, MFU) starts after it, and shapes are
 dynamic from the start, so a step budget's schedule and a time budget's warm-up both belong to
@@ -49,7 +57,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import datetime as _dt
 import hashlib
 import io
 import json
@@ -109,6 +116,8 @@ RESUMABLE_CHANGES = (
 BUDGETS = ("max_steps", "epochs", "time_minutes")
 TRAIN_CURVE = "pretrain_loss.csv"
 VAL_CURVE = "pretrain_val.csv"
+# What pretrain() returns that the wall clock decides: the stage's run log, never a DVC output.
+TIMINGS = ("train_seconds", "tokens_per_s", "steps_per_s", "mfu", "embedding_init_seconds")
 
 
 Positive = Annotated[Int, Field(ge=1)]
@@ -257,6 +266,12 @@ class PretrainConfig(Section):
     def budget_kind(self) -> str:
         """max_steps | epochs | time_minutes: the one budget set."""
         return next(n for n in BUDGETS if getattr(self, n) not in (None, 0))
+
+    @property
+    def wall_clock(self) -> bool:
+        """Whether the wall clock decides what the run does (a ``time_minutes`` budget, minute
+        snapshots or checkpoints): its checkpoints then keep ``train_seconds`` to resume from."""
+        return bool(self.time_minutes or self.snapshot_minutes or self.checkpoint_minutes)
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -455,10 +470,18 @@ def model_sha256(model: torch.nn.Module) -> str:
 
 
 def curve_columns(objective: Objective) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The columns of the training and validation CSVs for ``objective``."""
+    """The columns of the training and validation CSVs for ``objective`` (no times: see the module docstring)."""
     return (
-        ("step", "tokens", "seconds", "lr", *objective.loss_names, "grad_norm", "tokens_per_s"),
-        ("step", "tokens", "seconds", *objective.val_names),
+        ("step", "tokens", "lr", *objective.loss_names, "grad_norm"),
+        ("step", "tokens", *objective.val_names),
+    )
+
+
+def split_timings(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(metrics, timings)``: what :func:`pretrain` returned, without and with only the :data:`TIMINGS` keys."""
+    return (
+        {k: v for k, v in metrics.items() if k not in TIMINGS},
+        {k: v for k, v in metrics.items() if k in TIMINGS},
     )
 
 
@@ -551,7 +574,9 @@ class Trainer:
             group.update(impl)
         if self.use_scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        self.step, self.tokens_seen, self.elapsed = state["step"], state["tokens_seen"], state["train_seconds"]
+        # a step or epoch budget's checkpoint holds no train_seconds: its clock restarts at 0
+        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+        self.elapsed = float(state.get("train_seconds", 0.0))
         pos = state["data_position"]
         self.epoch, self.batch_in_epoch = pos["epoch"], pos["batch"]
         if (pos["world_size"], pos["micro_batch"]) != (self.world, self.micro):  # same examples consumed, roughly
@@ -581,15 +606,12 @@ class Trainer:
             "train_config": self.cfg.to_dict(),
             "step": self.step,
             "tokens_seen": self.tokens_seen,
-            "train_seconds": self.elapsed,
             f"best_{self.objective.best_metric}": None if self.best == math.inf else self.best,
             "metrics": dict(self.last_val),
-            # the record was made when the stage started: "finished" is when these weights were written
-            "provenance": {
-                **self.provenance,
-                "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            },
+            "provenance": self.provenance,
         }
+        if self.cfg.wall_clock:  # what its resume continues from (the budget, the minute snapshots)
+            s["train_seconds"] = self.elapsed
         if full:
             s.update(
                 {
@@ -670,7 +692,8 @@ class Trainer:
                 f"pretrain.warmup or use precision: fp32/bf16, then delete {self.out_dir} and rerun"
             )
         self.train_metrics = m
-        self.history.append({"step": self.step, "tokens": self.tokens_seen, "seconds": round(self.elapsed, 3), **m})
+        untimed = {k: v for k, v in m.items() if k != "tokens_per_s"}  # on_log and the bar show the throughput
+        self.history.append({"step": self.step, "tokens": self.tokens_seen, **untimed})
         if self.main and self.on_log:
             epoch = self.epoch + self.batch_in_epoch / self.train_data.batches_per_epoch(self.epoch)
             self.on_log(self.step, {**m, "tokens_seen": self.tokens_seen, "epoch": epoch})
@@ -690,9 +713,7 @@ class Trainer:
             batch_rows=self.cfg.batch_size,
         )
         self.last_val = metrics
-        self.history.append(
-            {"step": self.step, "tokens": self.tokens_seen, "seconds": round(self.elapsed, 3), **metrics}
-        )
+        self.history.append({"step": self.step, "tokens": self.tokens_seen, **metrics})
         if self.main:
             if self.on_log:
                 self.on_log(self.step, dict(metrics))
@@ -791,44 +812,26 @@ class Trainer:
         return completed
 
     def summary(self, completed: bool, flops_tok: float, precision: str) -> dict[str, Any]:
-        """The run's final metrics (what ``pretrain`` returns and metrics/pretrain.json holds)."""
+        """The run's final metrics (``reports/pretrain.json``): a function of the commit, params and
+        data for a step or epoch budget; the times are :meth:`timings`'."""
         weights_sha = model_sha256(self.raw_model)
         if self.world > 1:  # DDP keeps replicas identical; prove it rather than assume it
             shas = [None] * self.world
             dist.all_gather_object(shas, weights_sha)
             if len(set(shas)) != 1:
                 raise BertraceError(f"DDP ranks ended with different weights ({shas}); a bug: please report it")
-        session_s = max(time.perf_counter() - self.t0, 1e-9)
-        ran = self.step > self.start_step
         best = f"best_{self.objective.best_metric}"
         return {
             "step": self.step,
             "completed": completed,
             "tokens_seen": self.tokens_seen,
-            "train_seconds": round(self.elapsed, 3),
             "epochs": round(self.epoch + self.batch_in_epoch / self.train_data.batches_per_epoch(self.epoch), 4),
-            # this session's throughput; a resume of a finished run (no step): the whole training's average
-            "tokens_per_s": (
-                round((self.tokens_seen - self.start_tokens) / session_s, 1)
-                if ran
-                else round(self.tokens_seen / self.elapsed, 1)
-                if self.elapsed > 0
-                else None
-            ),
-            "steps_per_s": round((self.step - self.start_step) / session_s, 3) if ran else None,
             **{k: v for k, v in self.train_metrics.items() if k != "tokens_per_s"},
             **self.last_val,
             best: None if self.best == math.inf else self.best,
             "num_parameters": num_parameters(self.raw_model),
             "model_sha256": weights_sha,
             "train_flops": float(flops_tok) * self.tokens_seen,
-            "mfu": mfu(
-                float(flops_tok) * (self.tokens_seen - self.start_tokens) / session_s,
-                self.device,
-                precision,
-                self.world,
-                tf32=self.cfg.tf32,
-            ),
             "batch_size": self.cfg.batch_size,
             "world_size": self.world,
             "device": str(self.device),
@@ -836,6 +839,29 @@ class Trainer:
             "budget": self.budget.record(),
             "deterministic": self.cfg.deterministic,
             "num_threads": torch.get_num_threads(),
+        }
+
+    def timings(self, flops_tok: float, precision: str) -> dict[str, Any]:
+        """This session's :data:`TIMINGS` (the run log's, never a DVC output): ``train_seconds`` (the
+        whole run's for a wall-clock run, else this session's), throughput (a resume of a finished
+        run, which trains no step: the whole training's average, when known) and MFU."""
+        session_s = max(time.perf_counter() - self.t0, 1e-9)
+        ran = self.step > self.start_step
+        if ran:
+            tokens_per_s = round((self.tokens_seen - self.start_tokens) / session_s, 1)
+        else:
+            tokens_per_s = round(self.tokens_seen / self.elapsed, 1) if self.elapsed > 0 else None
+        return {
+            "train_seconds": round(self.elapsed, 3),
+            "tokens_per_s": tokens_per_s,
+            "steps_per_s": round((self.step - self.start_step) / session_s, 3) if ran else None,
+            "mfu": mfu(
+                float(flops_tok) * (self.tokens_seen - self.start_tokens) / session_s,
+                self.device,
+                precision,
+                self.world,
+                tf32=self.cfg.tf32,
+            ),
         }
 
 
@@ -951,7 +977,7 @@ def pretrain(
 ) -> dict:
     """Pre-train on ``examples_dir`` with ``cfg.objective``; checkpoints ``out_dir/{last,best}.pt``.
 
-    ``provenance`` (git state, params, ...) is stored in every checkpoint, completed with the
+    ``provenance`` (the stage's record: params, inputs, ...) is stored in every checkpoint, completed with the
     tokenizer and examples-manifest hashes, torch version, device, thread count, determinism
     and budget. ``resume`` continues from ``out_dir/last.pt`` when present (after checking it
     was trained on the same data and model config; ``resume="auto"`` starts over instead of
@@ -961,7 +987,8 @@ def pretrain(
     ``curves_dir`` (default ``out_dir``). ``stop_at_step`` ends the run early (after
     checkpointing) without changing the schedule, e.g. to train in chunks. Multi-process (DDP)
     when ``torch.distributed`` is initialised; only rank 0 writes files or calls ``on_log``.
-    Returns the final metrics.
+    Returns the final metrics and this session's :data:`TIMINGS` in one dict (:func:`split_timings`
+    parts them).
     """
     threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     if cfg.num_threads:
@@ -1193,10 +1220,13 @@ def _pretrain(
             "trained weights; set one of them (embedding_init.method: random to continue pre-training)"
         )
     embedding_record = (state.get("provenance") or {}).get("embedding_init") if state is not None else None
+    timings = {}
     if cfg.embedding_init.method != "random" and init is None and state is None:  # a resume has its weights
+        start = time.perf_counter()
         embedding_record = initialise_embedding(
             model, examples_dir, manifest, cfg.embedding_init, std=config.initializer_range, progress=progress and main
         )
+        timings["embedding_init_seconds"] = round(time.perf_counter() - start, 1)  # before the first update
     if embedding_record is not None:
         provenance = {**provenance, "embedding_init": embedding_record}
     model = model.to(device)
@@ -1243,7 +1273,5 @@ def _pretrain(
                 "run is then not bit-reproducible)"
             ) from None
         raise
-    summary = trainer.summary(completed, objective.flops_per_token(config, manifest), precision)
-    if embedding_record is not None:  # wall time before the first update, not in train_seconds
-        summary["embedding_init_seconds"] = embedding_record["seconds"]
-    return summary
+    flops_tok = objective.flops_per_token(config, manifest)
+    return {**trainer.summary(completed, flops_tok, precision), **trainer.timings(flops_tok, precision), **timings}

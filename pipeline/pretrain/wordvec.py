@@ -149,9 +149,8 @@ def skipgram_vectors(
     examples_dir: str | Path, manifest: dict, dim: int, cfg: EmbeddingInit, *, progress: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Train skip-gram vectors on the examples' train split. Returns (vectors [V, dim] float32,
-    counts [V] int64, a record for the provenance: pairs, loss, seconds)."""
-    import time
-
+    counts [V] int64, a record for the provenance: pairs, tokens, loss, updates; no times, so the
+    record is a function of the examples and ``cfg``)."""
     vocab_size = int(manifest["vocab_size"])
     special = manifest.get("special_ids") or {}
     boundary_ids = [int(special[k]) for k in ("[CLS]", "[SEP]", "[PAD]") if k in special]
@@ -184,7 +183,6 @@ def skipgram_vectors(
     batches_per_epoch = -(-n_rows // cfg.batch_rows)
     total_steps = max(1, int(round(batches_per_epoch * cfg.epochs)))
     step, n_pairs, loss_sum = 0, 0, 0.0
-    start = time.perf_counter()
     bar = None
     if progress:
         from tqdm import tqdm
@@ -225,7 +223,6 @@ def skipgram_vectors(
         "ids_seen": int((counts > 0).sum()),
         "loss": round(loss_sum / max(n_pairs, 1), 4),
         "updates": total_steps,
-        "seconds": round(time.perf_counter() - start, 1),
     }
     return w_in.detach().clone(), counts, record
 

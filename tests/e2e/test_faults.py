@@ -98,7 +98,7 @@ def test_a_stage_marks_the_runs_of_its_killed_attempts_killed(tmp_path, monkeypa
         assert len(children) == 1 and children[0].info.status == "RUNNING"
         with StageRun("pretrain", {"x": 1}) as run:
             pass
-        assert set(run.stale_runs) == {killed_id, children[0].info.run_id}
+        assert set(run.log.stale_runs) == {killed_id, children[0].info.run_id}
         assert client.get_run(killed_id).info.status == "KILLED"
         assert client.get_run(children[0].info.run_id).info.status == "KILLED"
         assert "killed" in client.get_run(killed_id).data.tags["bertrace.killed"]
@@ -135,7 +135,7 @@ def test_same_pipeline_run_marks_a_run_whose_process_cannot_be_checked(tmp_path,
         ids[name] = r.info.run_id
     with StageRun("clean", {}) as run:
         pass
-    assert run.stale_runs == [ids["same"]]
+    assert run.log.stale_runs == [ids["same"]]
     assert client.get_run(ids["same"]).info.status == "KILLED"
     assert client.get_run(ids["other"]).info.status == "RUNNING"
 
@@ -290,29 +290,29 @@ def _can_mount_tmpfs() -> bool:
 
 @pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs unshare and a user/mount namespace for a small tmpfs")
 def test_pretrain_stage_on_a_full_tmpfs(tmp_path):
-    """A real full device: data/pretrain on a tmpfs with room for the first checkpoint only."""
+    """A real full device: the work directory (runs/resume/pretrain) on a tmpfs with room for the first checkpoint only."""
     work = _pretrain_dir(tmp_path, max_steps=2, checkpoint_every=2, eval_every=0)
     env = _env(BERTRACE_NO_MLFLOW="1")
     p = subprocess.run(
         [sys.executable, "-m", "stages.pretrain"], cwd=work, env=env, capture_output=True, text=True, timeout=240
     )
     assert p.returncode == 0, p.stderr[-2000:]
-    size = (work / "data" / "pretrain" / "last.pt").stat().st_size
+    size = (work / "runs" / "resume" / "pretrain" / "last.pt").stat().st_size
     (work / "params.yaml").write_text((work / "params.yaml").read_text().replace("max_steps: 2", "max_steps: 4"))
     keep = work / "keep"
-    shutil.move(work / "data" / "pretrain", keep)
-    (work / "data" / "pretrain").mkdir()
+    shutil.move(work / "runs" / "resume" / "pretrain", keep)
+    (work / "runs" / "resume" / "pretrain").mkdir()
     room = (size * 3 // 2) // 4096 * 4096  # the old checkpoint fits, a second one beside it does not
     script = (
-        f"mount -t tmpfs -o size={room} none data/pretrain && cp keep/last.pt data/pretrain/ && "
+        f"mount -t tmpfs -o size={room} none runs/resume/pretrain && cp -a keep/. runs/resume/pretrain/ && "
         f"{sys.executable} -m stages.pretrain; rc=$?; "
         f'{sys.executable} -c "from pipeline.pretrain.checkpoint import load_checkpoint; '
-        f"print('step', load_checkpoint('data/pretrain/last.pt')['step'])\"; ls -a data/pretrain; exit $rc"
+        f"print('step', load_checkpoint('runs/resume/pretrain/last.pt')['step'])\"; ls -a runs/resume/pretrain; exit $rc"
     )
     p = subprocess.run(
         ["unshare", "-rm", "sh", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=240
     )
-    _one_line_error(p, "data/pretrain/", "no space left on the device", "needs about", "is intact")
+    _one_line_error(p, "runs/resume/pretrain/", "no space left on the device", "needs about", "is intact")
     assert "step 2" in p.stdout  # the previous checkpoint is valid
     assert ".tmp" not in p.stdout  # no temporary left on the device
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -253,10 +254,18 @@ def test_stage_writes_checkpoints_metrics_plots_provenance_and_mlflow(tmp_path):
         == {"kind": "max_steps", "value": 8, "steps": 8, "deterministic": True}
     )
     assert state["provenance"]["determinism"] == {"deterministic": True, "num_threads": 1}
-    assert (work / "plots" / "pretrain_loss.csv").read_text().startswith("step,")
-    assert (work / "plots" / "pretrain_val.csv").exists()
+    assert (work / "plots" / "pretrain_loss.csv").read_text().startswith("step,tokens,lr,loss,")
+    assert (work / "plots" / "pretrain_val.csv").read_text().startswith("step,tokens,val_loss,")
     record = json.loads((work / "data" / "provenance" / "pretrain.json").read_text())
     assert record["outputs"]["data/pretrain/last.pt"] == sha256_file(work / "data" / "pretrain" / "last.pt")
+    # trained in the work directory (which DVC leaves alone), published to data/pretrain
+    published = {p.name: sha256_file(p) for p in (work / "data" / "pretrain").rglob("*.pt")}
+    assert set(published) == {"last.pt", "best.pt"}
+    assert published == {p.name: sha256_file(p) for p in (work / "runs" / "resume" / "pretrain").rglob("*.pt")}
+    # no times in the outputs: they are the run log's
+    assert "train_seconds" not in state and not {"train_seconds", "tokens_per_s", "steps_per_s", "mfu"} & set(metrics)
+    assert "tok_per_s" not in json.loads((work / "metrics" / "pretrain.json").read_text())
+    assert json.loads((work / "runs" / "pretrain.json").read_text())["timings"]["train_seconds"] > 0
 
     import mlflow
 
@@ -272,6 +281,17 @@ def test_stage_writes_checkpoints_metrics_plots_provenance_and_mlflow(tmp_path):
     assert runs.iloc[0]["tags.bertrace.torch"] == torch.__version__
     artifacts = [a.path for a in mlflow.tracking.MlflowClient().list_artifacts(run_id, "checkpoint")]
     assert artifacts == ["checkpoint/last.pt"]
+    assert runs.iloc[0]["metrics.train_seconds"] > 0  # the timings: MLflow metrics
+
+    # DVC deletes data/pretrain before it reruns the stage: the run resumes from the work directory
+    # (here a finished run: no update) and publishes the same bytes
+    shutil.rmtree(work / "data" / "pretrain")
+    p = subprocess.run(
+        [sys.executable, "-m", "stages.pretrain"], cwd=work, env=_env(), capture_output=True, text=True, timeout=240
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "pretrain: step 8" in p.stdout and "starting over" not in p.stdout
+    assert {p.name: sha256_file(p) for p in (work / "data" / "pretrain").rglob("*.pt")} == published
 
     # a changed recipe on top of the checkpoint with resume: true — one clear line, exit status 2
     params = yaml.safe_load((work / "params.yaml").read_text())
@@ -282,7 +302,7 @@ def test_stage_writes_checkpoints_metrics_plots_provenance_and_mlflow(tmp_path):
         [sys.executable, "-m", "stages.pretrain"], cwd=work, env=_env(), capture_output=True, text=True, timeout=240
     )
     assert p.returncode == 2 and p.stderr.startswith("error: ") and "Traceback" not in p.stderr
-    assert "lr" in p.stderr
+    assert "lr" in p.stderr and "runs/resume/pretrain/last.pt" in p.stderr
 
     # resume: auto (the default, what `dvc repro` uses) starts over instead, from step 0
     params["pretrain"]["resume"] = "auto"

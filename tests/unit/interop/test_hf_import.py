@@ -554,7 +554,7 @@ def test_dvc_repro_finetunes_and_evaluates_an_imported_directory(tmp_path):
     evaluation = json.loads((root / "metrics" / "eval.json").read_text())
     assert evaluation  # evaluate scored the imported-and-fine-tuned model
     row = json.loads((root / "reports" / "scorecard.json").read_text())["this_run"]
-    assert row["corpus"] == "published: models/bert@local" and row["pretrain_minutes"] is None
+    assert row["corpus"] == "published: models/bert@local" and row["pretrained"] is False
     assert row["model"] == "2L/64" and row["dev_mean"] > 80
     record = json.loads((root / "data" / "provenance" / "finetune.json").read_text())
     assert record["upstream"]["imported"]["source"] == "models/bert"

@@ -285,7 +285,7 @@ def test_electra_trains_and_records_its_metrics(examples, tmp_path):
         assert v["val_loss"] == pytest.approx(v["val_gen_loss"] + 50 * v["val_disc_loss"])
     assert vals[-1]["val_disc_acc"] > 1 - vals[-1]["val_replaced_fraction"] - 0.02  # at least "all original"
     header = (tmp_path / "pretrain_val.csv").read_text().splitlines()[0]
-    assert header.startswith("step,tokens,seconds,val_loss,val_gen_loss,val_gen_acc,val_disc_loss")
+    assert header.startswith("step,tokens,val_loss,val_gen_loss,val_gen_acc,val_disc_loss")
     state = ckpt_lib.load_checkpoint(tmp_path / "last.pt")
     assert state["train_config"]["objective"] == "electra"
     assert state["model_config"]["pooler_activation"] == "gelu" and state["model_config"]["embedding_size"] == 32

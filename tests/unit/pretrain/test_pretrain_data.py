@@ -344,12 +344,15 @@ def stage_dir(tmp_path, monkeypatch):
 
 
 def _fake_pretrain(seen: dict):
-    """Stands in for the training loop: keeps the provenance it was given."""
+    """Stands in for the training loop: keeps the provenance it was given, writes a last.pt."""
 
     def pretrain(cfg, *, provenance, out_dir, **kw):
         seen["provenance"] = provenance
         seen["cfg"] = cfg
-        return {"model_sha256": "0" * 64, "step": 0, "tokens_seen": 0, "train_seconds": 0.0}
+        seen["out_dir"] = out_dir
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "last.pt").write_bytes(b"weights")
+        return {"model_sha256": "0" * 64, "step": 0, "tokens_seen": 0, "train_seconds": 1.5, "tokens_per_s": 9.0}
 
     return pretrain
 
@@ -362,6 +365,16 @@ def test_pretrain_stage_refuses_a_rewritten_shard(stage_dir, monkeypatch):
     stage.main([])  # intact shards: verified, and the record says so
     assert seen["provenance"]["shards_verified"] is True
     assert json.loads((stage_dir / "data/provenance/pretrain.json").read_text())["shards_verified"] is True
+    # trained in the work directory, published to data/pretrain; the timings only in the run log
+    assert seen["out_dir"] == stage.WORK == Path("runs/resume/pretrain")
+    assert (stage_dir / "data/pretrain/last.pt").read_bytes() == (stage_dir / stage.WORK / "last.pt").read_bytes()
+    report = json.loads((stage_dir / "reports/pretrain.json").read_text())
+    assert report["model_sha256"] == "0" * 64 and "train_seconds" not in report and "tokens_per_s" not in report
+    assert "tok_per_s" not in json.loads((stage_dir / "metrics/pretrain.json").read_text())
+    assert json.loads((stage_dir / "runs/pretrain.json").read_text())["timings"] == {
+        "train_seconds": 1.5,
+        "tokens_per_s": 9.0,
+    }
     seen.clear()
     shard = rewrite_shard(Path("data/examples/train/shard-00001.parquet"), flip_first_label)
     with pytest.raises(
