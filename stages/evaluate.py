@@ -7,6 +7,10 @@ truncation) and writes ``metrics/eval.json`` (dev/test accuracy and macro F1; ev
 ``reports/confusion.png``, ``reports/evaluation.md`` and ``data/provenance/evaluate.json``.
 The MLflow run gets the same numbers, the files, and the model as an MLflow pyfunc
 (artifact path ``model``: ``mlflow.pyfunc.load_model("runs:/<run id>/model")``).
+
+Every output is a function of the checkpoint, the task data, the reports it reads and the params:
+the provenance shown and the scorecard row come from the chain ``model.pt`` embeds (data and params
+hashes, no commits or times), never from ``data/provenance/`` or the run logs, which are no deps.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ from __future__ import annotations
 import stages.arithmetic  # noqa: F401  (first: params.yaml compute's CPU kernel pins, set before torch loads)
 
 # isort: split
-import time
 from pathlib import Path
 
 import torch
@@ -37,11 +40,10 @@ from pipeline.evaluate.report import (
     write_evaluation_report,
 )
 from pipeline.finetune.task_data import evaluate_roles, load_task_data
-from pipeline.lineage import provenance as prov
-from pipeline.reports.scorecard import SCORECARD_JSON, run_row, write_run_row
+from pipeline.reports.scorecard import SCORECARD_JSON, chain_records, run_row, write_run_row
 from pipeline.reports.scorecard import task_name as scorecard_task
 from stages.arithmetic import compute_config
-from stages.common import DETAILS_DIR, PROVENANCE_DIR, StageRun, load_params, run_stage
+from stages.common import DETAILS_DIR, StageRun, load_params, run_stage
 
 MODEL = Path("data/finetune/model.pt")
 METRICS = Path("metrics/eval.json")
@@ -53,25 +55,12 @@ SCATTER_PNG = Path("reports/scatter.png")
 REPORT = Path("reports/evaluation.md")
 
 
-def _provenance_records() -> dict[str, dict]:
-    """The records in data/provenance/ (candidates to complete the checkpoint's chain), each with
-    the run fields of its run log (runs/<stage>.json: commit, times) where this working copy has it."""
-    records = {}
-    if PROVENANCE_DIR.is_dir():
-        for path in sorted(PROVENANCE_DIR.glob("*.json")):
-            if path.stem != "evaluate":
-                record = read_json(path)
-                records[path.stem] = prov.with_run(record, prov.read_run_log(path.stem, record))
-    return records
-
-
 def _metrics_file(stage: str) -> dict:
     path = DETAILS_DIR / f"{stage}.json"  # all of the stage's numbers
     return read_json(path) if path.exists() else {}
 
 
 def main(progress: bool = True) -> dict:
-    t0 = time.perf_counter()
     params = load_params("evaluate")
     cfg = EvaluateConfig.from_params(params)
     finetune_params = load_params("finetune")
@@ -110,7 +99,7 @@ def main(progress: bool = True) -> dict:
                 "was fine-tuned on (rerun dvc repro finetune)"
             )
         if clf.task_type != "classification":  # NER / regression: pipeline/evaluate/tasks.py
-            return _evaluate_task(run, cfg, clf, data, splits, model_path, ckpt_sha, tok_sha, t0, progress)
+            return _evaluate_task(run, cfg, clf, data, splits, model_path, ckpt_sha, tok_sha, progress)
 
         results, notes, predictions = {}, [], {}
         for role in splits:
@@ -151,7 +140,7 @@ def main(progress: bool = True) -> dict:
         )
         _no_scatter("classification")
 
-        chain = provenance_chain(clf.checkpoint.get("provenance"), "finetune", _provenance_records())
+        chain = provenance_chain(clf.checkpoint.get("provenance"), "finetune")
         t = clf.checkpoint.get("task") or {}
         source = t.get("source") or {}
         task_name = scorecard_task(source)  # the scorecard compares the run with its own task's goal only
@@ -190,13 +179,12 @@ def main(progress: bool = True) -> dict:
         try:
             row = run_row(
                 cfg.run_name,
-                records=_provenance_records(),
+                records=chain_records(clf.checkpoint.get("provenance")),
                 finetune_metrics=_metrics_file("finetune"),
                 eval_metrics=metrics,
                 pretrain_metrics=_metrics_file("pretrain"),
                 model_config=clf.checkpoint.get("model_config"),
                 task=task_name,
-                extra_minutes=(time.perf_counter() - t0) / 60.0,
                 warnings=warnings,
             )
         except BertraceError as why:  # e.g. a checkpoint evaluated outside a full pipeline run
@@ -247,7 +235,6 @@ def _evaluate_task(
     model_path: Path,
     ckpt_sha: str,
     tok_sha: str,
-    t0: float,
     progress: bool,
 ) -> dict:
     """The evaluate stage for ``token_classification`` and ``regression`` checkpoints: the same
@@ -338,7 +325,7 @@ def _evaluate_task(
         )
         figures = [("predicted vs gold", SCATTER_PNG.name), ("rounded grades", CONFUSION_PNG.name)]
 
-    chain = provenance_chain(clf.checkpoint.get("provenance"), "finetune", _provenance_records())
+    chain = provenance_chain(clf.checkpoint.get("provenance"), "finetune")
     task_name = scorecard_task((clf.checkpoint.get("task") or {}).get("source") or {})
     arch = clf.model.config
     what = (

@@ -3,9 +3,10 @@
 Reads params ``finetune``; the task data come from the hub, a hub mirror (``finetune.mirror`` or
 env ``BERTRACE_HUB_MIRROR``) or local files (``finetune.task``). Writes ``data/finetune/model.pt``
 (docs/formats.md "Fine-tuned checkpoint"; the best seed's model) and a copy of the tokenizer next to it,
-``metrics/finetune.json`` (mean ± std validation accuracy), ``reports/finetune.json`` (per seed, CPU
-minutes …), one nested
-MLflow run per seed under the stage's run, and ``data/provenance/finetune.json``.
+``metrics/finetune.json`` (mean ± std validation accuracy), ``reports/finetune.json`` (per seed, examples,
+truncation …), one nested MLflow run per seed under the stage's run, and ``data/provenance/finetune.json``.
+Every output is a function of the code, params and input bytes; CPU and wall times go to the run log
+(``runs/<stage>.json`` ``timings``) and MLflow only.
 
 ``python -m stages.finetune --variant NAME`` (the DVC stages ``finetune_variant@NAME``) fine-tunes the same
 checkpoint with params.yaml ``finetune_variants.NAME`` laid over ``finetune`` (e.g. ``mode: frozen``):
@@ -51,8 +52,9 @@ from pipeline.finetune.loop import (
 )
 from pipeline.finetune.task_data import load_task_data
 from pipeline.interop.hf_import import describe, import_checkpoint, is_hf_source, write_tokenizer
+from pipeline.lineage.tracking import source_tags
 from stages.arithmetic import compute_config
-from stages.common import StageRun, load_params, run_stage, source_tags
+from stages.common import StageRun, load_params, run_stage
 
 OUT = Path("data/finetune")
 VARIANTS_OUT = Path("data/variants")  # data/variants/<name>/model.pt
@@ -176,8 +178,6 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
             "n_seeds": len(cfg.seeds),
             "examples": {role: len(s) for role, s in data.splits.items()},
             "truncated": {role: s.truncated for role, s in data.splits.items()},
-            "cpu_minutes": round((time.process_time() - t_cpu) / 60, 3),
-            "wall_minutes": round(run.seconds / 60, 3),
         }
         if data.task_type == "token_classification":  # I-X after O or another type; CoNLL "a,b" tag fields
             metrics["bio_violations"] = {role: s.bio_violations for role, s in data.splits.items()}
@@ -209,6 +209,7 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
             num_labels=data.num_labels,
             architecture=architecture(ckpt),
         )
+        run.checkpoint_written(provenance)  # what trace finds this run by
         if tokenizer_path != out / "tokenizer.json":
             with atomic_path(out / "tokenizer.json") as tmp:
                 shutil.copyfile(tokenizer_path, tmp)
@@ -226,11 +227,16 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
         else:  # no metrics file: `dvc exp show` stays 160 columns wide whatever the number of variants
             run.write_details(metrics, VARIANTS_REPORTS / f"{variant}.json")
             run.parent_metrics = {f"dev_{short}": acc["mean"], "dev_std": acc["std"]}
+        cpu_minutes, wall_minutes = (time.process_time() - t_cpu) / 60, run.seconds / 60
+        run.log_timings(
+            {**summary["timings"], "cpu_minutes": round(cpu_minutes, 3), "wall_minutes": round(wall_minutes, 3)}
+        )
         run.write_provenance()
         what = {"accuracy": "accuracy", "f1": "entity F1", "pearson": "Pearson r"}[main]
         print(
             f"finetune: validation {what} {acc['mean']:.4f} ± {acc['std']:.4f} over {len(cfg.seeds)} seed(s); "
-            f"best seed {best.seed} ({best.score:.4f}) -> {out / 'model.pt'}"
+            f"best seed {best.seed} ({best.score:.4f}) -> {out / 'model.pt'} ({wall_minutes:.1f} min, "
+            f"{cpu_minutes:.1f} CPU min)"
         )
         return metrics
 

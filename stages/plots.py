@@ -4,7 +4,8 @@ Writes the plots dvc.yaml declares (pre-training loss and validation curves, the
 matrix, the learning curve, ...) into one self-contained HTML file that opens offline: each plot
 is rendered to SVG by vl-convert and inlined, where ``dvc plots show`` loads Vega from a CDN.
 The learning curve (``make learning-curve``) is drawn only when it was made from the current
-pre-trained checkpoint; otherwise the page says it is stale and why. Logic: pipeline/reports/plots.py.
+pre-trained checkpoint (the sha256 of ``data/pretrain/best.pt``); otherwise the page says it is stale
+and why. The page holds no time: the same inputs give the same bytes. Logic: pipeline/reports/plots.py.
 """
 
 from __future__ import annotations

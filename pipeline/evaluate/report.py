@@ -295,8 +295,8 @@ def _hashes(record: dict[str, Any]) -> dict[str, str]:
             if _is_sha256(digest):
                 out[f"{key[:-1]} {path}"] = digest
     for key, value in record.items():
-        if key in ("inputs", "outputs", "params_hash", "upstream", "pretrain", "params"):
-            continue
+        if key in ("inputs", "outputs", "params_hash", "upstream", "pretrain", "params", "code", "dvc_lock"):
+            continue  # code hashes change with an edit that changes no output: never shown
         if _is_sha256(value):
             out[key] = value
         elif isinstance(value, dict) and value and all(_is_sha256(v) for v in value.values()):
@@ -306,16 +306,9 @@ def _hashes(record: dict[str, Any]) -> dict[str, str]:
 
 
 def _entry(name: str, rec: dict[str, Any], source: str) -> dict[str, Any]:
-    git = rec.get("git")
-    return {
-        "stage": name,
-        "git_commit": git.get("commit") if isinstance(git, dict) else git,
-        "git_dirty": git.get("dirty") if isinstance(git, dict) else rec.get("git_dirty"),
-        "params_hash": rec.get("params_hash"),
-        "finished": rec.get("finished") or rec.get("time"),
-        "hashes": _hashes(rec),
-        "source": source,
-    }
+    """A stage of the chain: what its record says about data and params only, never a commit, time or
+    run id (an older checkpoint's records carry them)."""
+    return {"stage": name, "params_hash": rec.get("params_hash"), "hashes": _hashes(rec), "source": source}
 
 
 def provenance_chain(
@@ -323,8 +316,9 @@ def provenance_chain(
 ) -> list[dict[str, Any]]:
     """The stages behind a checkpoint, downstream first (finetune → pretrain → … → download).
 
-    Each entry: ``{stage, git_commit, git_dirty, params_hash, finished, hashes {what: sha256},
-    source}``. The chain is what ``record`` embeds (``source`` = "checkpoint"). ``records``
+    Each entry: ``{stage, params_hash, hashes {what: sha256}, source}``: data and params only, so
+    the chain a checkpoint embeds always renders the same. The chain is what ``record`` embeds
+    (``source`` = "checkpoint"). ``records``
     (e.g. the files in ``data/provenance/``) may complete it, but a record is only added when
     one of its output hashes appears among the chain's hashes, i.e. when it provably produced
     something the chain consumed (``source`` = "linked by <what>"). A stage that appears more
@@ -486,23 +480,8 @@ def render_report(
             "",
         ]
 
-    lines += ["## Provenance", ""]
-    if not chain:
-        lines += ["The checkpoint carries no provenance record.", ""]
-    else:
-        lines += [
-            " → ".join(e["stage"] for e in chain),
-            "",
-            "| stage | git commit | dirty | params hash | finished | record from |",
-            "|---|---|---|---|---|---|",
-        ]
-        for e in chain:
-            dirty = {True: "yes", False: "no"}.get(e["git_dirty"], "?")
-            lines.append(
-                f"| {e['stage']} | {_short(e['git_commit'], 10)} | {dirty} | "
-                f"{_short(e['params_hash'])} | {e['finished'] or '—'} | {e.get('source') or '—'} |"
-            )
-        lines.append("")
+    lines += provenance_lines(chain)
+    if chain:
         for e in chain:
             if e["hashes"]:
                 lines.append(f"**{e['stage']}**")
@@ -510,6 +489,24 @@ def render_report(
                 lines += [f"- {what}: `{digest}`" for what, digest in sorted(e["hashes"].items())]
                 lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def provenance_lines(chain: list[dict[str, Any]] | None) -> list[str]:
+    """An evaluation report's "Provenance" section: the chain the checkpoint embeds, each stage's params
+    hash. Which commit ran each stage, and when: the run logs (``bertrace trace data/finetune/model.pt``)."""
+    lines = ["## Provenance", ""]
+    if not chain:
+        return lines + ["The checkpoint carries no provenance record.", ""]
+    return lines + [
+        " → ".join(e["stage"] for e in chain),
+        "",
+        "| stage | params hash | record from |",
+        "|---|---|---|",
+        *(f"| {e['stage']} | {_short(e['params_hash'])} | {e.get('source') or '—'} |" for e in chain),
+        "",
+        "Which commit ran each stage, where and when: `bertrace trace data/finetune/model.pt` (the run logs).",
+        "",
+    ]
 
 
 def write_evaluation_report(path: str | Path, text: str) -> Path:

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pipeline.core.io import atomic_open
-from pipeline.evaluate.report import checkpoint_section, confusion_matrix, save_figure
+from pipeline.evaluate.report import checkpoint_section, confusion_matrix, provenance_lines, save_figure
 from pipeline.finetune.task_metrics import entity_metrics, regression_metrics, score_buckets
 
 GRADES = [str(g) for g in range(6)]  # STS-B's 0..5 similarity grades: the regression confusion's classes
@@ -218,29 +218,8 @@ def render_task_report(
     lines += [f"![{caption}]({file})" for caption, file in figures]
     if figures:
         lines.append("")
-    lines += _provenance_lines(chain)
+    lines += provenance_lines(chain)
     return "\n".join(lines).rstrip() + "\n"
-
-
-def _provenance_lines(chain: list[dict[str, Any]] | None) -> list[str]:
-    lines = ["## Provenance", ""]
-    if not chain:
-        return lines + ["The checkpoint carries no provenance record.", ""]
-    short = lambda h, n=12: f"`{h[:n]}`" if h else "—"  # noqa: E731
-    lines += [
-        " → ".join(e["stage"] for e in chain),
-        "",
-        "| stage | git commit | dirty | params hash | finished | record from |",
-        "|---|---|---|---|---|---|",
-    ]
-    for e in chain:
-        dirty = {True: "yes", False: "no"}.get(e["git_dirty"], "?")
-        lines.append(
-            f"| {e['stage']} | {short(e['git_commit'], 10)} | {dirty} | {short(e['params_hash'])} | "
-            f"{e['finished'] or '—'} | {e.get('source') or '—'} |"
-        )
-    lines.append("")
-    return lines
 
 
 __all__ = [

@@ -494,7 +494,7 @@ class SeedResult:
     stopped_early: bool
     train_loss: float  # mean over the last epoch's steps
     history: list[dict[str, float]]  # one entry per validation check
-    cpu_seconds: float
+    cpu_seconds: float  # timings: the run log's (:func:`seed_timings`), never in :meth:`metrics`
     wall_seconds: float
     state_dict: dict[str, torch.Tensor] | None = field(default=None, repr=False)  # best weights (CPU)
     task_type: str = "classification"
@@ -511,7 +511,8 @@ class SeedResult:
         return selection_value(self.task_type, self.validation)
 
     def metrics(self) -> dict[str, Any]:
-        """The numbers (no weights, no history) as a JSON-able dict."""
+        """The numbers (no weights, no history, no timings) as a JSON-able dict: a function of the
+        data, params and seed alone."""
         out = {
             k: getattr(self, k)
             for k in (
@@ -525,8 +526,6 @@ class SeedResult:
                 "epochs_run",
                 "stopped_early",
                 "train_loss",
-                "cpu_seconds",
-                "wall_seconds",
             )
         }
         if self.task_type != "classification":  # validation_f1 / _precision / ... or _pearson / _spearman / _mse
@@ -742,9 +741,21 @@ def _summarize_task(results: list[SeedResult]) -> dict[str, Any]:
     out["validation_loss"] = {"mean": loss_mean, "std": loss_std}
     out["best_seed"] = best.seed
     out[f"best_validation_{main}"] = float(best.validation.get(main, math.nan))
-    out["cpu_seconds"] = sum(r.cpu_seconds for r in results)
-    out["wall_seconds"] = sum(r.wall_seconds for r in results)
+    out["timings"] = seed_timings(results)
     return out
+
+
+def seed_timings(results: list[SeedResult]) -> dict[str, Any]:
+    """CPU and wall seconds of each seed and their sums: what the stage logs as timings (MLflow and its
+    run log, ``StageRun.log_timings``), never part of a DVC output."""
+    return {
+        "cpu_seconds": round(sum(r.cpu_seconds for r in results), 3),
+        "wall_seconds": round(sum(r.wall_seconds for r in results), 3),
+        "per_seed": {
+            str(r.seed): {"cpu_seconds": round(r.cpu_seconds, 3), "wall_seconds": round(r.wall_seconds, 3)}
+            for r in results
+        },
+    }
 
 
 def headline_metrics(summary: dict[str, Any]) -> dict[str, Any]:
@@ -752,8 +763,8 @@ def headline_metrics(summary: dict[str, Any]) -> dict[str, Any]:
     classification ``validation_accuracy``, ``validation_loss``, ``best_seed``,
     ``best_validation_accuracy`` (unchanged); token classification ``validation_f1`` /
     ``_precision`` / ``_recall`` / ``_accuracy`` (words); regression ``validation_pearson`` /
-    ``_spearman`` / ``_mse``; each with ``best_validation_<selection metric>``."""
-    skip = ("seeds", "per_seed", "cpu_seconds", "wall_seconds")
+    ``_spearman`` / ``_mse``; each with ``best_validation_<selection metric>``. No timings."""
+    skip = ("seeds", "per_seed", "timings")
     return {k: v for k, v in summary.items() if k not in skip}
 
 
@@ -780,7 +791,8 @@ def checkpoint_metrics(summary: dict[str, Any], best: SeedResult, seeds: list[in
 
 def summarize(results: list[SeedResult]) -> dict[str, Any]:
     """Per-seed metrics and mean ± std over seeds (validation accuracy and loss; for the other
-    task types see :func:`_summarize_task`)."""
+    task types see :func:`_summarize_task`); ``timings``: :func:`seed_timings`, kept apart from the
+    numbers (:func:`headline_metrics` and ``per_seed`` leave them out)."""
     if results and results[0].task_type != "classification":
         return _summarize_task(results)
     acc_mean, acc_std = mean_std([r.validation_accuracy for r in results])
@@ -798,8 +810,7 @@ def summarize(results: list[SeedResult]) -> dict[str, Any]:
         "validation_loss": {"mean": loss_mean, "std": loss_std},
         "best_seed": best.seed,
         "best_validation_accuracy": best.validation_accuracy,
-        "cpu_seconds": sum(r.cpu_seconds for r in results),
-        "wall_seconds": sum(r.wall_seconds for r in results),
+        "timings": seed_timings(results),
     }
 
 
@@ -891,6 +902,7 @@ __all__ = [
     "train_seed",
     "finetune",
     "summarize",
+    "seed_timings",
     "mean_std",
     "best_seed",
     "SeedResult",

@@ -10,21 +10,27 @@ fetched when it is opened.
 
 The learning curve (``plots/learning_curve.csv``) is written by ``make learning-curve``, not by
 ``dvc repro``: it can be left over from another pre-training run. Its rows carry the sha256 of
-the final pre-trained checkpoint they come from (``pretrain_sha256``, written by
-``stages/cli/learning_curve.py``); the panel is drawn only when that is the current best.pt or
-last.pt (as ``data/provenance/pretrain.json`` records them, else the files' own hashes), and
-otherwise replaced by a warning naming both hashes and the fix.
+the final pre-trained checkpoint they come from (``pretrain_sha256``: the sha256 of ``best.pt``'s
+bytes, else ``last.pt``'s, written by ``stages/cli/learning_curve.py``); the panel is drawn only when
+that is the current ``data/pretrain/best.pt`` (hashed here: its bytes change only with the weights,
+and the ``plots`` stage depends on that file alone; ``last.pt`` only where there is no ``best.pt``),
+and otherwise replaced by a warning naming both hashes and the fix.
+
+The page holds no time: the same data give the same bytes. The pre-training curves are drawn from
+the columns dvc.yaml names (``step``, ``loss``, ``val_loss``), whatever else the CSVs hold.
 """
 
 from __future__ import annotations
 
 import csv
 import html
+import itertools
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -33,7 +39,6 @@ from pipeline.core.io import atomic_open, sha256_file
 
 REPORT = Path("reports/plots.html")
 LEARNING_CURVE = "plots/learning_curve.csv"
-PRETRAIN_RECORD = Path("data/provenance/pretrain.json")
 SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"  # an identifier: vl-convert does not fetch it
 MAX_POINTS = 4000  # rows per series drawn (evenly thinned above that; the CSV keeps every row)
 
@@ -66,10 +71,14 @@ def _as_list(v: Any) -> list[str]:
     return [str(c) for c in v] if isinstance(v, (list, tuple)) else [str(v)]
 
 
+IMAGES = (".png", ".jpg", ".jpeg", ".gif", ".svg")  # image plots: files of their own, drawn from a CSV here
+
+
 def declared_plots(dvc_yaml: str | Path = "dvc.yaml") -> list[PlotDef]:
     """The plots of ``dvc_yaml``: the top-level ``plots:`` definitions, then each stage's
     ``plots:`` output whose file no top-level definition shows (e.g. the confusion matrix).
-    Entries with unresolved ``${...}`` templating are skipped."""
+    Entries with unresolved ``${...}`` templating are skipped, and so are images (``reports/confusion.png``:
+    the page draws the same data from its CSV)."""
     path = Path(dvc_yaml)
     if not path.is_file():
         raise BertraceError(f"{path}: not found; run from the repository root (or pass --root)")
@@ -109,7 +118,7 @@ def declared_plots(dvc_yaml: str | Path = "dvc.yaml") -> list[PlotDef]:
         for entry in (body or {}).get("plots") or []:
             file, spec = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
             spec = spec if isinstance(spec, dict) else {}
-            if file in shown or "${" in str(file):
+            if file in shown or "${" in str(file) or str(file).lower().endswith(IMAGES):
                 continue
             plots.append(
                 PlotDef(
@@ -267,23 +276,17 @@ def render_svg(spec: dict[str, Any]) -> str:
 # The learning curve's checkpoint
 
 
-FINAL_CHECKPOINTS = ("data/pretrain/best.pt", "data/pretrain/last.pt")  # what a learning curve's last point is
+FINAL_CHECKPOINTS = ("data/pretrain/best.pt", "data/pretrain/last.pt")  # a learning curve's last point, in order
 
 
 def current_pretrain_sha256(root: Path) -> tuple[dict[str, str], str]:
-    """``({checkpoint path: sha256}, where from)`` of the current pre-trained checkpoints
-    (best.pt, last.pt): the pretrain stage's provenance record, else the files themselves."""
-    record = root / PRETRAIN_RECORD
-    if record.is_file():
-        try:
-            outputs = json.loads(record.read_text(encoding="utf-8")).get("outputs") or {}
-        except (OSError, ValueError, AttributeError):
-            outputs = {}
-        found = {p: outputs[p] for p in FINAL_CHECKPOINTS if isinstance(outputs.get(p), str)}
-        if found:
-            return found, str(PRETRAIN_RECORD)
-    found = {p: sha256_file(root / p) for p in FINAL_CHECKPOINTS if (root / p).is_file()}
-    return found, "the files in data/pretrain" if found else ""
+    """``({checkpoint path: sha256}, where from)`` of the current final pre-trained checkpoint: the
+    sha256 of ``data/pretrain/best.pt``'s bytes (of ``last.pt`` only where there is no best.pt), as
+    the learning curve's ``pretrain_sha256`` column records it; ``({}, "")`` without either."""
+    for p in FINAL_CHECKPOINTS:
+        if (root / p).is_file():
+            return {p: sha256_file(root / p)}, f"the sha256 of {p}"
+    return {}, ""
 
 
 def learning_curve_status(rows: list[dict[str, Any]], root: Path) -> dict[str, Any]:
@@ -308,8 +311,7 @@ def learning_curve_status(rows: list[dict[str, Any]], root: Path) -> dict[str, A
     if not current:
         status["message"] = (
             f"not drawn: the curve belongs to the pre-trained checkpoint sha256 {curve[:12]}, and "
-            f"there is neither {PRETRAIN_RECORD} nor a checkpoint in data/pretrain to compare it "
-            "with; `dvc pull` or `dvc repro pretrain`"
+            f"there is no {' or '.join(FINAL_CHECKPOINTS)} to compare it with; `dvc pull` or `dvc repro pretrain`"
         )
     elif match is None:
         now = ", ".join(f"{Path(p).name} {h[:12]}" for p, h in current.items())
@@ -373,9 +375,27 @@ h1{font-size:1.4em}h2{font-size:1.1em;margin-top:2em;border-bottom:1px solid #dd
 .stale{background:#fff4e5;border-left-color:#e8590c}.ok{border-left-color:#2b8a3e}svg{max-width:100%;height:auto}"""
 
 
+_SVG_REF = re.compile(r'(id="|url\(#|href="#)([A-Za-z_-]+[0-9]+)(?=[")])')
+
+
+def _page_ids(svg: str, numbers: Iterator[int], names: dict[str, str]) -> str:
+    """``svg`` with its numbered ids (``gradient_3``, ``clip12``) renumbered in page order: vl-convert
+    counts them per process, so the same data would otherwise give other bytes after other plots."""
+
+    def new(m: re.Match) -> str:
+        old = m.group(2)
+        if old not in names:
+            names[old] = re.sub(r"[0-9]+$", "", old) + str(next(numbers))
+        return m.group(1) + names[old]
+
+    return _SVG_REF.sub(new, svg)
+
+
 def render_html(panels: list[dict[str, Any]], *, title: str = "bertrace plots") -> str:
     """One HTML document: every panel's SVG inline, its files with their sha256, its notes. No
-    time stamp: the same data gives the same bytes (the files' hashes say which data it is)."""
+    time stamp: the same data gives the same bytes (the files' hashes say which data it is; SVG ids
+    numbered in page order)."""
+    numbers = itertools.count()
     out = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -400,7 +420,7 @@ def render_html(panels: list[dict[str, Any]], *, title: str = "bertrace plots") 
             kind = "stale" if p["status"] == "stale" else ("ok" if p.get("learning_curve", {}).get("ok") else "")
             out.append(f'<p class="note {kind}">{html.escape(note)}</p>')
         if p["svg"]:
-            out.append(f"<figure>{p['svg']}</figure>")
+            out.append(f"<figure>{_page_ids(p['svg'], numbers, {})}</figure>")
         out.append("</section>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"

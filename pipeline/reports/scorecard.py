@@ -1,31 +1,38 @@
 """The scorecard: this project's runs next to the stock Hugging Face route and published numbers.
 
-One row per run: corpus, model, pre-training minutes and device, the fine-tuning task's
-validation accuracy (mean ± std over seeds), held-out test accuracy, the whole DAG's wall
-minutes and a hash of every stage's params (so two rows with the same hash ran the same recipe).
-``run_row`` builds the row of the run in ``data/`` from its metrics and provenance records;
-rows of other profiles (in-domain pre-training, the GPU profile, ...) are such rows recorded
-earlier into ``reports/profiles/<name>.json`` (``bertrace scorecard record NAME``) and shown
-beside it. ``render_scorecard`` makes the markdown; the evaluate stage writes its row
+One row per run: corpus, model, pre-training (minutes, device), the fine-tuning task's validation
+accuracy (mean ± std over seeds), held-out test accuracy, the whole DAG's wall minutes and a hash
+of every stage's params (so two rows with the same hash ran the same recipe). ``run_row`` builds
+the row of the run in ``data/`` from the chain its fine-tuned checkpoint embeds and the stages'
+reports; rows of other profiles (in-domain pre-training, the GPU profile, ...) are such rows
+recorded earlier into ``reports/profiles/<name>.json`` (``bertrace scorecard record NAME``) and
+shown beside it. ``render_scorecard`` makes the markdown; the evaluate stage writes its row
 (``write_run_row``) and the ``scorecard`` stage draws the markdown (``write_scorecard``) beside
 the anchors, published numbers and goals of ``reports/references.yaml``, so that editing a
 reference number reruns a one-second stage, not evaluate.
+
+This run's minutes, commit and date (:data:`TIMED_KEYS`) differ on every rebuild of the same
+weights, so they stay out of the DVC outputs ``reports/scorecard.json`` and ``reports/scorecard.md``:
+:func:`timed_row` reads them from the run logs (``runs/<stage>.json``, :mod:`pipeline.lineage.runlog`)
+into the untracked ``runs/scorecard.md`` and into the rows ``bertrace scorecard record`` keeps.
+:func:`dag_minutes` is the one sum of the DAG's minutes every place shows.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import atomic_open, sha256_json, write_json
-from pipeline.lineage.provenance import STAGE_ORDER
 from pipeline.finetune.task_metrics import SELECTION
+from pipeline.lineage.provenance import STAGE_ORDER, iter_records, read_record
+from pipeline.lineage.runlog import RUN_LOG_DIR, read_run_log
 
 SCORECARD_JSON = Path("reports/scorecard.json")  # the evaluate stage's rows; `scorecard record` reads it
 SCORECARD_MD = Path("reports/scorecard.md")  # the same rows as markdown, beside anchors and published numbers
+RUNS_SCORECARD_MD = RUN_LOG_DIR / "scorecard.md"  # the same with this run's minutes, commit, date (untracked)
 REFERENCES = Path("reports/references.yaml")  # anchors, published numbers, goals: not params (see the file)
 PROFILES_DIR = Path("reports/profiles")  # recorded rows of other profiles
 PIPELINE_STAGES = tuple(reversed(STAGE_ORDER[1:]))  # download … finetune: the stages before evaluate
@@ -54,8 +61,13 @@ ROW_KEYS = (
     "val_metric",
     "val_loss",  # the objective's own best validation loss (val_mlm_loss, val_disc_loss ...)
     "variants",  # the finetune_variant@<name> stages' results: {name: {mode, settings, dev_mean, dev_std, ...}}
-    "pretrain_sha",
-)  # the pre-trained weights' model_sha256 (12 hex): joins a row to its checkpoint's IMDB row
+    "pretrain_sha",  # the pre-trained weights' model_sha256 (12 hex): joins a row to its checkpoint's IMDB row
+    "pretrained",  # whether pre-trained weights are behind the row (recorded rows without it: pretrain_minutes)
+    "pretrain_tokens_per_s",  # pre-training's throughput (run log timings.tokens_per_s)
+)
+# This run's measurements of time and place: from the run logs (timed_row), never in a DVC output.
+TIMED_KEYS = ("pretrain_minutes", "pretrain_tokens_per_s", "dag_minutes", "git_commit", "git_dirty", "date")
+DAG_STAGES = (*PIPELINE_STAGES, "evaluate")  # whose run logs' seconds make the DAG's minutes, with the variants
 VARIANTS_DIR = Path("reports/variants")  # finetune_variant@<name>: reports/variants/<name>.json
 _SELECTION_KEYS = tuple(f"validation_{m}" for m in SELECTION.values())  # reports/<stage>.json, per task type
 
@@ -63,8 +75,9 @@ _SELECTION_KEYS = tuple(f"validation_{m}" for m in SELECTION.values())  # report
 def read_variants(
     directory: str | Path = VARIANTS_DIR, names: Iterable[str] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """``{name: {mode, settings, dev_mean, dev_std, seeds, minutes}}`` from the ``finetune_variant``
-    stages' ``reports/variants/<name>.json`` (dev in %, as the scorecard's rows); {} without any.
+    """``{name: {mode, settings, dev_mean, dev_std, seeds}}`` from the ``finetune_variant`` stages'
+    ``reports/variants/<name>.json`` (dev in %, as the scorecard's rows; their minutes: :func:`timed_row`);
+    {} without any.
     ``names``: the variants params.yaml declares now; a file of a variant removed since (DVC leaves a
     removed stage's outputs in place) is skipped."""
     out: dict[str, dict[str, Any]] = {}
@@ -89,18 +102,17 @@ def read_variants(
             "dev_mean": round(d[key]["mean"] * scale, 2 if scale == 100 else 4),
             "dev_std": round(d[key]["std"] * scale, 2 if scale == 100 else 4),
             "seeds": d.get("n_seeds"),
-            "minutes": d.get("wall_minutes"),
         }
     return out
 
 
-def _minutes(record: dict[str, Any]) -> float | None:
-    try:
-        start = dt.datetime.fromisoformat(record["started"])
-        end = dt.datetime.fromisoformat(record["finished"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return (end - start).total_seconds() / 60.0
+def chain_records(provenance: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """``{stage: record}`` of the chain a fine-tuned checkpoint embeds (its ``provenance``; each stage's
+    most downstream record): what :func:`run_row` reads, a function of the checkpoint's bytes."""
+    records: dict[str, dict[str, Any]] = {}
+    for stage, record in iter_records(provenance or {}, "finetune"):
+        records.setdefault(stage, record)
+    return records
 
 
 def _corpus(download_params: dict[str, Any]) -> str:
@@ -133,63 +145,52 @@ def run_row(
     pretrain_metrics: dict[str, Any] | None = None,
     model_config: dict[str, Any] | None = None,
     task: str | None = None,
-    extra_minutes: float = 0.0,
     warnings: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The scorecard row of one pipeline run.
+    """The scorecard row of one pipeline run, without its minutes, commit and date (:func:`timed_row`).
 
-    ``records``: provenance records by stage (data/provenance/<stage>.json);
-    ``finetune_metrics`` / ``eval_metrics`` / ``pretrain_metrics``: all the stages' numbers (reports/<stage>.json);
-    ``extra_minutes``: time not in any record yet (the evaluate stage's own, while it runs);
-    ``warnings``: :func:`pipeline.evaluate.report.collapse_warnings` (the row is marked ⚠).
+    ``records``: provenance records by stage, the chain the fine-tuned checkpoint embeds
+    (:func:`chain_records`); ``finetune_metrics`` / ``eval_metrics`` / ``pretrain_metrics``: all the
+    stages' numbers (reports/<stage>.json); ``warnings``: :func:`pipeline.evaluate.report.collapse_warnings`
+    (the row is marked ⚠).
     """
+    finetune = records.get("finetune")
+    if finetune is None:
+        raise BertraceError("data/finetune/model.pt: its provenance has no finetune record; rerun `dvc repro finetune`")
     # a published encoder (pipeline/interop/hf_import.py): no corpus or pre-training of ours behind the row
-    imported = ((records.get("finetune") or {}).get("upstream") or {}).get("imported")
-    missing = [s for s in ("finetune",) + (() if imported else ("download",)) if s not in records]
-    if missing:
+    imported = records.get("imported") or (finetune.get("upstream") or {}).get("imported")
+    mode = (finetune.get("params") or {}).get("mode", "full")
+    if not imported and mode != "scratch" and "download" not in records:
         raise BertraceError(
-            f"data/provenance: no record for {missing}; run the whole pipeline (dvc repro) before making the scorecard"
+            "data/finetune/model.pt: its provenance has no download record (fine-tuned from a checkpoint that "
+            "does not embed its chain); run the whole pipeline (dvc repro) before making the scorecard"
         )
     acc = finetune_metrics.get("validation_accuracy") or {}
     if not isinstance(acc, dict) or "mean" not in acc:
         raise BertraceError("reports/finetune.json: no validation_accuracy mean; rerun dvc repro finetune")
     pretrain_metrics = {} if imported else pretrain_metrics or {}
-    minutes = {s: _minutes(records[s]) for s in (("finetune",) if imported else PIPELINE_STAGES) if s in records}
-    if minutes.get("pretrain") is not None and "train_seconds" in pretrain_metrics:
-        # a pre-training resumed from a finished last.pt ran seconds; its weights took train_seconds
-        minutes["pretrain"] = max(minutes["pretrain"], pretrain_metrics["train_seconds"] / 60.0)
-    dag = sum(m for m in minutes.values() if m is not None) + extra_minutes
-    git = records["finetune"].get("git") or {}
-    mode = (records["finetune"].get("params") or {}).get("mode", "full")
-    objective = ((records.get("pretrain") or {}).get("params") or {}).get("objective") if mode != "scratch" else None
+    pretrained = bool(pretrain_metrics) and mode != "scratch"
+    objective = ((records.get("pretrain") or {}).get("params") or {}).get("objective") if pretrained else None
     val_metric = _own_val_metric(pretrain_metrics) if objective else None
+    if imported:
+        corpus = f"published: {imported.get('source')}@{str(imported.get('resolved_revision') or 'local')[:10]}"
+    else:
+        corpus = _corpus(records["download"].get("params") or {}) if "download" in records else None
     return {
         "name": name,
-        "corpus": (
-            f"published: {imported.get('source')}@{str(imported.get('resolved_revision') or 'local')[:10]}"
-            if imported
-            else _corpus(records["download"].get("params") or {})
-        ),
+        "corpus": corpus,
         "model": _model(model_config) + ("" if mode == "full" else f" ({mode})"),
-        "pretrain_minutes": (
-            round(pretrain_metrics["train_seconds"] / 60.0, 2)
-            if mode != "scratch" and "train_seconds" in pretrain_metrics
-            else None
-        ),
+        "pretrained": pretrained,
         "device": pretrain_metrics.get("device", "—"),
         "tokens_seen": pretrain_metrics.get("tokens_seen"),
-        "pretrain_budget": _budget(pretrain_metrics) if mode != "scratch" else None,
+        "pretrain_budget": _budget(pretrain_metrics) if pretrained else None,
         "task": task,
         "dev_mean": round(100 * float(acc["mean"]), 2),
         "dev_std": round(100 * float(acc.get("std", 0.0)), 2),
         "seeds": int(finetune_metrics.get("n_seeds") or len(finetune_metrics.get("per_seed") or {}) or 1),
         "test": round(100 * float(eval_metrics["test"]["accuracy"]), 2) if "test" in eval_metrics else None,
         "imdb_test": None,
-        "dag_minutes": round(dag, 1),
         "params_hash": sha256_json({s: records[s].get("params_hash") for s in PIPELINE_STAGES if s in records})[:12],
-        "git_commit": (git.get("commit") or "")[:10] or None,
-        "git_dirty": git.get("dirty"),
-        "date": str(records["finetune"].get("finished") or "")[:10] or None,
         "note": "",
         "warning": "; ".join(warnings) or None,
         "objective": objective,
@@ -203,6 +204,114 @@ def run_row(
             str(pretrain_metrics["model_sha256"])[:12] if objective and pretrain_metrics.get("model_sha256") else None
         ),
     }
+
+
+# --------------------------------------------------------------------------------------------
+# This run's minutes, commit and date: the run logs
+
+
+def dag_run_stages(variants: Iterable[str] = ()) -> list[str]:
+    """The stages whose run logs make the DAG's minutes: download … finetune, the variants, evaluate
+    (``scorecard`` and ``plots`` draw reports from the others' outputs, in seconds)."""
+    stages = list(DAG_STAGES)
+    return [*stages[:-1], *(f"finetune_variant@{v}" for v in variants), stages[-1]]
+
+
+def run_logs(variants: Iterable[str] = (), root: str | Path = ".") -> dict[str, dict[str, Any] | None]:
+    """``{stage: run log}`` of :func:`dag_run_stages` under ``root``: ``runs/<stage>.json`` when it
+    belongs to the stage's record in ``data/provenance/`` (any, for a stage without a record there),
+    None where there is none or it belongs to another run's outputs."""
+    logs: dict[str, dict[str, Any] | None] = {}
+    for stage in dag_run_stages(variants):
+        try:
+            record = read_record(stage, root)
+        except BertraceError:  # an unreadable record: no run log can be matched to it
+            logs[stage] = None
+            continue
+        logs[stage] = read_run_log(stage, record, root)
+    return logs
+
+
+def _seconds(log: dict[str, Any] | None) -> float | None:
+    value = (log or {}).get("seconds")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def dag_minutes(logs: dict[str, dict[str, Any] | None]) -> float | None:
+    """The DAG's wall minutes: the sum of every stage's ``seconds`` in ``logs`` (:func:`run_logs`, the
+    variants included), None without any. The one sum that every scorecard and profile row shows."""
+    seconds = [s for s in map(_seconds, logs.values()) if s is not None]
+    return round(sum(seconds) / 60.0, 1) if seconds else None
+
+
+def timed_row(row: dict[str, Any], logs: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+    """``row`` with this run's :data:`TIMED_KEYS` from its run logs (``logs``: :func:`run_logs`):
+    pre-training's training minutes and tokens/s (``runs/pretrain.json`` ``timings.train_seconds``,
+    ``timings.tokens_per_s``), :func:`dag_minutes`, fine-tuning's commit and day, each variant's
+    minutes; None where a run log is missing. For ``runs/scorecard.md`` and ``scorecard record``."""
+    timings = (logs.get("pretrain") or {}).get("timings") or {}
+    pretrained = is_pretrained(row)
+    train_seconds, tokens_per_s = timings.get("train_seconds"), timings.get("tokens_per_s")
+    finetune = logs.get("finetune") or {}
+    git = finetune.get("git") or {}
+    out = {
+        **row,
+        "pretrain_minutes": (
+            round(train_seconds / 60.0, 2) if pretrained and isinstance(train_seconds, (int, float)) else None
+        ),
+        "pretrain_tokens_per_s": (
+            round(float(tokens_per_s), 1) if pretrained and isinstance(tokens_per_s, (int, float)) else None
+        ),
+        "dag_minutes": dag_minutes(logs),
+        "git_commit": (git.get("commit") or "")[:10] or None,
+        "git_dirty": git.get("dirty"),
+        "date": str(finetune.get("finished") or "")[:10] or None,
+    }
+    if row.get("variants"):
+        out["variants"] = {
+            name: {**v, "minutes": _minutes(_seconds(logs.get(f"finetune_variant@{name}")))}
+            for name, v in row["variants"].items()
+        }
+    return out
+
+
+def _minutes(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds / 60.0, 1)
+
+
+def untimed_row(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` without this run's :data:`TIMED_KEYS` and its variants' minutes: what a DVC output shows."""
+    out = {k: v for k, v in row.items() if k not in TIMED_KEYS}
+    if row.get("variants"):
+        out["variants"] = {n: {k: x for k, x in v.items() if k != "minutes"} for n, v in row["variants"].items()}
+    return out
+
+
+def run_stage_lines(logs: dict[str, dict[str, Any] | None]) -> list[str]:
+    """Markdown: this run's stages with their minutes, finish time and commit (``logs``: :func:`run_logs`),
+    "—" where a run log is missing, and the DAG's total (:func:`dag_minutes`)."""
+    lines = [
+        "## This run's stages (run logs: `runs/<stage>.json`)",
+        "",
+        "| stage | minutes | finished (UTC) | commit |",
+        "|---|---:|---|---|",
+    ]
+    for stage, log in logs.items():
+        git = (log or {}).get("git") or {}
+        commit = _fmt((git.get("commit") or "")[:10] or None) + (" (dirty)" if git.get("dirty") else "")
+        lines.append(
+            f"| {stage} | {_fmt(_minutes(_seconds(log)), '.1f')} | {_fmt((log or {}).get('finished'))} | "
+            f"{commit if log else '—'} |"
+        )
+    lines.append(f"| **DAG** | **{_fmt(dag_minutes(logs), '.1f')}** | | |")
+    missing = [s for s, log in logs.items() if log is None]
+    if missing:
+        lines += [
+            "",
+            f"No run log of this run's outputs for {', '.join(missing)} (not run in this working copy, or "
+            "`runs/<stage>.json` belongs to other outputs): not counted.",
+        ]
+    return lines + [""]
 
 
 def _own_val_metric(pretrain_metrics: dict[str, Any]) -> str | None:
@@ -265,6 +374,29 @@ def gain_over_scratch(row: dict[str, Any]) -> float | None:
     return None if scratch is None or scratch.get("dev_mean") is None else row["dev_mean"] - scratch["dev_mean"]
 
 
+def is_pretrained(row: dict[str, Any]) -> bool:
+    """Whether pre-trained weights are behind ``row`` (its ``pretrained``; a row recorded without it: its
+    pre-training minutes)."""
+    if row.get("pretrained") is not None:
+        return bool(row["pretrained"])
+    return row.get("pretrain_minutes") is not None
+
+
+def _pretraining(r: dict[str, Any]) -> str:
+    """The "pre-training" cell: objective, minutes (else the budget), device, tokens/s."""
+    if not is_pretrained(r):
+        return "none"
+    size = f"{r['pretrain_minutes']:.1f} min" if r.get("pretrain_minutes") is not None else r.get("pretrain_budget")
+    cell = " ".join(str(x) for x in (size, r.get("device")) if x) or "pre-trained"
+    if r.get("objective"):
+        cell = f"{r['objective']}, {cell}"
+    if r.get("pretrain_tokens_per_s") is not None:
+        cell += f", {r['pretrain_tokens_per_s']:,.0f} tok/s"
+    if str(r.get("pretrain_budget") or "").startswith("time_minutes"):
+        cell += " (wall-clock budget: not reproducible)"
+    return cell
+
+
 def render_scorecard(
     rows: Sequence[dict[str, Any]],
     *,
@@ -272,13 +404,21 @@ def render_scorecard(
     baselines: dict[str, float] | None = None,
     goal: dict[str, float] | None = None,
     task: str | None = None,
+    untimed: Iterable[str] = (),
+    preamble: Sequence[str] = (),
 ) -> str:
-    """The scorecard as markdown: this project's rows, then the anchors and published numbers."""
+    """The scorecard as markdown: this project's rows, then the anchors and published numbers.
+
+    ``untimed``: names of rows whose minutes, commit and date are not shown here (this run's, in a DVC
+    output: they are in ``runs/scorecard.md``); the goal's time bar is then left open for them.
+    ``preamble``: markdown lines after the title."""
     task = task or "the task"
     rows = with_imdb_test(rows)
+    untimed = set(untimed)
     lines = [
         "# Scorecard",
         "",
+        *preamble,
         f"Validation accuracy on {task} (mean ± std over fine-tuning seeds), drawn by the `scorecard` stage "
         "from the `evaluate` stage's row, rows of other profiles (`reports/profiles/*.json`) and "
         "`reports/references.yaml`.",
@@ -306,15 +446,7 @@ def render_scorecard(
         "|---|---|---|---|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
-        pre = (
-            "none"
-            if r.get("pretrain_minutes") is None
-            else f"{r['pretrain_minutes']:.1f} min {r.get('device') or ''}".strip()
-        )
-        if r.get("objective") and r.get("pretrain_minutes") is not None:
-            pre = f"{r['objective']}, {pre}"
-        if str(r.get("pretrain_budget") or "").startswith("time_minutes"):
-            pre += " (wall-clock budget: not reproducible)"
+        pre = _pretraining(r)
         dev = f"**{r['dev_mean']:.2f}** ± {r['dev_std']:.2f} ({r['seeds']} seed{'s' if r['seeds'] != 1 else ''})"
         if r.get("warning"):
             dev = "⚠ " + dev  # predictions collapsed / at the majority baseline: see the note below
@@ -329,6 +461,12 @@ def render_scorecard(
         )
     notes = [f"- **{r['name']}**: {r['note']}" for r in rows if r.get("note")]
     notes += [f"- ⚠ **{r['name']}**: {r['warning']}" for r in rows if r.get("warning")]
+    notes += [
+        f"- **{r['name']}**: minutes, commit and date in `{RUNS_SCORECARD_MD}` (`bertrace scorecard show`), "
+        "read from the run logs: they differ on every rebuild of the same weights"
+        for r in rows
+        if r["name"] in untimed
+    ]
     if notes:
         lines += [""] + notes
     if goal:
@@ -338,15 +476,23 @@ def render_scorecard(
             for r in same_task
             if r["dev_mean"] >= goal["dev_mean"]
             and r.get("seeds", 0) >= goal_seeds(goal)
-            and (r.get("dag_minutes") or 1e9) <= goal["dag_minutes"]
+            and (r["name"] in untimed or (r.get("dag_minutes") or 1e9) <= goal["dag_minutes"])
         ]
         gain = goal.get("gain_over_scratch")
         gains = {r["name"]: gain_over_scratch(r) for r in fast}
         met = [r for r in fast if gain is None or (gains[r["name"]] is not None and gains[r["name"]] >= gain - 1e-9)]
-        lines += ["", f"Goal met by: {', '.join(r['name'] for r in met) if met else 'none of these rows'}."]
+        timed = [r["name"] for r in met if r["name"] not in untimed]
+        lines += ["", f"Goal met by: {', '.join(timed) if timed else 'none of these rows'}."]
+        if open_time := [r["name"] for r in met if r["name"] in untimed]:
+            lines += [
+                "",
+                f"Accuracy{'' if gain is None else ' and gain'} met by {', '.join(open_time)}; its DAG minutes, "
+                f"the time bar, are in `{RUNS_SCORECARD_MD}`.",
+            ]
         short = [f"{r['name']} ({_fmt(gains[r['name']], '+.2f')})" for r in fast if r not in met]
         if short:
-            lines += ["", f"Accuracy and time met, but not +{gain:.1f} over random weights: {', '.join(short)}."]
+            met_what = "Accuracy and time" if not untimed else "Accuracy (and time, where shown)"
+            lines += ["", f"{met_what} met, but not +{gain:.1f} over random weights: {', '.join(short)}."]
     with_variants = [r for r in rows if r.get("variants")]
     if with_variants:
         lines += [
@@ -404,11 +550,7 @@ def objective_corpus_table(rows: Sequence[dict[str, Any]], task: str | None) -> 
     """Markdown lines: every pre-trained row of ``task`` by corpus and objective, with the objective's own
     validation loss, dev, the frozen probe, the gain over the same model from random weights (the
     ``scratch`` variant), IMDB test and minutes; a grid objective a corpus has no row for says so."""
-    pre = [
-        r
-        for r in rows
-        if r.get("objective") and r.get("pretrain_minutes") is not None and (task is None or r.get("task") == task)
-    ]
+    pre = [r for r in rows if r.get("objective") and is_pretrained(r) and (task is None or r.get("task") == task)]
     if not pre:
         return []
     lines = [
@@ -502,14 +644,14 @@ def read_references(path: str | Path = REFERENCES) -> dict[str, Any]:
 
 def with_variants(row: dict[str, Any], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """``row`` with its run's finetune_variant results (:func:`read_variants`); their minutes count in
-    the DAG's (the evaluate stage that made the row does not wait for them)."""
-    extra = sum(v.get("minutes") or 0.0 for v in variants.values())
-    return {**row, "variants": variants, "dag_minutes": round((row.get("dag_minutes") or 0.0) + extra, 1)}
+    the DAG's (:func:`dag_minutes`, from the run logs)."""
+    return {**row, "variants": variants}
 
 
 def write_run_row(row: dict[str, Any] | None, json_path: str | Path = SCORECARD_JSON) -> None:
-    """The evaluated run's own row (``{"this_run": row}``), read by ``write_scorecard``."""
-    write_json(json_path, {"this_run": row})
+    """The evaluated run's own row (``{"this_run": row}``, without :data:`TIMED_KEYS`), read by
+    ``write_scorecard``."""
+    write_json(json_path, {"this_run": None if row is None else untimed_row(row)})
 
 
 def write_scorecard(
@@ -520,16 +662,22 @@ def write_scorecard(
     profiles_dir: str | Path = PROFILES_DIR,
     md_path: str | Path = SCORECARD_MD,
     variants: dict[str, dict[str, Any]] | None = None,
+    logs: dict[str, dict[str, Any] | None] | None = None,
+    runs_md_path: str | Path = RUNS_SCORECARD_MD,
 ) -> list[dict[str, Any]]:
     """Write ``md_path`` from ``row`` (the run in ``data/``, or None), the rows recorded in
     ``profiles_dir`` (a recorded row named like ``row`` is that run's older copy and is left out) and
     ``references`` (:func:`read_references`; the goal, the anchors and the published numbers are
     shown only when ``task`` is theirs: the goal's ``task``, or references.yaml's top-level ``task``,
-    and "Goal met by" counts only rows of that task). Returns the rows shown."""
+    and "Goal met by" counts only rows of that task). ``row`` is shown without its minutes, commit and
+    date, so ``md_path`` is the same for every rebuild of the same weights. With ``logs``
+    (:func:`run_logs`), also ``runs_md_path``: the same scorecard with them (:func:`timed_row`) and this
+    run's stages. Returns the rows shown."""
     if row is not None and variants:
         row = with_variants(row, variants)
+    if row is not None:
+        row = untimed_row(row)
     profiles = [r for r in read_profiles(profiles_dir) if row is None or r["name"] != row["name"]]
-    rows = [r for r in (row, *profiles) if r]
     goal = references.get("goal")
     if goal and goal.get("task") and goal["task"] != task:
         goal = None  # another task's goal says nothing about this one
@@ -543,9 +691,22 @@ def write_scorecard(
             f"The anchors and published numbers of {REFERENCES} are for {ref_task}, not for this run's task "
             f"({task or 'unknown'}): not shown."
         )
-    text = render_scorecard(rows, anchors=anchors, baselines=baselines, goal=goal, task=task)
-    if note:
-        text += "\n" + note + "\n"
+
+    def text(this: dict[str, Any] | None, **kwargs: Any) -> str:
+        rows = [r for r in (this, *profiles) if r]
+        out = render_scorecard(rows, anchors=anchors, baselines=baselines, goal=goal, task=task, **kwargs)
+        return out + ("\n" + note + "\n" if note else "")
+
     with atomic_open(md_path) as f:
-        f.write(text)
-    return rows
+        f.write(text(row, untimed=[row["name"]] if row else ()))
+    if logs is not None:
+        preamble = [
+            f"Untracked (`{RUN_LOG_DIR}/` is git-ignored, no DVC output): `{md_path}` with this run's minutes, "
+            "commit and date, read from the run logs when the scorecard was drawn.",
+            "",
+            *run_stage_lines(logs),
+        ]
+        Path(runs_md_path).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_open(runs_md_path) as f:
+            f.write(text(row and timed_row(row, logs), preamble=preamble))
+    return [r for r in (row, *profiles) if r]

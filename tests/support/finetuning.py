@@ -70,7 +70,6 @@ def make_pretrain_checkpoint(path: Path, tokenizer_path: Path, seed: int = 1234)
     model = BertForPreTraining(config)
     provenance = {
         "stage": "pretrain",
-        "git": {"commit": None, "dirty": None},
         "params": {},
         "params_hash": "0" * 64,
         "tokenizer_sha256": sha256_file(tokenizer_path),

@@ -145,8 +145,10 @@ def test_provenance_chain_walks_the_embedded_records():
     by = {e["stage"]: e for e in chain}
     assert by["pretrain"]["hashes"]["examples_manifest_sha256"] == "9" * 64
     assert by["finetune"]["hashes"]["task_files sst2/dev.tsv"] == "5" * 64
-    assert by["download"]["git_commit"] == "1" * 40 and by["download"]["hashes"]["output data/raw"] == "b" * 64
+    assert by["download"]["hashes"]["output data/raw"] == "b" * 64
     assert all(e["source"] == "checkpoint" for e in chain)
+    # data and params only: the commits and times fake_chain's records carry (as older checkpoints do) are not
+    assert all(set(e) == {"stage", "params_hash", "hashes", "source"} for e in chain)
 
 
 def test_provenance_chain_is_completed_only_by_records_linked_by_hash():
@@ -189,7 +191,8 @@ def test_report_has_numbers_baselines_and_provenance():
     assert "| BERT-base (Devlin et al. 2019, GLUE test) | 93.5 |" in text
     assert f"| majority class (validation, computed) | {100 * m['majority_accuracy']:.1f} |" in text
     assert "finetune → pretrain → examples → tokenizer → clean → download" in text
-    assert "`" + "6" * 10 + "`" in text  # finetune's git commit (short)
+    assert "| finetune | `777777777777` | checkpoint |" in text  # stage, params hash, where the record is from
+    assert "`" + "6" * 10 + "`" not in text and "git" not in text.lower()  # no commits (the run logs have them)
     assert "examples_manifest_sha256: `" + "9" * 64 + "`" in text  # full hashes listed
     assert "`" + "ab" * 32 + "`" in text
     assert "![confusion matrix](confusion.png)" in text and "test has no labels" in text
@@ -203,6 +206,20 @@ def test_report_has_numbers_baselines_and_provenance():
         figure="confusion.png",
         notes=["test has no labels: not scored"],
     )
+
+
+def test_the_provenance_section_shows_no_code_hashes_commits_or_times():
+    """A record's ``code`` (its code deps' sha256) changes with an edit that changes no output, and its run
+    fields (from before they moved to the run log) differ on every rebuild: neither reaches the report."""
+    record = fake_chain()
+    record["code"] = {"stages/finetune.py": "c0de" * 16}
+    record["pretrain"]["code"] = {"pipeline/pretrain/loop.py": "dead" * 16}
+    record.update(started="2026-12-01T03:00:00+00:00", finished="2026-12-01T03:05:00+00:00", seconds=300.0)
+    results = {"validation": classification_metrics([0, 1, 1], [0, 1, 0], ["a", "b"])}
+    text = render_report(results, checkpoint={}, chain=provenance_chain(record))
+    assert "c0de" not in text and "dead" not in text and "stages/finetune.py" not in text
+    assert "2026-12-01" not in text and "300" not in text
+    assert text == render_report(results, checkpoint={}, chain=provenance_chain(fake_chain()))
 
 
 def test_report_without_provenance_says_so():
@@ -228,8 +245,8 @@ def test_evaluate_stage_end_to_end(tmp_path, monkeypatch):
     from stages import evaluate as stage
 
     monkeypatch.chdir(tmp_path)
-    # the checkpoint embeds only finetune -> pretrain; data/provenance/examples.json (linked to it by
-    # the manifest hash) completes the chain, an unrelated record does not enter it
+    # the checkpoint embeds only finetune -> pretrain; the records in data/provenance/ (no deps of
+    # evaluate: they change with upstream code) do not complete its chain
     record = fake_chain()
     examples = record["pretrain"].pop("upstream")["examples"]
     model_pt = make_finetuned(tmp_path / "data" / "finetune", provenance=record)
@@ -287,14 +304,14 @@ def test_evaluate_stage_end_to_end(tmp_path, monkeypatch):
     assert Path("reports/confusion.png").read_bytes()[:4] == b"\x89PNG"
     report = Path("reports/evaluation.md").read_text()
     assert f"{100 * saved['validation']['accuracy']:.2f}" in report and "reports/references.yaml" in report
-    assert "finetune → pretrain → examples → tokenizer → clean → download" in report
-    assert "| examples | `4444444444` | no | `000000000000` | — | linked by examples_manifest_sha256 |" in report
-    assert "validate" not in report
+    assert "finetune → pretrain\n" in report and "| pretrain | `888888888888` | checkpoint |" in report
+    provenance = report[report.index("## Provenance") :]
+    assert "| examples |" not in provenance and "validate" not in report and "4444444444" not in report
     assert sha256_file(model_pt) in report
     prov = json.loads(Path("data/provenance/evaluate.json").read_text())
     assert prov["inputs"]["data/finetune/model.pt"] == sha256_file(model_pt)
     assert prov["outputs"]["reports/evaluation.md"] == sha256_file("reports/evaluation.md")
-    assert prov["chain"] == ["finetune", "pretrain", "examples", "tokenizer", "clean", "download"]
+    assert prov["chain"] == ["finetune", "pretrain"]
 
     import mlflow
 
@@ -328,3 +345,69 @@ def test_evaluate_stage_rejects_a_label_set_it_was_not_trained_on(tmp_path, monk
     )
     with pytest.raises(BertraceError, match=r"label_names \['neg', 'neu', 'pos'\] differ"):
         stage.main(progress=False)
+
+
+def _eval_params(tmp_path: Path) -> None:
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "compute": {"kernels": "portable"},
+                "finetune": {
+                    "task": {
+                        "source": "local",
+                        "local": {"validation": "validation.csv", "test": "test.csv"},
+                        "text_columns": ["sentence"],
+                        "label_column": "label",
+                        "label_names": ["negative", "positive"],
+                    }
+                },
+                "evaluate": {"splits": ["validation", "test"], "batch_size": 16, "log_model": False},
+            }
+        )
+    )
+
+
+def test_evaluate_outputs_depend_on_its_deps_alone(tmp_path, monkeypatch):
+    """evaluation.md, evaluate.json, eval.json and the scorecard row keep their bytes when only what is no
+    dep of evaluate changes: the run logs (commits, times) and the records in data/provenance/ (code
+    hashes); the row (from the chain the checkpoint embeds) has no minutes, commit or date."""
+    from stages import evaluate as stage
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BERTRACE_NO_MLFLOW", "1")
+    record = fake_chain()
+    download = record["pretrain"]["upstream"]["examples"]["upstream"]["clean"]["upstream"]["download"]
+    download["params"] = {"source": "local", "local": {"path": "corpus.txt"}}
+    make_finetuned(tmp_path / "data" / "finetune", provenance=record)
+    for role, seed in (("validation", 1), ("test", 2)):
+        texts = sentences(40, seed)
+        _write_split(tmp_path / f"{role}.csv", texts, [i % 2 for i in range(len(texts))])
+    _eval_params(tmp_path)
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "finetune.json").write_text(
+        json.dumps({"validation_accuracy": {"mean": 0.6, "std": 0.01}, "n_seeds": 2})
+    )
+    (tmp_path / "reports" / "pretrain.json").write_text(json.dumps({"device": "cpu", "model_sha256": "a" * 64}))
+    outputs = ("reports/evaluation.md", "reports/evaluate.json", "reports/scorecard.json", "metrics/eval.json")
+    seen = []
+    for commit, day, seconds in (("1" * 40, "2026-12-01", 60.0), ("2" * 40, "2026-12-08", 600.0)):
+        (tmp_path / "runs").mkdir(exist_ok=True)
+        (tmp_path / "data" / "provenance").mkdir(exist_ok=True)
+        for name in ("download", "pretrain", "finetune"):
+            (tmp_path / "runs" / f"{name}.json").write_text(
+                json.dumps(
+                    {"stage": name, "git": {"commit": commit}, "finished": f"{day}T03:00:00+00:00", "seconds": seconds}
+                )
+            )
+            (tmp_path / "data" / "provenance" / f"{name}.json").write_text(
+                json.dumps({"stage": name, "params_hash": commit, "code": {f"{name}.py": commit * 2}, "outputs": {}})
+            )
+        stage.main(progress=False)
+        seen.append({p: Path(p).read_bytes() for p in outputs})
+    assert seen[0] == seen[1]
+    row = json.loads(seen[0]["reports/scorecard.json"])["this_run"]
+    assert row["corpus"] == "local: corpus.txt" and row["dev_mean"] == 60.0 and row["pretrained"] is True
+    assert not {"pretrain_minutes", "dag_minutes", "git_commit", "git_dirty", "date"} & set(row)
+    report = seen[0]["reports/evaluation.md"].decode("utf-8")
+    assert "finetune → pretrain → examples → tokenizer → clean → download" in report
+    assert "2026-" not in report and "1111111111" not in report

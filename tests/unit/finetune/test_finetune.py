@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import re
 import statistics
 
 import pyarrow as pa
@@ -443,7 +444,11 @@ def test_finetune_stage_end_to_end(env, tmp_path, monkeypatch):
     assert losses[0] != losses[1]  # the seeds really are different runs
     assert saved["validation_loss"]["std"] == pytest.approx(statistics.stdev(losses))
     assert min(accs) > 0.8, accs  # a keyword task: far better than the 0.5 of chance
-    assert saved["cpu_minutes"] > 0 and saved["examples"] == {"train": 200, "validation": 100}
+    assert saved["examples"] == {"train": 200, "validation": 100}
+    assert not _time_keys(saved)  # timings: the run log's
+    timings = json.loads((root / "runs" / "finetune.json").read_text())["timings"]
+    assert timings["cpu_minutes"] > 0 and timings["wall_minutes"] > 0 and set(timings["per_seed"]) == {"1", "2"}
+    assert timings["per_seed"]["1"]["wall_seconds"] > 0 and timings["wall_seconds"] > 0
     assert metrics["best_seed"] == saved["best_seed"] == (1 if accs[0] >= accs[1] else 2)
 
     # the checkpoint: SPEC format, weights_only-loadable, the best seed's model
@@ -469,7 +474,9 @@ def test_finetune_stage_end_to_end(env, tmp_path, monkeypatch):
     assert ckpt["tokenizer_sha256"] == tok_sha == sha256_file(root / "data" / "finetune" / "tokenizer.json")
     prov = ckpt["provenance"]
     assert prov["pretrain"]["tokenizer_sha256"] == tok_sha and prov["params"]["mode"] == "full"
-    assert prov["params_hash"] and "git" in prov
+    assert prov["params_hash"] and not {"git", "started", "finished", "seconds", "code"} & set(prov)
+    # (prov["pretrain"] is the pre-training checkpoint's own provenance, as it wrote it)
+    assert not _time_keys(ckpt["metrics"]) and not _time_keys({k: v for k, v in prov.items() if k != "pretrain"})
     assert prov["pretrain_checkpoint_sha256"] == sha256_file(env["ckpt_path"])
     assert set(prov["task_files"].values()) == {
         sha256_file(env["task"]["local"]["train"]),
@@ -510,6 +517,73 @@ def test_finetune_stage_end_to_end(env, tmp_path, monkeypatch):
             == saved["per_seed"][r.data.tags["bertrace.seed"]]["validation_accuracy"]
         )
     assert parents[0].data.metrics["validation_accuracy.mean"] == pytest.approx(saved["validation_accuracy"]["mean"])
+
+
+_TIME_KEYS = re.compile(r"seconds|minutes|started|finished|_per_s$|^date$|^host$|^git$|run_id$")
+
+
+def _time_keys(obj, path="") -> list[str]:
+    """Key paths in ``obj`` (at any depth) that name a time, a duration, a throughput, a host, a commit or a run."""
+    if isinstance(obj, dict):
+        return [
+            p
+            for k, v in obj.items()
+            for p in ([f"{path}/{k}"] if _TIME_KEYS.search(str(k)) else []) + _time_keys(v, f"{path}/{k}")
+        ]
+    if isinstance(obj, list):
+        return [p for i, v in enumerate(obj) for p in _time_keys(v, f"{path}/{i}")]
+    return []
+
+
+def test_fine_tuning_twice_gives_byte_identical_outputs(env, tmp_path, monkeypatch):
+    """The same checkpoint, task files and params fine-tuned in two directories (as two machines would):
+    model.pt, reports/finetune.json and metrics/finetune.json have the same bytes, so dvc.lock does not
+    change; the run logs, which hold the times, differ."""
+    import stages.finetune as stage
+
+    monkeypatch.setenv("BERTRACE_NO_MLFLOW", "1")
+    monkeypatch.delenv("BERTRACE_HUB_MIRROR", raising=False)
+    outputs = (
+        "data/finetune/model.pt",
+        "data/finetune/tokenizer.json",
+        "reports/finetune.json",
+        "metrics/finetune.json",
+    )
+    digests, logs = [], []
+    for name in ("a", "b"):
+        root = tmp_path / name
+        (root / "data" / "tokenizer").mkdir(parents=True)
+        (root / "data" / "pretrain").mkdir(parents=True)
+        (root / "data" / "tokenizer" / "tokenizer.json").write_bytes(env["tokenizer_path"].read_bytes())
+        (root / "data" / "pretrain" / "best.pt").write_bytes(env["ckpt_path"].read_bytes())
+        for role in ("train", "validation"):
+            (root / f"{role}.csv").write_bytes(open(env["task"]["local"][role], "rb").read())
+        task = {**env["task"], "local": {"train": "train.csv", "validation": "validation.csv"}}
+        params = {
+            "compute": {"kernels": "portable"},
+            "finetune": {
+                "checkpoint": "data/pretrain/best.pt",
+                "tokenizer": "data/tokenizer/tokenizer.json",
+                "task": task,
+                "max_len": 32,
+                "epochs": 2,
+                "batch_size": 16,
+                "lr": 3e-3,
+                "seeds": [1, 2],
+                "threads": 1,
+            },
+        }
+        (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+        monkeypatch.chdir(root)
+        stage.main(progress=False)
+        digests.append({p: sha256_file(root / p) for p in outputs})
+        logs.append(json.loads((root / "runs" / "finetune.json").read_text()))
+        saved = json.loads((root / "reports" / "finetune.json").read_text())
+        ckpt = torch.load(root / outputs[0], weights_only=True)
+        ckpt["provenance"].pop("pretrain")  # the pre-training checkpoint's own provenance, as it wrote it
+        assert not _time_keys(saved) and not _time_keys(ckpt)
+    assert digests[0] == digests[1]
+    assert logs[0]["timings"]["per_seed"].keys() == {"1", "2"} and logs[0]["timings"] != logs[1]["timings"]
 
 
 def test_probe_script_fine_tunes_each_variant(env, tmp_path):

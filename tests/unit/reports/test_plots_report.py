@@ -59,8 +59,8 @@ def _curve_rows(sha: str | None) -> list[dict]:
 
 @pytest.fixture
 def repo(tmp_path) -> Path:
-    """A repository with this project's dvc.yaml, every plot file of a run, a pre-trained
-    checkpoint, its provenance record, and a learning curve made from it."""
+    """A repository with this project's dvc.yaml, every plot file of a run (the pre-training curves
+    without timing columns), a pre-trained checkpoint and a learning curve made from it."""
     root = tmp_path / "repo"
     root.mkdir()
     shutil.copyfile(REPO / "dvc.yaml", root / "dvc.yaml")
@@ -79,15 +79,6 @@ def repo(tmp_path) -> Path:
     best.parent.mkdir(parents=True)
     best.write_bytes(b"pre-trained weights, run A")
     (root / "data/pretrain/last.pt").write_bytes(b"last weights, run A")
-    record = {
-        "stage": "pretrain",
-        "outputs": {
-            "data/pretrain/best.pt": sha256_file(best),
-            "data/pretrain/last.pt": sha256_file(root / "data/pretrain/last.pt"),
-        },
-    }
-    (root / "data/provenance").mkdir(parents=True)
-    (root / "data/provenance/pretrain.json").write_text(json.dumps(record), encoding="utf-8")
     write_curve_csv(root / "plots/learning_curve.csv", _curve_rows(sha256_file(best)))
     return root
 
@@ -131,10 +122,6 @@ def test_a_learning_curve_from_another_pretraining_run_is_flagged_not_drawn(repo
     old = sha256_file(repo / "data/pretrain/best.pt")
     (repo / "data/pretrain/best.pt").write_bytes(b"pre-trained weights, run B")
     new = sha256_file(repo / "data/pretrain/best.pt")
-    record = json.loads((repo / "data/provenance/pretrain.json").read_text())
-    record["outputs"]["data/pretrain/best.pt"] = new
-    record["outputs"]["data/pretrain/last.pt"] = "f" * 64
-    (repo / "data/provenance/pretrain.json").write_text(json.dumps(record))
 
     summary = write_plots_report("reports/plots.html", repo)
     status, body = _sections((repo / "reports/plots.html").read_text(encoding="utf-8"))["learning curve"]
@@ -153,14 +140,41 @@ def test_a_learning_curve_that_names_no_checkpoint_is_flagged(repo):
     assert "does not record which pre-trained checkpoint" in body
 
 
-def test_without_a_provenance_record_the_checkpoint_file_is_hashed(repo):
-    (repo / "data/provenance/pretrain.json").unlink()
+def test_the_checkpoint_is_identified_by_the_bytes_of_best_pt_alone(repo):
+    """The curve's checkpoint is compared with the sha256 of data/pretrain/best.pt (the plots stage's one
+    dep on pre-training), not with data/provenance/pretrain.json, which changes with pre-training's code;
+    last.pt only where there is no best.pt."""
     rows = read_rows(repo / "plots/learning_curve.csv")
     status = learning_curve_status(rows, repo)
-    assert status["ok"] and "the files in data/pretrain" in status["message"]
+    assert status["ok"] and "the sha256 of data/pretrain/best.pt" in status["message"]
+    (repo / "data/provenance").mkdir(parents=True)
+    (repo / "data/provenance/pretrain.json").write_text(
+        json.dumps({"stage": "pretrain", "outputs": {"data/pretrain/best.pt": "f" * 64}, "code": {"x.py": "0" * 64}})
+    )
+    (repo / "data/pretrain/last.pt").write_bytes(b"last weights, another run")
+    assert learning_curve_status(rows, repo) == status  # neither the record nor last.pt counts
+    (repo / "data/pretrain/last.pt").write_bytes((repo / "data/pretrain/best.pt").read_bytes())
+    (repo / "data/pretrain/best.pt").unlink()
+    status = learning_curve_status(rows, repo)
+    assert status["ok"] and "the sha256 of data/pretrain/last.pt" in status["message"]
     shutil.rmtree(repo / "data/pretrain")
     status = learning_curve_status(rows, repo)
     assert not status["ok"] and "dvc pull" in status["message"]
+
+
+def test_the_page_depends_on_its_inputs_alone(repo):
+    """reports/plots.html: the same bytes whatever the run logs and provenance records say (they are no
+    deps of the plots stage), and no time in it; the pre-training curves need no timing columns."""
+    write_plots_report("reports/plots.html", repo)
+    first = (repo / "reports/plots.html").read_bytes()
+    (repo / "runs").mkdir()
+    (repo / "runs/pretrain.json").write_text(json.dumps({"stage": "pretrain", "seconds": 99.0}))
+    (repo / "data/provenance").mkdir(parents=True)
+    (repo / "data/provenance/pretrain.json").write_text(json.dumps({"stage": "pretrain", "outputs": {}}))
+    write_plots_report("reports/plots.html", repo)
+    assert (repo / "reports/plots.html").read_bytes() == first
+    html = first.decode("utf-8")
+    assert not re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d", html) and "seconds" not in html and "tokens_per_s" not in html
 
 
 def test_learning_curve_csv_has_the_checkpoint_column(tmp_path):

@@ -1,35 +1,65 @@
-"""Scorecard rows from a run's records and metrics, recorded profiles, and the markdown."""
+"""Scorecard rows from the chain a checkpoint embeds and the stages' reports, recorded profiles, the
+markdown, and this run's minutes, commit and date: read from the run logs into the untracked
+runs/scorecard.md, never into the DVC outputs reports/scorecard.{json,md}."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from pipeline.core.errors import BertraceError
-from pipeline.reports.scorecard import read_profiles, render_scorecard, run_row
+from pipeline.reports.scorecard import (
+    TIMED_KEYS,
+    dag_minutes,
+    read_profiles,
+    render_scorecard,
+    run_logs,
+    run_row,
+    timed_row,
+)
+
+STAGES = ["download", "clean", "tokenizer", "examples", "validate", "pretrain", "finetune"]
 
 
 def _records(pretrain_params_hash="p" * 64):
-    stages = ["download", "clean", "tokenizer", "examples", "validate", "pretrain", "finetune"]
-    recs = {}
-    for i, s in enumerate(stages):  # each stage takes 2 minutes, 1 minute apart
-        recs[s] = {
-            "stage": s,
-            "params_hash": pretrain_params_hash if s == "pretrain" else s * 3,
-            "started": f"2026-12-01T03:{3 * i:02d}:00+00:00",
-            "finished": f"2026-12-01T03:{3 * i + 2:02d}:00+00:00",
-            "git": {"commit": "0123456789abcdef", "dirty": s == "finetune"},
-            "params": {},
-        }
+    """The chain a fine-tuned checkpoint embeds: params and hashes, no run fields."""
+    recs = {
+        s: {"stage": s, "params_hash": pretrain_params_hash if s == "pretrain" else s * 3, "params": {}}
+        for s in STAGES
+        if s != "validate"
+    }
     recs["download"]["params"] = {"source": "local", "local": {"path": "../shared/data/enwiki-extract"}}
     recs["finetune"]["params"] = {"mode": "full"}
     return recs
 
 
+def _log(stage, seconds, *, commit="0123456789abcdef", day="2026-12-01", timings=None, dirty=False):
+    return {
+        "stage": stage,
+        "record_sha256": "r" * 64,
+        "git": {"commit": commit, "dirty": dirty},
+        "started": f"{day}T03:00:00+00:00",
+        "finished": f"{day}T03:{int(seconds // 60) % 60:02d}:00+00:00",
+        "seconds": seconds,
+        "host": "somewhere",
+        "timings": timings or {},
+    }
+
+
+def _write_logs(root, seconds: dict, **kw):
+    """runs/<stage>.json for each stage of ``seconds`` ({stage: seconds}); pretrain's timings: 38 minutes
+    of training at 20,000 tokens/s."""
+    (root / "runs").mkdir(parents=True, exist_ok=True)
+    for stage, secs in seconds.items():
+        timings = {"train_seconds": 2280.0, "tokens_per_s": 20000.0} if stage == "pretrain" else None
+        (root / "runs" / f"{stage}.json").write_text(json.dumps(_log(stage, secs, timings=timings, **kw)))
+
+
 FT = {"validation_accuracy": {"mean": 0.8412, "std": 0.0031}, "n_seeds": 3}
 EV = {"validation": {"accuracy": 0.85}, "test": {"accuracy": 0.8301}}
-PT = {"train_seconds": 2280.0, "device": "cpu", "tokens_seen": 1000}
+PT = {"device": "cpu", "tokens_seen": 1000, "budget": {"kind": "max_steps", "value": 8000}}
 
 
 def test_run_row_numbers():
@@ -40,39 +70,72 @@ def test_run_row_numbers():
         eval_metrics=EV,
         pretrain_metrics=PT,
         model_config={"num_layers": 2, "hidden_size": 128},
-        extra_minutes=0.5,
     )
     assert row["dev_mean"] == 84.12 and row["dev_std"] == 0.31 and row["seeds"] == 3
-    assert row["test"] == 83.01 and row["pretrain_minutes"] == 38.0 and row["model"] == "2L/128"
-    # 7 stages x 2 minutes + 0.5 (gaps between stages not counted), but pre-training counts the 38 minutes
-    # its weights took (train_seconds), not its record's 2: a pretrain resumed from a finished last.pt
-    assert row["dag_minutes"] == 6 * 2 + 38 + 0.5
-    quick = run_row(
-        "q", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics={"train_seconds": 60}
-    )
-    assert quick["dag_minutes"] == 14.0  # the record's 2 minutes when training took less
-    assert row["corpus"] == "local: ../shared/data/enwiki-extract" and row["git_dirty"] is True
+    assert row["test"] == 83.01 and row["model"] == "2L/128" and row["pretrained"] is True
+    assert row["pretrain_budget"] == "max_steps=8000" and row["corpus"] == "local: ../shared/data/enwiki-extract"
+    assert not set(TIMED_KEYS) & set(row)  # no minutes, commit or date: those are the run logs'
     other = run_row("x", records=_records("q" * 64), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
     assert other["params_hash"] != row["params_hash"]  # one stage's params differ -> another recipe
     scratch = _records()
     scratch["finetune"]["params"]["mode"] = "scratch"
-    assert (
-        run_row("s", records=scratch, finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)["pretrain_minutes"]
-        is None
-    )
+    s = run_row("s", records=scratch, finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
+    assert s["pretrained"] is False and s["pretrain_budget"] is None and s["model"] == "— (scratch)"
 
 
 def test_run_row_needs_the_records_and_metrics():
     recs = _records()
     del recs["download"]
-    with pytest.raises(BertraceError, match=r"no record for \['download'\]"):
+    with pytest.raises(BertraceError, match="model.pt: its provenance has no download record"):
         run_row("x", records=recs, finetune_metrics=FT, eval_metrics=EV)
+    with pytest.raises(BertraceError, match="no finetune record"):
+        run_row("x", records={"download": _records()["download"]}, finetune_metrics=FT, eval_metrics=EV)
     with pytest.raises(BertraceError, match="reports/finetune.json"):
         run_row("x", records=_records(), finetune_metrics={}, eval_metrics=EV)
+    scratch = {"finetune": {"stage": "finetune", "params": {"mode": "scratch"}, "params_hash": "f" * 64}}
+    assert run_row("s", records=scratch, finetune_metrics=FT, eval_metrics=EV)["corpus"] is None  # no chain needed
+
+
+def test_minutes_commit_and_date_come_from_the_run_logs(tmp_path):
+    """run_logs: runs/<stage>.json of every DAG stage, variants included, when it belongs to the stage's
+    record in data/provenance/; dag_minutes: the sum of their seconds; timed_row: this run's fields."""
+    from pipeline.lineage.provenance import record_digest
+
+    seconds = {s: 60.0 * (i + 1) for i, s in enumerate([*STAGES, "finetune_variant@frozen", "evaluate"])}
+    _write_logs(tmp_path, seconds, day="2026-12-02")
+    # clean's record is not the one its run log names: another run's outputs, not counted
+    (tmp_path / "data" / "provenance").mkdir(parents=True)
+    (tmp_path / "data" / "provenance" / "clean.json").write_text(json.dumps({"stage": "clean", "params": {}}))
+    record = {"stage": "finetune", "params": {"mode": "full"}}
+    (tmp_path / "data" / "provenance" / "finetune.json").write_text(json.dumps(record))
+    log = {**_log("finetune", 420.0, day="2026-12-02", dirty=True), "record_sha256": record_digest(record)}
+    (tmp_path / "runs" / "finetune.json").write_text(json.dumps(log))
+    logs = run_logs(["frozen"], root=tmp_path)
+    assert list(logs) == [*STAGES, "finetune_variant@frozen", "evaluate"]
+    assert logs["clean"] is None and logs["finetune"]["seconds"] == 420.0
+    assert dag_minutes(logs) == round((sum(seconds.values()) - seconds["clean"]) / 60, 1)
+    assert dag_minutes({s: None for s in logs}) is None
+
+    row = run_row("r", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
+    row["variants"] = {"frozen": {"mode": "frozen", "dev_mean": 70.0, "dev_std": 0.1, "settings": "mode: frozen"}}
+    timed = timed_row(row, logs)
+    assert timed["pretrain_minutes"] == 38.0 and timed["pretrain_tokens_per_s"] == 20000.0
+    assert timed["dag_minutes"] == dag_minutes(logs)
+    assert (timed["git_commit"], timed["git_dirty"], timed["date"]) == ("0123456789", True, "2026-12-02")
+    assert timed["variants"]["frozen"]["minutes"] == 8.0
+    assert row["variants"]["frozen"] == {"mode": "frozen", "dev_mean": 70.0, "dev_std": 0.1, "settings": "mode: frozen"}
+    empty = timed_row(row, run_logs([], root=tmp_path / "elsewhere"))
+    assert all(empty[k] is None for k in TIMED_KEYS)
 
 
 def test_profiles_and_markdown(tmp_path):
-    row = run_row("this run", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
+    row = {
+        **run_row("this run", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT),
+        "pretrain_minutes": 38.0,
+        "dag_minutes": 50.5,
+        "git_commit": "0123456789",
+        "git_dirty": True,
+    }
     (tmp_path / "in-domain.json").write_text(json.dumps({**row, "name": "in-domain", "dev_mean": 85.5, "seeds": 1}))
     profiles = read_profiles(tmp_path)
     assert [p["name"] for p in profiles] == ["in-domain"] and profiles[0]["imdb_test"] is None
@@ -85,7 +148,15 @@ def test_profiles_and_markdown(tmp_path):
     )
     assert "| this run |" in md and "**84.12** ± 0.31 (3 seeds)" in md and "| HF | 2L/128 | 30 min | 82.45 |" in md
     assert "Goal met by: this run." in md  # in-domain has 1 seed: not a goal row
-    assert "| BERT-Tiny | 83.2 |" in md and "0123456789 (dirty)" in md
+    assert "| BERT-Tiny | 83.2 |" in md and "0123456789 (dirty)" in md and "| mlm_nsp" not in md
+    assert "| 38.0 min cpu |" in md and "| 50.5 min |" in md
+    # this run's row in a DVC output: no minutes or commit; the goal's time bar is left to runs/scorecard.md
+    untimed = {k: v for k, v in row.items() if k not in TIMED_KEYS}
+    md = render_scorecard([untimed], goal={"dev_mean": 84.0, "dag_minutes": 60}, untimed=["this run"])
+    assert "| max_steps=8000 cpu |" in md and "0123456789" not in md and " min |" not in md
+    assert "Goal met by: none of these rows." in md
+    assert "Accuracy met by this run; its DAG minutes, the time bar, are in `runs/scorecard.md`." in md
+    assert "- **this run**: minutes, commit and date in `runs/scorecard.md`" in md
     slow = {**row, "dag_minutes": 75.0}
     assert "Goal met by: none of these rows." in render_scorecard([slow], goal={"dev_mean": 84.0, "dag_minutes": 60})
     # the gain over random weights (the scratch variant) as a third bar: 84.12 - 82.30 = +1.82 misses +2.0
@@ -116,6 +187,8 @@ def test_profiles_and_markdown(tmp_path):
 
 
 def test_record_keeps_the_last_row_as_a_profile(tmp_path, monkeypatch, capsys):
+    """A recorded row (a git-tracked input, made by an explicit command) keeps this run's minutes, commit
+    and date, read from the run logs."""
     from stages.scorecard import main
 
     monkeypatch.chdir(tmp_path)
@@ -123,11 +196,14 @@ def test_record_keeps_the_last_row_as_a_profile(tmp_path, monkeypatch, capsys):
     row = run_row("this run", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
     (tmp_path / "reports").mkdir()
     (tmp_path / "reports" / "scorecard.json").write_text(json.dumps({"this_run": row, "profiles": []}))
+    _write_logs(tmp_path, {s: 120.0 for s in [*STAGES, "evaluate"]}, day="2026-12-03")
     assert main(["record", "in-domain", "--note", "IMDB unsup", "--set", "imdb_test=86.5"]) == 0
     assert "recorded reports/profiles/in-domain.json" in capsys.readouterr().out
     saved = read_profiles(tmp_path / "reports" / "profiles")
     assert len(saved) == 1 and saved[0]["name"] == "in-domain" and saved[0]["imdb_test"] == 86.5
     assert saved[0]["note"] == "IMDB unsup" and saved[0]["dev_mean"] == row["dev_mean"]
+    assert saved[0]["dag_minutes"] == 16.0 and saved[0]["pretrain_minutes"] == 38.0
+    assert (saved[0]["git_commit"], saved[0]["date"]) == ("0123456789", "2026-12-03")
     assert main(["record", "y", "--set", "bogus=1"]) == 2
 
 
@@ -156,6 +232,7 @@ def test_render_rewrites_the_markdown_from_the_json_and_recorded_rows(tmp_path, 
         **run_row("this run", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT),
         "task": "nyu-mll/glue/sst2",
     }
+    _write_logs(tmp_path, {s: 300.0 for s in [*STAGES, "evaluate"]})  # 40 minutes
     (tmp_path / "reports" / "profiles").mkdir(parents=True)
     (tmp_path / "reports" / "scorecard.json").write_text(json.dumps({"this_run": row}))
     (tmp_path / "reports" / "profiles" / "in-domain.json").write_text(
@@ -168,7 +245,10 @@ def test_render_rewrites_the_markdown_from_the_json_and_recorded_rows(tmp_path, 
     md = (tmp_path / "reports" / "scorecard.md").read_text()
     assert "Validation accuracy on nyu-mll/glue/sst2" in md and "| HF | 2L/128 | 30 min | 82.45 |" in md
     assert "**84.12** ± 0.31 (3 seeds)" in md and "**82.50** ± 0.40 (3 seeds)" in md and "**70.00**" not in md
-    assert "Goal met by: this run." in md and "| BERT-Tiny | 83.2 |" in md
+    assert "Goal met by: none of these rows." in md and "Accuracy met by this run;" in md  # time: runs/
+    assert "| BERT-Tiny | 83.2 |" in md
+    timed = (tmp_path / "runs" / "scorecard.md").read_text()
+    assert "Goal met by: this run." in timed and "| 40.0 min |" in timed and "| BERT-Tiny | 83.2 |" in timed
     # the goal belongs to its task: an IMDB run's scorecard does not claim or miss the SST-2 goal
     (tmp_path / "reports" / "scorecard.json").write_text(json.dumps({"this_run": {**row, "task": "imdb"}}))
     assert main(["render"]) == 0
@@ -236,7 +316,6 @@ def _variant_report(path, name, overrides, mean, std):
                 "mode": overrides.get("mode", "full"),
                 "validation_accuracy": {"mean": mean, "std": std},
                 "n_seeds": 3,
-                "wall_minutes": 2.25,
             }
         )
     )
@@ -269,21 +348,24 @@ def test_variants_table_from_the_variant_stages_and_recorded_rows(tmp_path, monk
         "dev_mean": 75.12,
         "dev_std": 0.4,
         "seeds": 3,
-        "minutes": 2.25,
     }
     row = run_row("this run", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
     (reports / "scorecard.json").write_text(json.dumps({"this_run": row}))
+    seconds = {**{s: 60.0 for s in [*STAGES, "evaluate"]}, "finetune_variant@frozen": 135.0}
+    _write_logs(tmp_path, {**seconds, "finetune_variant@scratch": 135.0, "finetune_variant@old": 600.0})
     assert main(["render"]) == 0
     md = (reports / "scorecard.md").read_text()
     assert "## Fine-tuning variants" in md and "| old |" not in md
     assert "| this run | full (`finetune`) | mode: full | 84.12 ± 0.31 | — | — |" in md
-    assert "| this run | frozen | mode: frozen, lr: 0.001 | 75.12 ± 0.40 | -9.00 | 2.2 |" in md
-    assert f"| {row['dag_minutes'] + 4.5:.1f} min |" in md  # the variants' minutes count in the DAG's
-    assert "| this run | scratch | mode: scratch | 80.55 ± 0.20 | -3.57 | 2.2 |" in md
+    assert "| this run | frozen | mode: frozen, lr: 0.001 | 75.12 ± 0.40 | -9.00 | — |" in md
+    assert "| this run | scratch | mode: scratch | 80.55 ± 0.20 | -3.57 | — |" in md
+    timed = (tmp_path / "runs" / "scorecard.md").read_text()
+    assert "| this run | frozen | mode: frozen, lr: 0.001 | 75.12 ± 0.40 | -9.00 | 2.2 |" in timed
+    assert "| 12.5 min |" in timed  # 8 stages x 1 minute + 2 x 2.25 minutes of variants (not old's)
     assert main(["record", "bert"]) == 0
     saved = read_profiles(reports / "profiles")[0]
     assert set(saved["variants"]) == {"frozen", "scratch"} and saved["variants"]["scratch"]["dev_mean"] == 80.55
-    assert saved["dag_minutes"] == round(row["dag_minutes"] + 4.5, 1)  # with the variants' minutes
+    assert saved["dag_minutes"] == 12.5 and saved["variants"]["scratch"]["minutes"] == 2.2  # as runs/scorecard.md
     capsys.readouterr()
 
 
@@ -371,3 +453,58 @@ def test_imdb_test_column_joins_the_imdb_row_of_the_same_checkpoint():
     top = md[: md.index("## Pre-training objective × corpus")]
     assert [ln.split(" | ")[6] for ln in top.splitlines() if ln.startswith("| this run |")] == ["86.25"]
     assert render_scorecard([{**row, "imdb_test": 80.0}, imdb], task="glue/sst2").count("| 80.00 |") == 2  # --set wins
+
+
+def test_a_rebuild_changes_runs_scorecard_md_not_the_dvc_outputs(tmp_path, monkeypatch, capsys):
+    """Two renders of the same rows with other run logs (seconds, days, commits): reports/scorecard.md and
+    reports/scorecard.json keep their bytes; runs/scorecard.md shows each run's minutes per stage and a DAG
+    total that is the sum of the run logs' seconds, variants included, in every place it appears."""
+    import yaml
+
+    from pipeline.reports.scorecard import write_run_row
+    from stages.scorecard import main
+
+    monkeypatch.chdir(tmp_path)
+    reports = tmp_path / "reports"
+    _variant_report(reports / "variants" / "frozen.json", "frozen", {"mode": "frozen"}, 0.7512, 0.004)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"finetune_variants": {"frozen": {"mode": "frozen"}}}))
+    (reports / "references.yaml").write_text(yaml.safe_dump({"goal": {"dev_mean": 84.0, "dag_minutes": 60}}))
+    (reports / "profiles").mkdir()
+    (reports / "profiles" / "older.json").write_text(
+        json.dumps({"name": "older", "dev_mean": 83.0, "dev_std": 0.2, "seeds": 3, "dag_minutes": 44.4})
+    )
+    row = run_row("this run", records=_records(), finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
+    stages = [*STAGES, "finetune_variant@frozen", "evaluate"]
+    outputs = []
+    for secs, day, commit in [(100.0, "2026-12-01", "a" * 40), (170.0, "2026-12-09", "b" * 40)]:
+        write_run_row(row)
+        _write_logs(tmp_path, {s: secs + k for k, s in enumerate(stages)}, day=day, commit=commit)
+        assert main(["render"]) == 0
+        timed = (tmp_path / "runs" / "scorecard.md").read_text()
+        dag = round(sum(secs + k for k in range(len(stages))) / 60, 1)
+        assert f"| **DAG** | **{dag:.1f}** | | |" in timed  # the stage table's total ...
+        assert f"| {dag:.1f} min | `" in timed  # ... is the row's DAG column
+        assert f"| finetune_variant@frozen | {(secs + 7) / 60:.1f} | {day}T03:" in timed
+        assert f"| {commit[:10]} |" in timed and "| 44.4 min |" in timed  # a recorded row keeps its minutes
+        assert main(["show"]) == 0 and capsys.readouterr().out.endswith(timed)
+        outputs.append(((reports / "scorecard.md").read_bytes(), (reports / "scorecard.json").read_bytes(), timed))
+    (md_a, json_a, timed_a), (md_b, json_b, timed_b) = outputs
+    assert md_a == md_b and json_a == json_b and timed_a != timed_b
+    text = md_a.decode("utf-8")
+    assert not re.search(r"20\d\d-\d\d-\d\d", text) and "aaaaaaaaaa" not in text and "| 44.4 min |" in text
+    saved = json.loads(json_a)["this_run"]
+    assert not set(TIMED_KEYS) & set(saved)
+
+
+def test_the_row_of_an_imported_checkpoint_reads_the_chain_it_embeds():
+    """A published encoder (finetune.checkpoint a Hugging Face directory): the fine-tuned checkpoint's
+    provenance names the imported record under ``pretrain``; no corpus or pre-training of ours."""
+    from pipeline.reports.scorecard import chain_records
+
+    imported = {"stage": "imported", "source": "models/bert", "resolved_revision": None, "inputs": {}}
+    provenance = {"stage": "finetune", "params": {"mode": "full"}, "params_hash": "f" * 64, "pretrain": imported}
+    records = chain_records(provenance)
+    assert set(records) == {"finetune", "imported"}
+    row = run_row("hf", records=records, finetune_metrics=FT, eval_metrics=EV, pretrain_metrics=PT)
+    assert row["corpus"] == "published: models/bert@local" and row["pretrained"] is False
+    assert "| none |" in render_scorecard([row])
