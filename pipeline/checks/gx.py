@@ -5,7 +5,10 @@ the Data Docs HTML site is built byte-identical on a rebuild (a DVC output)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -144,7 +147,8 @@ def build_data_docs(gx_results: list, directory: str | Path) -> Path:
             }
         },
     )
-    with warnings.catch_warnings():
+    # GX formats run times in the local time zone: UTC here gives the same bytes in every zone.
+    with warnings.catch_warnings(), _utc_clock():
         warnings.simplefilter("ignore")
         context = gx.get_context(mode="ephemeral", project_config=config)
         store = context.validation_results_store
@@ -173,6 +177,22 @@ def build_data_docs(gx_results: list, directory: str | Path) -> Path:
     shutil.rmtree(directory, ignore_errors=True)
     tmp.rename(directory)
     return directory / "index.html"
+
+
+@contextlib.contextmanager
+def _utc_clock():
+    """The process's local time zone set to UTC while the body runs (``TZ`` and ``time.tzset``)."""
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = before
+        time.tzset()
 
 
 def expectation_name(r) -> str:

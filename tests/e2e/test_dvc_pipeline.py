@@ -5,7 +5,7 @@ per stage sharing a pipeline-run id and the same chain ids, `bertrace trace --ve
 pipeline's checkpoint from disk and from MLflow, a second repro runs nothing, a clean clone with
 the DVC cache rebuilds nothing, and changing a param reruns exactly the stages downstream of it
 (upstream outputs untouched; a run on an uncommitted params.yaml is marked dirty). That a rebuild
-with the same params and seeds writes the same bytes: tests/e2e/test_rebuild_identical.py.
+with the same params and seeds writes the same bytes: tests/e2e/test_stable_lock.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Two fresh Python processes run tokenizer → examples → a few CPU pre-training steps on the
 same small corpus and report hashes and losses; everything must agree bit for bit. The
 end-to-end version (two independent copies of the repo under `dvc repro`, every output of every
-stage compared) is ``test_rebuild_identical.py``.
+stage compared) is ``test_stable_lock.py``.
 """
 
 from __future__ import annotations
