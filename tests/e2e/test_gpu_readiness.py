@@ -41,7 +41,7 @@ from pipeline.pretrain.loop import PretrainConfig
 from pipeline.pretrain.objectives.registry import BertPretraining
 from tests.conftest import REPO
 from tests.support.examples_data import make_examples
-from tests.support.pretraining import TINY, run
+from tests.support.pretraining import TINY, run, small_examples
 from tests.support.pretraining import tiny_cfg as support_tiny_cfg
 
 
@@ -51,14 +51,7 @@ def tiny_cfg(**kw) -> PretrainConfig:
 
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory):
-    return make_examples(
-        tmp_path_factory.mktemp("ex"),
-        masking="dynamic",
-        train_rows=256,
-        valid_rows=32,
-        rows_per_shard=64,
-        row_group_size=16,
-    )
+    return small_examples(tmp_path_factory.mktemp("ex"))
 
 
 def _env() -> dict:

@@ -49,3 +49,13 @@ def run(cfg, examples, out, **kw):
 
 def train_logs(logs):
     return [(s, m) for s, m in logs if "loss" in m]
+
+
+def small_examples(directory):
+    """256 train / 32 valid rows of dynamic-masking examples in shards of 64 (row groups of 16): the
+    data of the loop's tests (tests.support.examples_data.make_examples)."""
+    from tests.support.examples_data import make_examples
+
+    return make_examples(
+        directory, masking="dynamic", train_rows=256, valid_rows=32, rows_per_shard=64, row_group_size=16
+    )

@@ -264,23 +264,7 @@ def test_evaluate_stage_end_to_end(tmp_path, monkeypatch):
         pred = np.array([p["label_id"] for p in clf.predict(t)])
         labels[role] = np.where(rng.random(len(t)) < 0.7, pred, 1 - pred).tolist()
         _write_split(tmp_path / f"{role}.csv", t, labels[role])
-    (tmp_path / "params.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "compute": {"kernels": "portable"},
-                "finetune": {
-                    "task": {
-                        "source": "local",
-                        "local": {"validation": "validation.csv", "test": "test.csv"},
-                        "text_columns": ["sentence"],
-                        "label_column": "label",
-                        "label_names": ["negative", "positive"],
-                    }
-                },
-                "evaluate": {"splits": ["validation", "test"], "batch_size": 16, "log_model": True},
-            }
-        )
-    )
+    _eval_params(tmp_path, log_model=True)
     metrics = stage.main(progress=False)
 
     saved = json.loads(Path("reports/evaluate.json").read_text())  # every number; metrics/eval.json: the few
@@ -347,7 +331,7 @@ def test_evaluate_stage_rejects_a_label_set_it_was_not_trained_on(tmp_path, monk
         stage.main(progress=False)
 
 
-def _eval_params(tmp_path: Path) -> None:
+def _eval_params(tmp_path: Path, log_model: bool = False) -> None:
     (tmp_path / "params.yaml").write_text(
         yaml.safe_dump(
             {
@@ -361,7 +345,7 @@ def _eval_params(tmp_path: Path) -> None:
                         "label_names": ["negative", "positive"],
                     }
                 },
-                "evaluate": {"splits": ["validation", "test"], "batch_size": 16, "log_model": False},
+                "evaluate": {"splits": ["validation", "test"], "batch_size": 16, "log_model": log_model},
             }
         )
     )

@@ -16,22 +16,14 @@ from pipeline.core.io import sha256_file
 from pipeline.pretrain import checkpoint as ckpt_lib
 from pipeline.pretrain.checkpoint import publish_dir
 from pipeline.pretrain.loop import TIMINGS, split_timings
-from tests.support.examples_data import make_examples
-from tests.support.pretraining import run, tiny_cfg
+from tests.support.pretraining import run, small_examples, tiny_cfg
 
 HISTORY_KEYS = {"step", "tokens", "lr", "loss", "mlm_loss", "nsp_loss", "grad_norm"}
 
 
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory):
-    return make_examples(
-        tmp_path_factory.mktemp("ex"),
-        masking="dynamic",
-        train_rows=256,
-        valid_rows=32,
-        rows_per_shard=64,
-        row_group_size=16,
-    )
+    return small_examples(tmp_path_factory.mktemp("ex"))
 
 
 def _files(directory: Path) -> dict[str, str]:
