@@ -344,14 +344,15 @@ def stage_dir(tmp_path, monkeypatch):
 
 
 def _fake_pretrain(seen: dict):
-    """Stands in for the training loop: keeps the provenance it was given, writes a last.pt."""
+    """Stands in for the training loop: keeps the provenance it was given, writes a last.pt embedding it."""
+    from pipeline.pretrain.checkpoint import save_checkpoint
 
     def pretrain(cfg, *, provenance, out_dir, **kw):
         seen["provenance"] = provenance
         seen["cfg"] = cfg
         seen["out_dir"] = out_dir
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / "last.pt").write_bytes(b"weights")
+        save_checkpoint(Path(out_dir) / "last.pt", {"step": 0, "provenance": provenance})
         return {"model_sha256": "0" * 64, "step": 0, "tokens_seen": 0, "train_seconds": 1.5, "tokens_per_s": 9.0}
 
     return pretrain
@@ -371,10 +372,12 @@ def test_pretrain_stage_refuses_a_rewritten_shard(stage_dir, monkeypatch):
     report = json.loads((stage_dir / "reports/pretrain.json").read_text())
     assert report["model_sha256"] == "0" * 64 and "train_seconds" not in report and "tokens_per_s" not in report
     assert "tok_per_s" not in json.loads((stage_dir / "metrics/pretrain.json").read_text())
-    assert json.loads((stage_dir / "runs/pretrain.json").read_text())["timings"] == {
-        "train_seconds": 1.5,
-        "tokens_per_s": 9.0,
-    }
+    log = json.loads((stage_dir / "runs/pretrain.json").read_text())
+    assert log["timings"] == {"train_seconds": 1.5, "tokens_per_s": 9.0}
+    # the run log names the record the checkpoint embeds: how trace finds this run from last.pt
+    from pipeline.lineage.provenance import record_digest
+
+    assert log["checkpoint_record_sha256"] == record_digest(seen["provenance"]) != log["record_sha256"]
     seen.clear()
     shard = rewrite_shard(Path("data/examples/train/shard-00001.parquet"), flip_first_label)
     with pytest.raises(
