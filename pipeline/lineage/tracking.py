@@ -545,7 +545,6 @@ class StageLog:
         run_name: str | None = None,
         system_metrics: bool = False,
     ):
-
         self.stage, self.params, self.dvc_lock = stage, params, dvc_lock
         self.enabled = enabled and os.environ.get("BERTRACE_NO_MLFLOW") != "1"
         self.run_name = run_name or stage
@@ -556,8 +555,7 @@ class StageLog:
         self.mlflow_run_id: str | None = None
         self.parent_run_id: str | None = None  # the pipeline run's parent ("One parent run" above)
         self.stale_runs: list[str] = []  # runs of this stage a killed process had left RUNNING
-        self.started = runlog.now_utc()
-        self._t0 = time.perf_counter()
+        self.started, self._t0 = runlog.now_utc(), time.perf_counter()  # the stage's clock starts with its StageRun
         self._mlflow = None
         self._chain_tags: dict[str, str] = {}
         self._dag_records: dict[str, Any] | None = None
@@ -574,7 +572,6 @@ class StageLog:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         """Open the MLflow run (a :class:`BertraceError` when the store does not answer)."""
-        self._t0, self.started = time.perf_counter(), runlog.now_utc()
         if not self.enabled:
             return
         import mlflow
