@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import functools
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -52,6 +53,7 @@ from pipeline.finetune.loop import (
 )
 from pipeline.finetune.task_data import load_task_data
 from pipeline.interop.hf_import import describe, import_checkpoint, is_hf_source, write_tokenizer
+from pipeline.lineage.provenance import iter_records
 from pipeline.lineage.tracking import source_tags
 from stages.arithmetic import compute_config
 from stages.common import StageRun, load_params, run_stage
@@ -59,6 +61,16 @@ from stages.common import StageRun, load_params, run_stage
 OUT = Path("data/finetune")
 VARIANTS_OUT = Path("data/variants")  # data/variants/<name>/model.pt
 VARIANTS_REPORTS = Path("reports/variants")  # reports/variants/<name>.json: what the scorecard's table reads
+
+
+def pretrain_max_seq_len(ckpt: dict) -> int | None:
+    """``examples.max_seq_len`` of the examples the checkpoint was pre-trained on, from the examples
+    record its provenance embeds; None without one (a checkpoint imported from Hugging Face)."""
+    for stage, record in iter_records(ckpt.get("provenance") or {}, "pretrain"):
+        if stage == "examples":
+            value = (record.get("params") or {}).get("max_seq_len")
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return None
 
 
 def main(progress: bool = True, variant: str | None = None) -> dict:
@@ -107,6 +119,21 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
                 f"params.yaml: finetune.max_len {max_len} exceeds the pre-trained model's "
                 f"max_position {ckpt['model_config']['max_position']} ({ckpt_path}); lower it"
             )
+        warnings: list[str] = []  # each printed as one line and kept in the report
+
+        def warn(message: str) -> None:
+            warnings.append(message)
+            print(f"{stage}: warning: {message}", file=sys.stderr)
+
+        seq_len = pretrain_max_seq_len(ckpt)
+        if seq_len is not None and max_len > seq_len and cfg.mode != "scratch":  # scratch: no position is pre-trained
+            key = f"finetune_variants.{variant}" if variant is not None and "max_len" in overrides else "finetune"
+            warn(
+                f"params.yaml: {key}.max_len {max_len} exceeds the pre-training examples' max_seq_len "
+                f"{seq_len} ({ckpt_path}): positions {seq_len}..{max_len - 1} were never trained; lower "
+                f"{key}.max_len to {seq_len} (truncation: head_tail keeps a long text's start and end), or "
+                f"pre-train with examples.max_seq_len >= {max_len}"
+            )
         if imported:  # the directory (or pointer file); an inline hf:<id> is no file: its files' hashes
             ckpt_sha = (
                 run.add_input(ckpt_path)
@@ -128,6 +155,7 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
             mirror=mirror,
             roles=("train", "validation"),
             progress=progress,
+            warn=warn,
         )
         for path, digest in data.files.items():
             run.add_input(path, digest)
@@ -178,6 +206,10 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
             "n_seeds": len(cfg.seeds),
             "examples": {role: len(s) for role, s in data.splits.items()},
             "truncated": {role: s.truncated for role, s in data.splits.items()},
+            # rows with empty text (no words), skipped in training and in the validation score alike
+            "skipped_rows": {role: s.skipped for role, s in data.splits.items()},
+            "pretrain_max_seq_len": seq_len,  # None: the checkpoint records none (imported)
+            "warnings": warnings,
         }
         if data.task_type == "token_classification":  # I-X after O or another type; CoNLL "a,b" tag fields
             metrics["bio_violations"] = {role: s.bio_violations for role, s in data.splits.items()}

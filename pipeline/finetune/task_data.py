@@ -31,6 +31,17 @@ file is recorded in the task's ``source.tables`` (checkpoint and provenance).
   ``format: conll``) gives those two columns. Tags must be BIO (IOB2). Word labels go to the
   first WordPiece of each word, the other pieces get -100 (:mod:`pipeline.finetune.token_data`).
 
+Rows are checked in this order (rows numbered from 1, a header line not counted, as "data rows"):
+
+* a row whose text is empty (an empty or whitespace-only cell, or null, in any of the
+  ``text_columns``; token classification: no words) is skipped in every role, train, validation
+  and test alike, so a metric's denominator leaves it out; each file's count and first few rows
+  are one warning line, each role's count :attr:`TaskSplit.skipped`;
+* a kept row without a label (an empty cell, null or -1) is an error naming the rows, unless the
+  whole split has none (an unlabelled test split);
+* label names from the file, from ``label_names`` and from a hub ClassLabel are compared in
+  Unicode NFC, so a decomposed ``é`` (``e`` + U+0301) matches a composed one.
+
 Headerless ``.csv`` / ``.tsv`` files (the original STS Benchmark): ``header: [name, ...]`` names
 the fields in order; fields beyond the list are dropped (counted in ``source.tables``), a line
 with fewer fields is an error naming the line. ``header: true`` (default): the first line names
@@ -47,9 +58,11 @@ from __future__ import annotations
 import csv
 import math
 import os
+import sys
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Sequence
+from typing import Annotated, Any, Callable, ClassVar, Literal, Sequence
 
 import numpy as np
 import torch
@@ -69,11 +82,28 @@ TASK_TYPES = ("classification", "token_classification", "regression")
 CONLL_SUFFIXES = (".conll",)
 QUOTINGS = {"minimal": csv.QUOTE_MINIMAL, "none": csv.QUOTE_NONE}
 SNIFF_DELIMITERS = ",;\t|"
+SHOW_ROWS = 5  # row numbers a message lists before "and N more"
+ROWS_CONVENTION = "1-based, a header line not counted"
 
 
 def _name(value: Any) -> Any:
     """A label name as text (YAML reads ``[0, 1]`` as numbers)."""
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _nfc(text: str) -> str:
+    return unicodedata.normalize("NFC", text)
+
+
+def _row_numbers(rows: Sequence[int]) -> str:
+    """``data rows 3, 8 (1-based, ...)`` of 0-based row indices: the first few and how many more."""
+    shown = ", ".join(str(int(i) + 1) for i in rows[:SHOW_ROWS])
+    more = f" and {len(rows) - SHOW_ROWS} more" if len(rows) > SHOW_ROWS else ""
+    return f"data row{'s' if len(rows) > 1 else ''} {shown}{more} ({ROWS_CONVENTION})"
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
 
 
 _TEXT_COLUMNS = "one column (single sentence) or two (sentence pair)"
@@ -196,6 +226,7 @@ class TaskSplit(torch.utils.data.Dataset):
     words: list[list[str]] | None = None
     bio_violations: int = 0  # I-X tags not after B-X / I-X (token_classification)
     multi_tags: int = 0  # CoNLL tag fields with several comma-separated tags, read as the first
+    skipped: int = 0  # rows of this role's part of the source split skipped for empty text (no words)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -528,15 +559,52 @@ def _hub_rows(
     return _Rows(columns, where, "finetune.task.columns", class_names, list(ds.column_names))
 
 
-def _labels(values: list, label_names: list[str], rows: _Rows, label_column: str, role: str) -> torch.Tensor | None:
-    """Label ids: ints index ``label_names``; strings are looked up in it (digit strings may
-    also be indices). All -1 / empty = an unlabelled split (GLUE's test): None."""
+def _empty_rows(rows: _Rows, text_columns: list[str], task_type: str) -> np.ndarray:
+    """Per row: True when a text column is empty, whitespace-only or null (token
+    classification: the word list is null or has no words)."""
+    empty = np.zeros(len(rows.columns[text_columns[0]]), dtype=bool)
+    for c in text_columns:
+        for i, v in enumerate(rows.columns[c]):
+            if task_type == "token_classification":
+                empty[i] |= (
+                    v is None
+                    or (isinstance(v, float) and np.isnan(v))
+                    or (isinstance(v, (list, tuple, np.ndarray)) and len(v) == 0)
+                )
+            else:
+                empty[i] |= not _text(v).strip()
+    return empty
+
+
+def _empty_text(text_columns: list[str], task_type: str) -> str:
+    if task_type == "token_classification":
+        return f"no words in {text_columns[0]!r}"
+    return "empty text in " + " or ".join(repr(c) for c in text_columns)
+
+
+def _missing(rows: _Rows, column: str, what: str, missing: np.ndarray, kept: int) -> BertraceError:
+    return BertraceError(
+        f"{rows.where}: column {column!r} has no {what} in {len(missing)} of {kept} data rows with text: "
+        f"{_row_numbers(missing)}; fill in the {what} or delete those rows"
+    )
+
+
+def _labels(
+    values: list, label_names: list[str], rows: _Rows, label_column: str, role: str, skip: np.ndarray
+) -> torch.Tensor | None:
+    """Label ids: ints index ``label_names``; strings are looked up in it (in NFC; digit strings
+    may also be indices). Rows in ``skip`` (empty text) are not checked. Every kept row without a
+    label (empty, null or -1) = an unlabelled split (GLUE's test): None; some = an error."""
     index = {name: i for i, name in enumerate(label_names)}
-    out = np.empty(len(values), dtype=np.int64)
+    out = np.full(len(values), -1, dtype=np.int64)
     bad: list[Any] = []
     for i, v in enumerate(values):
+        if skip[i]:
+            continue
         if isinstance(v, str):
-            v = v.strip()
+            v = _nfc(v.strip())
+            if not v:
+                continue
             if v in index:
                 out[i] = index[v]
                 continue
@@ -547,7 +615,6 @@ def _labels(values: list, label_names: list[str], rows: _Rows, label_column: str
                 bad.append(v)
                 continue
         if v is None or (isinstance(v, float) and np.isnan(v)):
-            out[i] = -1
             continue
         if isinstance(v, (bool, np.bool_)) or not float(v).is_integer():
             out[i] = -2
@@ -557,20 +624,24 @@ def _labels(values: list, label_names: list[str], rows: _Rows, label_column: str
         out[i] = v if 0 <= v < len(label_names) or v == -1 else -2
         if out[i] == -2:
             bad.append(v)
-    if bad or ((out == -1).any() and not (out == -1).all()):
-        shown = sorted({repr(b) for b in bad})[:8] or ["-1 / empty"]
+    if bad:
+        shown = sorted({repr(b) for b in bad})[:8]
         raise BertraceError(
             f"{rows.where}: column {label_column!r} has labels outside finetune.task.label_names "
-            f"{label_names}: {', '.join(shown)} ({len(bad) or int((out == -1).sum())} rows); list every label "
+            f"{label_names}: {', '.join(shown)} ({len(bad)} rows); list every label "
             f"in finetune.task.label_names (string labels by name, integer labels 0..{len(label_names) - 1})"
         )
-    if (out == -1).all():
+    missing = np.flatnonzero((out == -1) & ~skip)
+    kept = int((~skip).sum())
+    if len(missing) == kept:
         if role != "test":
             raise BertraceError(
                 f"{rows.where}: the {role} split has no labels (all -1 / empty); pick a labelled "
                 f"split in finetune.task.splits.{role}"
             )
         return None
+    if len(missing):
+        raise _missing(rows, label_column, "label", missing, kept)
     return torch.from_numpy(out)
 
 
@@ -598,18 +669,26 @@ def load_task_data(
     mirror: str | os.PathLike | None = None,
     roles: Sequence[str] = ("train", "validation"),
     progress: bool = False,
+    warn: Callable[[str], None] = _warn,
 ) -> TaskData:
     """Read, check, sample and tokenize the task splits named by ``roles``.
 
     ``params`` is ``finetune.task``; ``tokenizer`` a ``tokenizers.Tokenizer``; ``roles`` a subset
     of train / validation / test. ``mirror`` (a YAML index or a directory) replaces the hub.
     ``progress`` is accepted for symmetry with the other loaders (tokenizing is one fast
-    ``encode_batch`` per split). Raises BertraceError naming the file for a missing file or
-    column, labels outside ``label_names`` or an empty split.
+    ``encode_batch`` per split). ``warn`` gets one line per file with rows skipped for empty
+    text (default: ``warning: ...`` on stderr). Raises BertraceError naming the file for a
+    missing file or column, missing labels or labels outside ``label_names``, or an empty split.
     """
     p = task_params(params)
     text_columns, label_column = p["text_columns"], str(p["label_column"])
-    label_names = [str(n) for n in (p["label_names"] or [])]
+    label_names = [_nfc(str(n)) for n in (p["label_names"] or [])]
+    twice = sorted({n for n in label_names if label_names.count(n) > 1})
+    if twice:
+        raise BertraceError(
+            f"params.yaml: finetune.task.label_names lists {twice[0]!r} more than once (names are compared "
+            "in Unicode NFC); list each label once"
+        )
     global_renames = {str(k): str(v) for k, v in p["columns"].items()}
     files: dict[str, str] = {}
     tables: dict[str, Any] = {}  # csv/tsv file -> the delimiter and quoting it was read with
@@ -703,7 +782,7 @@ def load_task_data(
                 "params.yaml: finetune.task.label_names is empty; list the class names in label order "
                 "(e.g. [negative, positive])"
             )
-        label_names = [str(n) for n in names]
+        label_names = [_nfc(str(n)) for n in names]
         label_source = next(r.where for r in rows_by_split.values() if r.class_names)
     if task_type == "token_classification":
         from pipeline.finetune.token_data import check_bio
@@ -711,8 +790,12 @@ def load_task_data(
         check_bio(label_names, label_source)
 
     needed = text_columns + [label_column]
-    splits: dict[str, TaskSplit] = {}
-    for role in [r for r in ROLES if r in roles]:
+    ordered = [r for r in ROLES if r in roles]
+    # Rows with empty text, per source split: skipped in every role (one warning per file), before
+    # the labels are checked, so a blank line is a skipped row and not a missing label.
+    empty_of: dict[str, np.ndarray] = {}
+    warned: set[str] = set()
+    for role in ordered:
         split = str(split_of.get(role) or split_of["train"])
         rows = rows_by_split[split]
         _check_columns(rows, needed)
@@ -722,6 +805,29 @@ def load_task_data(
                 f"{rows.where}: the {role} split ({split}) has no rows; point finetune.task.splits."
                 f"{role} at a non-empty split or fix the file"
             )
+        if split not in empty_of:
+            empty_of[split] = _empty_rows(rows, text_columns, task_type)
+            empty = np.flatnonzero(empty_of[split])
+            what = _empty_text(text_columns, task_type)
+            if len(empty) == n:
+                raise BertraceError(
+                    f"{rows.where}: all {n} data rows have {what}; fix the file or point "
+                    f"finetune.task.splits.{role} at another split"
+                )
+            if len(empty) and rows.where not in warned:  # one line per file, whatever its roles
+                warned.add(rows.where)
+                warn(
+                    f"{rows.where}: skipping {len(empty)} of {n} data rows with {what} (neither trained on "
+                    f"nor scored): {_row_numbers(empty)}; fill in the "
+                    f"{'words' if task_type == 'token_classification' else 'text'} or delete those rows"
+                )
+
+    splits: dict[str, TaskSplit] = {}
+    for role in ordered:
+        split = str(split_of.get(role) or split_of["train"])
+        rows = rows_by_split[split]
+        skip = empty_of[split]
+        n = len(skip)
         if task_type == "token_classification":
             labels = _tag_labels(
                 rows.columns[label_column],
@@ -731,17 +837,20 @@ def load_task_data(
                 label_column,
                 text_columns[0],
                 role,
+                skip,
             )
         elif task_type == "regression":
-            labels = _scores(rows.columns[label_column], rows, label_column, role)
+            labels = _scores(rows.columns[label_column], rows, label_column, role, skip)
         else:
-            labels = _labels(rows.columns[label_column], label_names, rows, label_column, role)
+            labels = _labels(rows.columns[label_column], label_names, rows, label_column, role, skip)
         idx = np.arange(n)
         if carve and role in ("train", "validation"):
             frac = float(p["validation_fraction"])  # in (0, 1): TaskParams
             perm = np.random.default_rng([int(p.get("sample_seed") or 0), 99]).permutation(n)
             n_val = max(1, int(round(n * frac)))
             idx = np.sort(perm[:n_val] if role == "validation" else perm[n_val:])
+        skipped = int(skip[idx].sum())
+        idx = idx[~skip[idx]]
         limit = p["max_examples"].get(role)
         if limit and len(idx) > int(limit):
             # A random subset kept in file order; one RNG per role, so a role's subset is the same
@@ -750,13 +859,15 @@ def load_task_data(
             idx = np.sort(rng.permutation(idx)[: int(limit)])
         if len(idx) == 0:
             raise BertraceError(
-                f"{rows.where}: the {role} split is empty after sampling; raise "
-                f"finetune.task.max_examples.{role} or validation_fraction"
+                f"{rows.where}: the {role} split is empty after sampling"
+                + (f" and skipping {skipped} rows with empty text" if skipped else "")
+                + f"; raise finetune.task.max_examples.{role} or validation_fraction"
             )
         if task_type == "token_classification":
             splits[role] = _token_split(
                 tokenizer, rows, text_columns[0], labels, idx, label_names, max_len, role, split, tables
             )
+            splits[role].skipped = skipped
             continue
         texts = [[_text(rows.columns[c][i]) for i in idx] for c in text_columns]
         ids, types, n_cut = encode_examples(
@@ -771,6 +882,7 @@ def load_task_data(
             rows.where,
             n_cut,
             task_type,
+            skipped=skipped,
         )
     return TaskData(splits, label_names, text_columns, label_column, max_len, truncation, files, source, task_type)
 
@@ -780,33 +892,44 @@ def _words(v: Any, rows: _Rows, column: str, i: int) -> list[str]:
         v = v.tolist()
     if not isinstance(v, (list, tuple)):
         raise BertraceError(
-            f"{rows.where}: row {i} of column {column!r} is {type(v).__name__}, not a list of words; "
-            "token_classification reads a column of word lists (or a CoNLL file)"
+            f"{rows.where}: data row {i + 1} ({ROWS_CONVENTION}) of column {column!r} is {type(v).__name__}, "
+            "not a list of words; token_classification reads a column of word lists (or a CoNLL file)"
         )
     return [_text(w) for w in v]
 
 
 def _tag_labels(
-    values: list, words: list, label_names: list[str], rows: _Rows, label_column: str, text_column: str, role: str
+    values: list,
+    words: list,
+    label_names: list[str],
+    rows: _Rows,
+    label_column: str,
+    text_column: str,
+    role: str,
+    skip: np.ndarray,
 ) -> list[list[int]] | None:
-    """Per example the word tag ids (ints index ``label_names``, strings are looked up in it);
-    the tag list must be as long as the word list. All empty = an unlabelled (test) split."""
+    """Per example the word tag ids (ints index ``label_names``, strings are looked up in it, in
+    NFC); the tag list must be as long as the word list. Rows in ``skip`` (no words) get no tags.
+    Every kept row untagged = an unlabelled (test) split; some = an error."""
     index = {name: i for i, name in enumerate(label_names)}
     out: list[list[int]] = []
     bad: set[str] = set()
     n_bad = 0
     for i, (tags, ws) in enumerate(zip(values, words)):
+        if skip[i]:
+            out.append([])
+            continue
         tags = [] if tags is None else (tags.tolist() if isinstance(tags, np.ndarray) else list(tags))
         n_words = len(_words(ws, rows, text_column, i))
         if tags and len(tags) != n_words:
             raise BertraceError(
-                f"{rows.where}: row {i} has {n_words} words in {text_column!r} but {len(tags)} tags in "
-                f"{label_column!r}; each word needs exactly one tag"
+                f"{rows.where}: data row {i + 1} ({ROWS_CONVENTION}) has {n_words} words in {text_column!r} but "
+                f"{len(tags)} tags in {label_column!r}; each word needs exactly one tag"
             )
         ids = []
         for t in tags:
             if isinstance(t, str):
-                k = index.get(t.strip(), -1)
+                k = index.get(_nfc(t.strip()), -1)
             elif isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_)):
                 k = int(t) if 0 <= int(t) < len(label_names) else -1
             else:
@@ -821,44 +944,51 @@ def _tag_labels(
             f"{rows.where}: column {label_column!r} has tags outside finetune.task.label_names {label_names}: "
             f"{', '.join(sorted(bad)[:8])} ({n_bad} words); list every tag in finetune.task.label_names"
         )
-    if not any(out):
+    missing = np.flatnonzero([not ids and not skipped for ids, skipped in zip(out, skip)])
+    kept = int((~skip).sum())
+    if len(missing) == kept:
         if role != "test":
             raise BertraceError(
                 f"{rows.where}: the {role} split has no tags; pick a labelled split in finetune.task.splits.{role}"
             )
         return None
+    if len(missing):
+        raise _missing(rows, label_column, "tags", missing, kept)
     return out
 
 
-def _scores(values: list, rows: _Rows, label_column: str, role: str) -> torch.Tensor | None:
-    """Regression targets as float32; all empty / NaN = an unlabelled (test) split."""
-    out = np.empty(len(values), dtype=np.float64)
+def _scores(values: list, rows: _Rows, label_column: str, role: str, skip: np.ndarray) -> torch.Tensor | None:
+    """Regression targets as float32; rows in ``skip`` (empty text) are not checked. Every kept
+    row empty / NaN = an unlabelled (test) split; some = an error."""
+    out = np.full(len(values), np.nan, dtype=np.float64)
     bad: list[Any] = []
     for i, v in enumerate(values):
+        if skip[i]:
+            continue
         if isinstance(v, str):
             v = v.strip()
             if not v:
-                out[i] = np.nan
                 continue
         try:
             out[i] = np.nan if v is None else float(v)
         except (TypeError, ValueError):
             bad.append(v)
-            out[i] = np.nan
-    missing = np.isnan(out)
-    if bad or (missing.any() and not missing.all()):
-        shown = sorted({repr(b) for b in bad})[:8] or ["empty / NaN"]
+    if bad:
+        shown = sorted({repr(b) for b in bad})[:8]
         raise BertraceError(
             f"{rows.where}: column {label_column!r} must hold numbers for a regression task: "
-            f"{', '.join(shown)} ({len(bad) or int(missing.sum())} rows); fix the file or "
-            "finetune.task.label_column"
+            f"{', '.join(shown)} ({len(bad)} rows); fix the file or finetune.task.label_column"
         )
-    if missing.all():
+    missing = np.flatnonzero(np.isnan(out) & ~skip)
+    kept = int((~skip).sum())
+    if len(missing) == kept:
         if role != "test":
             raise BertraceError(
                 f"{rows.where}: the {role} split has no scores; pick a labelled split in finetune.task.splits.{role}"
             )
         return None
+    if len(missing):
+        raise _missing(rows, label_column, "score", missing, kept)
     return torch.from_numpy(out.astype(np.float32))
 
 
