@@ -797,6 +797,11 @@ def _check_split(
                     "document_per_file) leans to 1. Lengthen the documents (clean.min_chars) or raise "
                     "validate.nsp_tolerance for a corpus of short articles"
                 )
+                if spec.max_seq_len < 128:
+                    check.message += (
+                        f"; or short pairs: examples.max_seq_len is {spec.max_seq_len}, so a chunk of "
+                        f"{spec.max_seq_len - 3} WordPieces often holds one sentence: raise it (BERT: 128)"
+                    )
         elif col == "masked_count":
             rate = float(masked.sum(dtype=np.int64)) / max(tokens, 1)
             check.observed = {

@@ -240,7 +240,14 @@ class PretrainConfig(Section):
 
     @model_validator(mode="after")
     def _recipe(self) -> "PretrainConfig":
-        budgets = [n for n in BUDGETS if getattr(self, n) not in (None, 0)]
+        for name in BUDGETS:
+            if getattr(self, name) == 0:
+                unit = "1 update" if name == "max_steps" else "a positive number"
+                raise BertraceError(
+                    f"params.yaml: pretrain.{name} = 0: a budget of nothing trains nothing; set it to at "
+                    f"least {unit}, or to null and give the budget as {' or '.join(b for b in BUDGETS if b != name)}"
+                )
+        budgets = [n for n in BUDGETS if getattr(self, n) is not None]
         if len(budgets) != 1:
             raise BertraceError(
                 "params.yaml: pretrain needs exactly one budget: max_steps, epochs or time_minutes "

@@ -254,6 +254,11 @@ def test_nsp_mean_too_high_says_what_short_documents_do(ex):
     r = assert_only_failure(validate_shards(ex), "expect_column_mean_to_be_between(next_sentence_label)", "train")
     assert r.observed == pytest.approx(0.75, abs=0.01)
     assert "document_per_file" in r.message and "validate.nsp_tolerance" in r.message  # what to do about it
+    # these shards' pairs are 32 WordPieces long: short pairs are named as a cause too
+    assert r.message.endswith(
+        "; or short pairs: examples.max_seq_len is 32, so a chunk of 29 WordPieces often holds one sentence: "
+        "raise it (BERT: 128)"
+    ), r.message
 
 
 def test_normalizer_check_fails_when_uncased_stripping_deletes_letters(tmp_path):

@@ -157,7 +157,7 @@ def test_pairing_tiles_each_document_with_put_back():
     part.doc_n = [23, 7, 40, 1, 12]
     part.doc_first = np.r_[0, np.cumsum(part.doc_n)[:-1]].tolist()
     part.off = list(range(sum(part.doc_n) + 1))  # sentence j is token j
-    cfg = ExamplesConfig(max_seq_len=8, short_seq_prob=0.0)
+    cfg = ExamplesConfig.model_construct(max_seq_len=8, short_seq_prob=0.0)  # below the bound, for the tiling
     rng = random.Random(0)
     for _ in range(20):
         for d in range(len(part.doc_n)):
@@ -582,6 +582,12 @@ def test_error_tokenizer_with_wrong_special_ids(corpus, tmp_path):
     "change, pattern",
     [
         ({"max_seq_len": 4}, r"examples\.max_seq_len = 4: must be >= 8"),
+        (
+            {"max_seq_len": 8},
+            r"^params.yaml: examples\.max_seq_len = 8: too short for MLM/NSP examples; a pair of 5 WordPieces rarely "
+            r"holds two sentences, so next-sentence prediction gets almost only random B's \(label 1\); use at least 32 "
+            r"\(BERT: 128, then 512\), or examples\.mode: causal for short blocks$",
+        ),
         ({"masking": "sometimes"}, r"examples\.masking = 'sometimes': input should be 'static' or 'dynamic'"),
         ({"mask_candidates": "all"}, r"examples\.mask_candidates = 'all': input should be 'google' or 'skip_special'"),
         ({"shuffle_documents": "yes"}, r"examples\.shuffle_documents = 'yes': must be true or false"),
@@ -594,6 +600,11 @@ def test_error_tokenizer_with_wrong_special_ids(corpus, tmp_path):
 def test_config_validation(change, pattern):
     with pytest.raises(BertraceError, match=pattern):
         ExamplesConfig(**change)
+
+
+def test_short_blocks_are_fine_for_causal_examples():
+    assert ExamplesConfig(mode="causal", max_seq_len=8).max_seq_len == 8
+    assert ExamplesConfig(max_seq_len=32).max_seq_len == 32
 
 
 def test_config_from_params():

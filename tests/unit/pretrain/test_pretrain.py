@@ -142,6 +142,19 @@ def test_optimizer_excludes_bias_and_layernorm_from_weight_decay(examples, tmp_p
     assert all(len(s) == 1 for s in shapes)
 
 
+def test_a_zero_budget_names_the_key_and_the_lower_bound():
+    """max_steps: 0 is a budget set to nothing, not a budget left out (the others are null)."""
+    with pytest.raises(BertraceError) as e:
+        tiny_cfg(max_steps=0)
+    assert str(e.value) == (
+        "params.yaml: pretrain.max_steps = 0: a budget of nothing trains nothing; set it to at least 1 update, "
+        "or to null and give the budget as epochs or time_minutes"
+    )
+    with pytest.raises(BertraceError, match=r"^params.yaml: pretrain.epochs = 0: .* at least a positive number"):
+        tiny_cfg(max_steps=None, epochs=0)
+    assert tiny_cfg(max_steps=1).max_steps == 1
+
+
 def test_config_validation_errors():
     with pytest.raises(BertraceError, match="exactly one budget"):
         tiny_cfg(max_steps=10, time_minutes=5)
