@@ -21,6 +21,7 @@ from pipeline.core.config import Bool, Int, Section, Str
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import atomic_open, atomic_path
 from pipeline.lineage.provenance import STAGE_ORDER, iter_records
+from pipeline.reports.fonts import LabelFonts, label_fonts, set_families
 
 
 class EvaluateConfig(Section):
@@ -232,28 +233,77 @@ def write_confusion_csv(
 def plot_confusion(
     path: str | Path, cm: Sequence[Sequence[int]], label_names: Sequence[str], title: str = "Confusion matrix"
 ) -> Path:
-    """PNG of the confusion matrix: cells coloured by row share (recall), annotated with counts.
+    """PNG of :func:`confusion_figure`. When its ticks show class indices, the PNG's
+    ``Description`` text names the classes, one ``index = name`` a line."""
+    fonts = label_fonts([str(n) for n in label_names])
+    fig = confusion_figure(cm, label_names, title, fonts=fonts)
+    metadata = None if fonts.on_ticks else {"Description": class_key(label_names)}
+    return save_figure(fig, path, metadata=metadata)
+
+
+def confusion_figure(
+    cm: Sequence[Sequence[int]],
+    label_names: Sequence[str],
+    title: str = "Confusion matrix",
+    fonts: LabelFonts | None = None,
+):
+    """The confusion matrix as a matplotlib ``Figure``: cells coloured by row share (recall),
+    annotated with counts.
+
+    ``fonts`` (default: :func:`label_fonts` of the names) decides how the classes are named.
+    Where :attr:`LabelFonts.on_ticks`, the ticks show the names, each in its fonts. Otherwise
+    the ticks show class indices 0..K-1 and: when every name has fonts (matplotlib does not
+    shape text), a key beside the matrix lists ``index = name``; when some name has a character
+    no candidate font has (:mod:`pipeline.reports.fonts`: matplotlib's own, whatever the host
+    has), the x label says the names are in the evaluation report (whose class tables list them
+    in index order). Every character drawn has a glyph in its fonts, so matplotlib warns of no
+    missing glyph.
 
     Uses matplotlib's object API with the Agg canvas (no pyplot, no global backend switch).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
 
+    names = [str(n) for n in label_names]
+    fonts = label_fonts(names) if fonts is None else fonts
     cm = np.asarray(cm, dtype=np.int64)
-    k = len(label_names)
+    k = len(names)
     share = _safe_div(cm, cm.sum(axis=1, keepdims=True).repeat(k, axis=1))
     size = max(3.5, 0.9 * k + 2.0)
-    fig = Figure(figsize=(size + 1.0, size), dpi=120)
+    key = fonts.families is not None and not fonts.on_ticks
+    fig = Figure(figsize=(size + (3.0 if key else 1.0), size), dpi=120)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+    if key:
+        grid = fig.add_gridspec(1, 2, width_ratios=[size + 1.0, 2.0])
+        ax, key_ax = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
+    else:
+        ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(share, cmap="Blues", vmin=0.0, vmax=1.0)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of actual class")
-    ax.set_xticks(
-        range(k), labels=[str(n) for n in label_names], rotation=45 if k > 4 else 0, ha="right" if k > 4 else "center"
-    )
-    ax.set_yticks(range(k), labels=[str(n) for n in label_names])
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("actual")
+    if fonts.on_ticks:
+        ax.set_xticks(range(k), labels=names, rotation=45 if k > 4 else 0, ha="right" if k > 4 else "center")
+        ax.set_yticks(range(k), labels=names)
+        for ticks in (ax.get_xticklabels(), ax.get_yticklabels()):
+            set_families(ticks, fonts.families)
+        ax.set_xlabel("predicted")
+        ax.set_ylabel("actual")
+    else:
+        indices = [str(i) for i in range(k)]
+        ax.set_xticks(range(k), labels=indices)
+        ax.set_yticks(range(k), labels=indices)
+        ax.set_xlabel(
+            "predicted (class index)"
+            if key
+            else "predicted (class index)\nclass names: see the evaluation report\n(matplotlib's own fonts lack their glyphs)"
+        )
+        ax.set_ylabel("actual (class index)")
+    if key:
+        key_ax.axis("off")
+        handles = [Rectangle((0, 0), 0, 0, visible=False) for _ in names]
+        lines = class_key(names).splitlines()
+        legend = key_ax.legend(handles, lines, loc="center left", title="classes", handlelength=0, handletextpad=0)
+        set_families(legend.get_texts(), fonts.families)
     ax.set_title(title)
     for i in range(k):
         for j in range(k):
@@ -266,15 +316,21 @@ def plot_confusion(
                 fontsize=9,
                 color="white" if share[i, j] > 0.5 else "black",
             )
-    return save_figure(fig, path)
+    return fig
 
 
-def save_figure(fig, path: str | Path) -> Path:
-    """Lay out ``fig`` and write it as a PNG, atomically."""
+def class_key(label_names: Sequence[str]) -> str:
+    """``index = name``, one class a line."""
+    return "\n".join(f"{i} = {name}" for i, name in enumerate(label_names))
+
+
+def save_figure(fig, path: str | Path, metadata: dict[str, str] | None = None) -> Path:
+    """Lay out ``fig`` and write it as a PNG, atomically. ``metadata``: PNG text chunks besides
+    matplotlib's ``Software``."""
     fig.tight_layout()
     path = Path(path)
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
+        fig.savefig(tmp, format="png", metadata=metadata)
     return path
 
 
