@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A team's servers on 127.0.0.1 for a laptop trial: SeaweedFS (S3), PostgreSQL, MLflow.
 
-    python scripts/team.py up   [--state .team]   # start them; prints the `export` lines
+    python scripts/team.py up   [--state .team]   # start them (or those that died); prints the `export` lines
     python scripts/team.py env  [--state .team]   # print the `export` lines again
     python scripts/team.py down [--state .team]   # stop them (by the PIDs in .team/pids.json)
 
@@ -430,6 +430,7 @@ def _start_weed(state: Path, ports: dict[str, int]) -> subprocess.Popen:
         "-volume.max=0",
         "-volume.preStopSeconds=0",
         "-master.telemetry=false",
+        "-master.electionTimeout=1s",  # one master, no peers: its restart need not wait 10 s to lead
     ]
     if len(str(wdir)) < 80:  # else the default /tmp/seaweedfs-{filer,s3}-<port>.sock
         cmd += [f"-filer.localSocket={wdir / 'filer.sock'}", f"-s3.localSocket={wdir / 's3.sock'}"]
@@ -501,15 +502,21 @@ def _info(state: Path) -> dict:
 
 
 def start_servers(state_dir: Path, *, s3_port=None, pg_port=None, mlflow_port=None, buckets=("dvc", "mlflow")) -> dict:
-    """Start SeaweedFS (S3), PostgreSQL and MLflow on 127.0.0.1; return ports, urls, env, pids, ...
+    """Start SeaweedFS (S3), PostgreSQL and MLflow on 127.0.0.1; return ports, urls, env, pids,
+    ``started`` (the names started now), ...
 
-    Raises TeamError (one line, plus a log tail) when a binary is missing, a port is taken, a
-    server does not come up, or the state dir's servers already run. On failure nothing is left running.
+    When some of the state dir's servers run and others died, only the dead ones start again, on
+    their ports, with the same data and credentials. Raises TeamError (one line, plus a log tail)
+    when a binary is missing, a port is taken, a server does not come up, or every server already
+    runs. On failure the servers this call started are stopped again.
     """
     state = Path(state_dir).absolute()
     find_weed(), find_pg_bindir()  # fail early, before anything starts
-    if running(state):
+    alive = running(state)
+    if set(alive) >= set(STOP_ORDER):
         raise TeamError(f"the team servers of {state} are already up (pids.json); run `down` first")
+    if alive:
+        return _restart_dead(state, alive, buckets)
     stop_servers(state)  # a stale pids.json
     state.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(state, 0o700)
@@ -559,22 +566,61 @@ def start_servers(state_dir: Path, *, s3_port=None, pg_port=None, mlflow_port=No
     }
     _write_private(state / "env.json", env)
 
-    pids: dict[str, int] = {}
+    _start(state, set(STOP_ORDER), {}, ports, creds, buckets)
+    return {**_info(state), "started": [n for n in reversed(STOP_ORDER)]}
+
+
+def _start(state: Path, names: set[str], alive: dict[str, int], ports: dict, creds: dict, buckets) -> None:
+    """Start the servers ``names`` (weed, postgres, then mlflow), ``alive`` ({name: pid}) the ones
+    already running; pids.json lists both. On failure the ones started here are stopped again."""
+    pids: dict[str, int] = dict(alive)
+    s3_url = f"http://{HOST}:{ports['s3']}"
 
     def record(name, proc):
         pids[name] = proc.pid
         (state / "pids.json").write_text(json.dumps(pids, indent=2) + "\n")
+        return proc
 
     try:
-        weed = _start_weed(state, ports)
-        record("weed", weed)
-        record("postgres", _start_postgres(state, ports["postgres"], creds["pg_password"]))
-        _make_buckets(s3_url, creds["access_key"], creds["secret_key"], buckets, weed, state / "logs" / "weed.log")
-        record("mlflow", _start_mlflow(state, ports["mlflow"], ports["postgres"], s3_url, creds))
+        weed = record("weed", _start_weed(state, ports)) if "weed" in names else None
+        if "postgres" in names:
+            record("postgres", _start_postgres(state, ports["postgres"], creds["pg_password"]))
+        if weed is not None:
+            _make_buckets(s3_url, creds["access_key"], creds["secret_key"], buckets, weed, state / "logs" / "weed.log")
+        if "mlflow" in names:
+            record("mlflow", _start_mlflow(state, ports["mlflow"], ports["postgres"], s3_url, creds))
     except BaseException:
-        stop_servers(state)
+        for name in STOP_ORDER:
+            if name in names and name in pids and name not in alive:
+                if name == "postgres":
+                    _stop_postgres(state, pids[name])
+                _terminate(pids[name], timeout=3 if name == "weed" else 10)
+                del pids[name]
+        (state / "pids.json").write_text(json.dumps(pids, indent=2) + "\n")
         raise
-    return _info(state)
+
+
+# The ports each server listens on (servers.json "ports").
+SERVER_PORTS = {"weed": WEED_PORTS, "postgres": ("postgres",), "mlflow": ("mlflow",)}
+
+
+def _restart_dead(state: Path, alive: dict[str, int], buckets) -> dict:
+    """Start the servers of ``state`` that died while the others (``alive``) run, on the ports,
+    data and credentials of the first ``up``."""
+    dead = set(STOP_ORDER) - set(alive)
+    ports = (_read_json(state / "servers.json") or {}).get("ports") or {}
+    creds = _read_json(state / "credentials") or {}
+    if not all(p in ports for name in dead for p in SERVER_PORTS[name]) or not creds:
+        raise TeamError(f"{state} lacks servers.json or credentials; run `down`, then `up`")
+    for name in sorted(dead):
+        for key in SERVER_PORTS[name]:
+            if not _port_free(ports[key]):
+                raise TeamError(
+                    f"port {ports[key]} on {HOST} (for {name}'s {key.replace('_', ' ')}) is taken by another "
+                    "program; stop it, or run `down`, then `up` (new ports)"
+                )
+    _start(state, dead, alive, ports, creds, buckets)
+    return {**_info(state), "started": [n for n in reversed(STOP_ORDER) if n in dead]}
 
 
 def _terminate(pid: int, timeout: float = 10) -> None:
@@ -628,6 +674,22 @@ def stop_servers(state_dir: Path) -> list[str]:
 # ---------------------------------------------------------------- CLI
 
 
+NAMES = {"weed": "SeaweedFS (S3)", "postgres": "PostgreSQL", "mlflow": "MLflow"}
+
+
+def down_warnings(state_dir: Path) -> list[str]:
+    """One line per server of the state dir that is not running (all of them when none is)."""
+    state = Path(state_dir).absolute()
+    alive = running(state)
+    if not alive:
+        return [f"the team servers of {state} are not running; `make team-up` starts them"]
+    return [
+        f"the team's {NAMES[name]} server is down (the others run); `make team-up` restarts it"
+        for name in reversed(STOP_ORDER)
+        if name not in alive
+    ]
+
+
 def _exports(env: dict) -> str:
     return "".join(f"export {k}={v}\n" for k, v in env.items())
 
@@ -657,16 +719,24 @@ def main(argv=None) -> int:
             env = _read_json(state / "env.json")
             if not env:
                 raise TeamError(f"no {state / 'env.json'}: run `python scripts/team.py up` first")
-            if not running(state):
-                print(f"warning: the team servers of {state} are not running", file=sys.stderr)
+            for line in down_warnings(state):
+                print(f"warning: {line}", file=sys.stderr)
             sys.stdout.write(_exports(env))
             return 0
-        if running(state):
+        if set(running(state)) >= set(STOP_ORDER):
             print(f"team servers already up ({state}); their environment:", file=sys.stderr)
             sys.stdout.write(_exports(_read_json(state / "env.json") or {}))
             return 0
         t0 = time.monotonic()
         info = start_servers(state, s3_port=args.s3_port, pg_port=args.pg_port, mlflow_port=args.mlflow_port)
+        if len(info["started"]) < len(STOP_ORDER):
+            sys.stdout.write(_exports(info["env"]))
+            print(
+                f"restarted {', '.join(NAMES[n] for n in info['started'])} in {time.monotonic() - t0:.0f} s "
+                f"(was down; the others kept running; state, logs: {state})",
+                file=sys.stderr,
+            )
+            return 0
     except TeamError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ import yaml
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import write_json
 from pipeline.lineage import provenance as prov
-from pipeline.lineage import tracking
+from pipeline.lineage import restore, tracking
 
 PARAMS_FILE = "params.yaml"
 PROVENANCE_DIR = prov.PROVENANCE_DIR
@@ -83,7 +83,7 @@ class StageRun:
         try:
             self.log.start()
         except BertraceError as e:
-            raise BertraceError(f"{e}{_restore_hint(self.stage)}") from None
+            raise BertraceError(f"{e}{restore.restore_hint(os.environ.get('DVC_STAGE'))}") from None
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -220,22 +220,6 @@ class StageRun:
         write_json(path, details)
         self.log_metrics(details)
         return path
-
-
-def _restore_hint(stage: str) -> str:
-    """Under ``dvc repro``: how to get back the outputs DVC removed before starting the stage
-    (cached ones from the DVC cache, ``cache: false`` ones from git). Empty outside DVC."""
-    name = os.environ.get("DVC_STAGE")
-    spec = prov.dvc_stages(".").get(name or "") if name else None
-    if not spec:
-        return ""
-    outs = [*(spec.get("outs") or []), *(spec.get("metrics") or []), *(spec.get("plots") or [])]
-    unversioned = prov.uncached_paths(outs)
-    uncached = [path for path in prov.dvc_paths(outs) if path in unversioned]
-    hint = f"; DVC removed {name}'s outputs before it ran: `dvc checkout {name}` puts them back"
-    if uncached:
-        hint += f" (`git checkout -- {' '.join(uncached)}` the uncached ones)"
-    return hint + " (`make repro` checks the store before DVC touches anything)"
 
 
 def run_stage(main: Callable[[], Any]) -> None:

@@ -22,7 +22,7 @@ rebuild stops there (docs/provenance.md, "Records and run logs").
 
 This module decides the bytes of every record, so it is a code dep of every stage that writes
 one; :data:`RECORD_VERSION` names its format. The modules in :data:`OUTPUT_NEUTRAL` only report —
-MLflow runs and tags, run logs — and no DVC output is computed from them: a stage's code deps in
+MLflow runs and tags, run logs, the restore clause of an error — and no DVC output is computed from them: a stage's code deps in
 dvc.yaml are its import closure *without* them (``tests/unit/test_dvc_deps.py``), so editing how a
 tag is written reruns nothing. Such a module writes no DVC output and returns nothing a stage writes
 into one (tested there too).
@@ -42,7 +42,11 @@ import yaml
 
 from pipeline.core.io import canonical_json, read_json, sha256_bytes, sha256_file, sha256_json
 
-OUTPUT_NEUTRAL = ("pipeline.lineage.runlog", "pipeline.lineage.tracking")  # not code deps (module docstring)
+OUTPUT_NEUTRAL = (
+    "pipeline.lineage.restore",
+    "pipeline.lineage.runlog",
+    "pipeline.lineage.tracking",
+)  # not code deps (module docstring)
 PROVENANCE_DIR = Path("data/provenance")  # data/provenance/<stage>.json: each stage's record (a DVC output)
 RECORD_VERSION = 3  # the format of records (docs/formats.md "Provenance record"); raise it when their fields change
 

@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -115,12 +116,51 @@ print(run.info.run_id, run.info.experiment_id)
     assert obj == b"hello from a client"
 
 
+def _team_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts/team.py"), *args], capture_output=True, text=True)
+
+
+def test_a_server_that_died_is_named_by_env_and_restarted_by_up(servers):
+    """MLflow killed while S3 and PostgreSQL run: `env` warns about it alone, `up` starts it alone
+    (same port, same store), not "already up"."""
+    import signal
+    import urllib.request
+
+    state, info = servers
+    pids = json.loads((state / "pids.json").read_text())
+    os.killpg(pids["mlflow"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while "mlflow" in team.running(state) and time.monotonic() < deadline:  # a zombie counts as dead
+        time.sleep(0.1)
+    assert set(team.running(state)) == {"weed", "postgres"}
+    r = _team_cli("env", "--state", str(state))
+    assert r.returncode == 0 and r.stdout == "".join(f"export {k}={v}\n" for k, v in info["env"].items())
+    assert r.stderr.splitlines() == [
+        "warning: the team's MLflow server is down (the others run); `make team-up` restarts it"
+    ]
+    r = _team_cli("up", "--state", str(state))
+    assert r.returncode == 0, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("restarted MLflow in ") and line.endswith(
+        f" s (was down; the others kept running; state, logs: {state})"
+    ), line
+    after = json.loads((state / "pids.json").read_text())
+    assert {k: after[k] for k in ("weed", "postgres")} == {k: pids[k] for k in ("weed", "postgres")}
+    assert after["mlflow"] != pids["mlflow"] and set(team.running(state)) == {"weed", "postgres", "mlflow"}
+    with urllib.request.urlopen(f"{info['urls']['mlflow']}/health", timeout=10) as answer:
+        assert answer.status == 200
+    r = _team_cli("env", "--state", str(state))
+    assert r.returncode == 0 and r.stderr == ""
+    r = _team_cli("up", "--state", str(state))
+    assert r.returncode == 0 and r.stderr.startswith("team servers already up")
+
+
 def test_up_twice_is_refused_then_down_stops_every_pid(servers):
     """Last in this file: it stops the module's servers."""
     state, info = servers
     with pytest.raises(team.TeamError, match="already up"):
         team.start_servers(state)
-    pids = dict(info["pids"])
+    pids = json.loads((state / "pids.json").read_text())
     assert set(pids) == {"weed", "postgres", "mlflow"}
     r = subprocess.run(
         [sys.executable, str(REPO / "scripts/team.py"), "down", "--state", str(state)], capture_output=True, text=True
