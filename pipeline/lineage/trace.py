@@ -300,6 +300,7 @@ def _node(name: str, rec: dict[str, Any]) -> dict[str, Any]:
     git = rec.get("git") if isinstance(rec.get("git"), dict) else {}
     return {
         "stage": name,
+        "run_known": isinstance(rec.get("git"), dict) or bool(rec.get("finished")),  # which run made it
         "git_commit": git.get("commit"),
         "git_dirty": git.get("dirty"),
         "dirty_paths": list(git.get("dirty_paths") or []),
@@ -396,6 +397,18 @@ class _RunLogs:
         except Exception:  # noqa: BLE001 - display only
             return False
         return client if self._experiments else False
+
+
+def repository_root(target: str | os.PathLike) -> Path:
+    """The DVC repository a file target lives in (the nearest directory above it holding
+    ``dvc.yaml`` or ``.dvc/``), where its records' paths, run logs and default MLflow store are;
+    the current directory for anything else (a run id, a file outside any repository)."""
+    path = Path(target)
+    if path.exists():
+        for folder in path.resolve().parents:
+            if (folder / "dvc.yaml").is_file() or (folder / ".dvc").is_dir():
+                return folder
+    return Path(".")
 
 
 def lineage(target: str | os.PathLike, root: str | os.PathLike = ".") -> dict[str, Any]:
@@ -719,7 +732,8 @@ def format_tree(lin: dict[str, Any], verification: list[dict[str, Any]] | None =
     chain = lin.get("chain", [])
     for depth, node in enumerate(chain):
         pad = "   " * depth
-        commit = _short(node.get("git_commit")) if node.get("git_commit") else "no git"
+        known = node.get("run_known", True)
+        commit = _short(node.get("git_commit")) if node.get("git_commit") else "no git" if known else "?"
         dirty = " (dirty)" if node.get("git_dirty") else ""
         params = f"params {_short(node.get('params_hash'))}"
         pv = by_key.get((node["stage"], "params", f"params.yaml:{node['stage']}"))
@@ -728,8 +742,9 @@ def format_tree(lin: dict[str, Any], verification: list[dict[str, Any]] | None =
         if node["stage"] == "imported":  # a published checkpoint: no commit or params of ours
             lines.append(f"{pad}└─ imported")
         else:
+            unknown = "" if known else "  (no run log of this record here: made in another copy, or restored by DVC)"
             lines.append(
-                f"{pad}└─ {node['stage']}  commit {commit}{dirty}  {params}  finished {node.get('finished') or '-'}"
+                f"{pad}└─ {node['stage']}  commit {commit}{dirty}  {params}  finished {node.get('finished') or '?'}{unknown}"
             )
         body = pad + ("     " if depth == len(chain) - 1 else "   │ ")
         if node["stage"] == "pretrain" and (node.get("params") or {}).get("time_minutes"):

@@ -90,10 +90,11 @@ def redacted_uri(uri: str | None) -> str | None:
 
 def check_server(uri: str, experiment: str = DEFAULT_EXPERIMENT, timeout: float = 10.0) -> None:
     """For an ``http(s)://`` tracking URI: one request that the server answers and accepts this
-    client's credentials (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` / ``_TOKEN``), so a stage
-    fails in seconds, before it writes anything, instead of after MLflow's retries. Raises
-    :class:`~pipeline.core.errors.BertraceError` naming ``MLFLOW_TRACKING_URI`` and the fix."""
-    import base64
+    client's credentials (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` / ``_TOKEN``, or the
+    ``user:password@`` of the URI, as MLflow's client takes them), so a stage fails in seconds,
+    before it writes anything, instead of after MLflow's retries. Raises
+    :class:`~pipeline.core.errors.BertraceError` naming ``MLFLOW_TRACKING_URI`` (without its
+    password) and the fix."""
     import urllib.error
     import urllib.parse
     import urllib.request
@@ -101,17 +102,16 @@ def check_server(uri: str, experiment: str = DEFAULT_EXPERIMENT, timeout: float 
     if not uri.startswith(("http://", "https://")):
         return
     shown = redacted_uri(uri)
+    parts = urllib.parse.urlsplit(uri)
     url = (
-        uri.rstrip("/")
+        urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1])).rstrip("/")
         + "/api/2.0/mlflow/experiments/get-by-name?"
         + urllib.parse.urlencode({"experiment_name": experiment})
     )
     request = urllib.request.Request(url)
-    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
-        request.add_header("Authorization", f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}")
-    elif os.environ.get("MLFLOW_TRACKING_USERNAME"):
-        pair = f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}"
-        request.add_header("Authorization", "Basic " + base64.b64encode(pair.encode()).decode())
+    auth = _authorization(parts)
+    if auth:
+        request.add_header("Authorization", auth)
     offline = (
         "; start it (`make team-up` for a local trial), or unset MLFLOW_TRACKING_URI to log to "
         "./mlflow.db, or set BERTRACE_NO_MLFLOW=1 to run without tracking"
@@ -133,8 +133,40 @@ def check_server(uri: str, experiment: str = DEFAULT_EXPERIMENT, timeout: float 
             f"({e.reason}); check its log and its database{offline}"
         ) from None
     except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
+        reason = _unreachable(parts, getattr(e, "reason", e), timeout)
         raise BertraceError(f"MLFLOW_TRACKING_URI={shown}: no MLflow server answers ({reason}){offline}") from None
+
+
+def _authorization(parts) -> str | None:
+    """The ``Authorization`` header MLflow's client would send: a token, else the username and
+    password of the environment, else those of the URI's user info."""
+    import base64
+    from urllib.parse import unquote
+
+    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        return f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}"
+    if os.environ.get("MLFLOW_TRACKING_USERNAME"):
+        pair = f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}"
+    elif parts.username is not None:
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+    else:
+        return None
+    return "Basic " + base64.b64encode(pair.encode()).decode()
+
+
+def _unreachable(parts, reason: Any, timeout: float) -> str:
+    """Why nothing answered, in words that point at the fix: the host name, the port, the wait."""
+    where = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+    if isinstance(reason, socket.gaierror):
+        return f"the host name {parts.hostname!r} does not resolve"
+    if isinstance(reason, ConnectionRefusedError):
+        return f"connection refused: nothing listens on {where}"
+    if isinstance(reason, TimeoutError | socket.timeout):
+        return f"no answer from {where} within {timeout:g} s"
+    text = str(reason)
+    if parts.password:
+        text = text.replace(parts.password, "***")
+    return text
 
 
 def setup_mlflow(root: str | os.PathLike = "."):
@@ -442,19 +474,27 @@ def log_stage_on_parent(
 
 
 def run_for_record(client, experiment_ids: list[str], record: dict[str, Any]) -> str | None:
-    """Id of the newest MLflow run tagged with ``record``'s digest (the run that wrote it, on
-    this or a teammate's machine, when they share a tracking server), else None."""
+    """Id of the newest MLflow run tagged with ``record``'s digest, as the record it wrote or as
+    the one its checkpoints embed (the run that made it, on this or a teammate's machine when they
+    share a tracking server), else None."""
     digest = prov.record_digest(record)
-    try:
-        runs = client.search_runs(
-            experiment_ids,
-            filter_string=f"tags.`{runlog.RECORD_TAG}` = '{digest}'",
-            order_by=["attributes.start_time DESC"],
-            max_results=1,
-        )
-    except Exception:  # noqa: BLE001 - a lookup for display; no answer is an answer
-        return None
-    return runs[0].info.run_id if runs else None
+    for tag in (runlog.RECORD_TAG, runlog.CHECKPOINT_RECORD_TAG):
+        try:
+            runs = client.search_runs(
+                experiment_ids,
+                filter_string=f"tags.`{tag}` = '{digest}'",
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
+        except Exception:  # noqa: BLE001 - a lookup for display; no answer is an answer
+            return None
+        if runs:
+            return runs[0].info.run_id
+    return None
+
+
+# The parent run's reused.<stage> tag when no run of this store made that stage's outputs.
+UNKNOWN_MAKER = "unknown: no run in this MLflow store made it (made in another clone, or restored by DVC)"
 
 
 def link_reused(
@@ -476,7 +516,7 @@ def link_reused(
         made_by = (
             rec.get("mlflow_run_id")
             or run_for_record(client, [experiment_id], runlog.without_run(rec))
-            or "unknown (logged without MLflow)"
+            or UNKNOWN_MAKER
         )
         if tags.get(key) != made_by:
             client.set_tag(parent_id, key, made_by)

@@ -7,7 +7,7 @@ models:/<name>@<alias> or models:/<model id> (store: MLFLOW_TRACKING_URI, else R
 Prints the chain of stages behind it, newest first, with git commit (``(dirty)`` and the
 uncommitted paths when the tree had changes), params hash, finish time, the sha256 of every
 input and output and the dvc.lock md5s of the upstream outputs. ``--verify`` rechecks every
-link under ``--root`` (default: the current directory): file hashes, each input against the
+link under ``--root`` (default: the repository holding TARGET, else the current directory): file hashes, each input against the
 upstream stage's recorded output, each stage's params.yaml section, DVC cache presence of the
 recorded md5s, the checkpoint inside an export or MLflow model, and every shard listed by the
 examples manifest against the sha256 recorded there (one summary line; each bad shard on its own).
@@ -39,11 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("target", help="checkpoint, provenance record, exported directory, MLflow run id or URI")
     parser.add_argument("--json", action="store_true", help="print the lineage (and verification) as JSON")
     parser.add_argument("--verify", action="store_true", help="recompute the recorded hashes under --root")
-    parser.add_argument("--root", default=".", help="directory the recorded paths are relative to (default: .)")
+    parser.add_argument(
+        "--root", help="directory the recorded paths are relative to (default: the repository holding TARGET, else .)"
+    )
     args = parser.parse_args(argv)
 
-    lin = trace.lineage(args.target, args.root)
-    verification = trace.verify(lin, args.root) if args.verify else None
+    root = args.root or trace.repository_root(args.target)
+    lin = trace.lineage(args.target, root)
+    verification = trace.verify(lin, root) if args.verify else None
     here = trace.this_machine(lin)
     if args.json:
         out = dict(lin)

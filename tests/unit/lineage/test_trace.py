@@ -19,7 +19,8 @@ from pipeline.core.device import cpu_model
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file
 from pipeline.lineage import trace
-from pipeline.lineage.provenance import hash_path, params_hash
+from pipeline.lineage.provenance import hash_path, params_hash, record_digest
+from pipeline.lineage.runlog import RUN_FIELDS
 from stages.cli import trace as trace_cli
 
 COMMIT = "c0ffee" * 6 + "abcd"
@@ -643,3 +644,38 @@ def test_shard_not_present_is_listed_and_a_changed_manifest_is_not_trusted(shard
     assert ("pretrain", "input", "changed") in {
         (r["stage"], r["role"], r["status"]) for r in results if r["path"] == "data/examples/manifest.json"
     }
+
+
+def _run_logged_record(root: Path, stage: str, with_log: bool) -> Path:
+    """``data/provenance/<stage>.json`` as stages write it now (record_version 2: no run fields),
+    with its run log in ``runs/<stage>.json`` where ``with_log``; ``root`` a DVC repository."""
+    (root / "dvc.yaml").write_text("stages: {}\n")
+    path = root / "data/provenance" / f"{stage}.json"
+    full = json.loads(path.read_text())
+    record = {**{k: v for k, v in full.items() if k not in RUN_FIELDS}, "record_version": 2}
+    path.write_text(json.dumps(record))
+    if with_log:
+        log = {k: full[k] for k in RUN_FIELDS if k in full} | {"record_sha256": record_digest(record)}
+        _write(root, f"runs/{stage}.json", json.dumps(log))
+    return path
+
+
+@pytest.mark.parametrize("with_log", [True, False], ids=["run-log", "no-run-log"])
+def test_trace_from_another_directory_finds_the_repositorys_run_logs(
+    chain, tmp_path_factory, monkeypatch, capsys, with_log
+):
+    """`trace` of a record run from outside the repository reads that repository's runs/ (and its
+    ./mlflow.db): the commit and finish time, not "no git" and "-"; with no run log anywhere it
+    says the run is unknown here, not that there was no git."""
+    target = _run_logged_record(chain, "download", with_log)
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert trace.repository_root(target) == chain.resolve()
+    assert trace_cli.main([str(target)]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if "└─ download" in x]
+    if with_log:
+        assert re.search(rf"commit {COMMIT[:7]}\w*  params \w+  finished 2026-01-01T00:00:0\d", line), line
+        assert "no git" not in line and "?" not in line
+    else:
+        assert re.search(r"commit \?  params \w+  finished \?$", line.split("  (")[0]), line
+        assert line.endswith("  (no run log of this record here: made in another copy, or restored by DVC)"), line
