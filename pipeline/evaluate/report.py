@@ -20,8 +20,8 @@ from pydantic import Field, field_serializer, field_validator
 from pipeline.core.config import Bool, Int, Section, Str
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import atomic_open, atomic_path
+from pipeline.evaluate.fonts import LabelFonts, label_fonts, set_families
 from pipeline.lineage.provenance import STAGE_ORDER, iter_records
-from pipeline.reports.fonts import LabelFonts, label_fonts, set_families
 
 
 class EvaluateConfig(Section):
@@ -254,7 +254,7 @@ def confusion_figure(
     Where :attr:`LabelFonts.on_ticks`, the ticks show the names, each in its fonts. Otherwise
     the ticks show class indices 0..K-1 and: when every name has fonts (matplotlib does not
     shape text), a key beside the matrix lists ``index = name``; when some name has a character
-    no candidate font has (:mod:`pipeline.reports.fonts`: matplotlib's own, whatever the host
+    no candidate font has (:mod:`pipeline.evaluate.fonts`: matplotlib's own, whatever the host
     has), the x label says the names are in the evaluation report (whose class tables list them
     in index order). Every character drawn has a glyph in its fonts, so matplotlib warns of no
     missing glyph.

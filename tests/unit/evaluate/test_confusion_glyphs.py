@@ -1,5 +1,5 @@
 """Class names the default font cannot draw (Bengali, CJK…) in reports/confusion.png: drawn in a
-candidate font that has their glyphs (pipeline.reports.fonts: those pinned with the code), or
+candidate font that has their glyphs (pipeline.evaluate.fonts: those pinned with the code), or
 replaced by class indices, never as boxes with matplotlib's "Glyph … missing from font(s)" warnings,
 and never in a font only this host has.
 
@@ -18,9 +18,9 @@ from fontTools.pens.ttGlyphPen import TTGlyphPen
 from matplotlib import font_manager
 from PIL import Image
 
+from pipeline.evaluate import fonts as fonts_module
+from pipeline.evaluate.fonts import LabelFonts, candidate_families, label_fonts, needs_shaping
 from pipeline.evaluate.report import confusion_figure, plot_confusion, save_figure
-from pipeline.reports import fonts as fonts_module
-from pipeline.reports.fonts import LabelFonts, candidate_families, label_fonts, needs_shaping
 
 BENGALI = ["ইতিবাচক", "নেতিবাচক"]
 CJK = ["正面", "负面"]
