@@ -406,8 +406,11 @@ def render_scorecard(
     task: str | None = None,
     untimed: Iterable[str] = (),
     preamble: Sequence[str] = (),
+    current: str | None = None,
 ) -> str:
-    """The scorecard as markdown: this project's rows, then the anchors and published numbers.
+    """The scorecard as markdown: the run ``current`` names (its row, notes, the goal, its
+    fine-tuning variants), the anchors and published numbers, then the past experiments (the other
+    rows, their variants, the objective × corpus table). Without ``current`` every row is a past one.
 
     ``untimed``: names of rows whose minutes, commit and date are not shown here (this run's, in a DVC
     output: they are in ``runs/scorecard.md``); the goal's time bar is then left open for them.
@@ -415,6 +418,8 @@ def render_scorecard(
     task = task or "the task"
     rows = with_imdb_test(rows)
     untimed = set(untimed)
+    this = [r for r in rows if r["name"] == current]
+    past = [r for r in rows if r["name"] != current]
     lines = [
         "# Scorecard",
         "",
@@ -425,22 +430,38 @@ def render_scorecard(
         "",
     ]
     if goal:
-        gain = goal.get("gain_over_scratch")
-        lines += [
-            f"Goal: ≥ {goal['dev_mean']:.1f} % mean of {goal_seeds(goal)} seeds with the whole DAG in ≤ "
-            f"{goal['dag_minutes']:.0f} minutes on 2 CPU cores"
-            + (
-                f", and ≥ +{gain:.1f} points over the same model from random weights (its `scratch` variant, "
-                f"as many seeds)"
-                if gain is not None
-                else ""
-            )
-            + ".",
-            "",
-        ]
-    lines += [
-        "## This project",
-        "",
+        lines += [_goal_line(goal), ""]
+    if this:
+        lines += ["## This run", "", *_run_table(this, task, untimed)]
+        lines += _goal_verdict(rows, goal, untimed) if goal else []
+        lines += _variants_table(this, "## Fine-tuning variants")
+    lines += _references(list(anchors), baselines)
+    if past:
+        lines += ["", "## Past experiments (`reports/profiles/*.json`)", ""] if this else ["## This project", ""]
+        lines += _run_table(past, task, untimed)
+        lines += _goal_verdict(rows, goal, untimed) if goal and not this else []
+        lines += _variants_table(past, "### Their fine-tuning variants" if this else "## Fine-tuning variants")
+    lines += objective_corpus_table(rows, task)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _goal_line(goal: dict[str, Any]) -> str:
+    gain = goal.get("gain_over_scratch")
+    return (
+        f"Goal: ≥ {goal['dev_mean']:.1f} % mean of {goal_seeds(goal)} seeds with the whole DAG in ≤ "
+        f"{goal['dag_minutes']:.0f} minutes on 2 CPU cores"
+        + (
+            f", and ≥ +{gain:.1f} points over the same model from random weights (its `scratch` variant, as many seeds)"
+            if gain is not None
+            else ""
+        )
+        + "."
+    )
+
+
+def _run_table(rows: Sequence[dict[str, Any]], task: str, untimed: set[str]) -> list[str]:
+    """The rows' table and their notes."""
+    lines = [
         "| run | corpus | model | pre-training | dev acc. (%) | test acc. (%) | IMDB test (%) | DAG wall | "
         "params hash | commit |",
         "|---|---|---|---|---:|---:|---:|---:|---|---|",
@@ -467,58 +488,70 @@ def render_scorecard(
         for r in rows
         if r["name"] in untimed
     ]
-    if notes:
-        lines += [""] + notes
-    if goal:
-        same_task = [r for r in rows if not goal.get("task") or r.get("task") == goal["task"]]
-        fast = [
-            r
-            for r in same_task
-            if r["dev_mean"] >= goal["dev_mean"]
-            and r.get("seeds", 0) >= goal_seeds(goal)
-            and (r["name"] in untimed or (r.get("dag_minutes") or 1e9) <= goal["dag_minutes"])
-        ]
-        gain = goal.get("gain_over_scratch")
-        gains = {r["name"]: gain_over_scratch(r) for r in fast}
-        met = [r for r in fast if gain is None or (gains[r["name"]] is not None and gains[r["name"]] >= gain - 1e-9)]
-        timed = [r["name"] for r in met if r["name"] not in untimed]
-        lines += ["", f"Goal met by: {', '.join(timed) if timed else 'none of these rows'}."]
-        if open_time := [r["name"] for r in met if r["name"] in untimed]:
-            lines += [
-                "",
-                f"Accuracy{'' if gain is None else ' and gain'} met by {', '.join(open_time)}; its DAG minutes, "
-                f"the time bar, are in `{RUNS_SCORECARD_MD}`.",
-            ]
-        short = [f"{r['name']} ({_fmt(gains[r['name']], '+.2f')})" for r in fast if r not in met]
-        if short:
-            met_what = "Accuracy and time" if not untimed else "Accuracy (and time, where shown)"
-            lines += ["", f"{met_what} met, but not +{gain:.1f} over random weights: {', '.join(short)}."]
-    with_variants = [r for r in rows if r.get("variants")]
-    if with_variants:
+    return lines + ([""] + notes if notes else [])
+
+
+def _goal_verdict(rows: Sequence[dict[str, Any]], goal: dict[str, Any], untimed: set[str]) -> list[str]:
+    """Which rows (of the goal's task) meet the goal: accuracy, seeds, time, gain over scratch."""
+    same_task = [r for r in rows if not goal.get("task") or r.get("task") == goal["task"]]
+    fast = [
+        r
+        for r in same_task
+        if r["dev_mean"] >= goal["dev_mean"]
+        and r.get("seeds", 0) >= goal_seeds(goal)
+        and (r["name"] in untimed or (r.get("dag_minutes") or 1e9) <= goal["dag_minutes"])
+    ]
+    gain = goal.get("gain_over_scratch")
+    gains = {r["name"]: gain_over_scratch(r) for r in fast}
+    met = [r for r in fast if gain is None or (gains[r["name"]] is not None and gains[r["name"]] >= gain - 1e-9)]
+    timed = [r["name"] for r in met if r["name"] not in untimed]
+    lines = ["", f"Goal met by: {', '.join(timed) if timed else 'none of these rows'}."]
+    if open_time := [r["name"] for r in met if r["name"] in untimed]:
         lines += [
             "",
-            "## Fine-tuning variants",
-            "",
-            "The `finetune_variant@<name>` stages (params.yaml `finetune_variants`): the run's checkpoint, task "
-            "and seeds fine-tuned again with other settings. `frozen`: a linear probe on the frozen encoder "
-            "(what its features alone carry); `scratch`: the same model from random weights (what "
-            "pre-training adds). Δ: against the run's own `finetune` (full) row above.",
-            "",
-            "| run | variant | settings | dev (mean ± std) | Δ vs full | wall min |",
-            "|---|---|---|---:|---:|---:|",
+            f"Accuracy{'' if gain is None else ' and gain'} met by {', '.join(open_time)}; its DAG minutes, "
+            f"the time bar, are in `{RUNS_SCORECARD_MD}`.",
         ]
-        for r in with_variants:
+    short = [f"{r['name']} ({_fmt(gains[r['name']], '+.2f')})" for r in fast if r not in met]
+    if short:
+        met_what = "Accuracy and time" if not untimed else "Accuracy (and time, where shown)"
+        lines += ["", f"{met_what} met, but not +{gain:.1f} over random weights: {', '.join(short)}."]
+    return lines
+
+
+def _variants_table(rows: Sequence[dict[str, Any]], heading: str) -> list[str]:
+    """The ``finetune_variant@<name>`` results of the rows that have them, each against its full row."""
+    with_variants = [r for r in rows if r.get("variants")]
+    if not with_variants:
+        return []
+    lines = [
+        "",
+        heading,
+        "",
+        "The `finetune_variant@<name>` stages (params.yaml `finetune_variants`): the run's checkpoint, task "
+        "and seeds fine-tuned again with other settings. `frozen`: a linear probe on the frozen encoder "
+        "(what its features alone carry); `scratch`: the same model from random weights (what "
+        "pre-training adds). Δ: against the run's own `finetune` (full) row.",
+        "",
+        "| run | variant | settings | dev (mean ± std) | Δ vs full | wall min |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for r in with_variants:
+        lines.append(
+            f"| {r['name']} | full (`finetune`) | mode: full | {r['dev_mean']:.2f} ± {r['dev_std']:.2f} | — | — |"
+        )
+        for name, v in r["variants"].items():
+            delta = v["dev_mean"] - r["dev_mean"]
             lines.append(
-                f"| {r['name']} | full (`finetune`) | mode: full | {r['dev_mean']:.2f} ± {r['dev_std']:.2f} | — | — |"
+                f"| {r['name']} | {name} | {v.get('settings') or '—'} | {v['dev_mean']:.2f} ± "
+                f"{v['dev_std']:.2f} | {delta:+.2f} | {_fmt(v.get('minutes'), '.1f')} |"
             )
-            for name, v in r["variants"].items():
-                delta = v["dev_mean"] - r["dev_mean"]
-                lines.append(
-                    f"| {r['name']} | {name} | {v.get('settings') or '—'} | {v['dev_mean']:.2f} ± "
-                    f"{v['dev_std']:.2f} | {delta:+.2f} | {_fmt(v.get('minutes'), '.1f')} |"
-                )
-    lines += objective_corpus_table(rows, task)
-    anchors = list(anchors)
+    return lines
+
+
+def _references(anchors: list[dict[str, Any]], baselines: dict[str, float] | None) -> list[str]:
+    """The stock Hugging Face route's anchors and the published numbers."""
+    lines: list[str] = []
     if anchors:
         lines += [
             "",
@@ -540,7 +573,7 @@ def render_scorecard(
             "|---|---:|",
         ]
         lines += [f"| {name} | {float(v):.1f} |" for name, v in baselines.items()]
-    return "\n".join(lines).rstrip() + "\n"
+    return lines
 
 
 GRID_OBJECTIVES = ("mlm_nsp", "mlm", "electra")  # the objective x corpus grid; other objectives join it
@@ -694,7 +727,9 @@ def write_scorecard(
 
     def text(this: dict[str, Any] | None, **kwargs: Any) -> str:
         rows = [r for r in (this, *profiles) if r]
-        out = render_scorecard(rows, anchors=anchors, baselines=baselines, goal=goal, task=task, **kwargs)
+        out = render_scorecard(
+            rows, anchors=anchors, baselines=baselines, goal=goal, task=task, current=this and this["name"], **kwargs
+        )
         return out + ("\n" + note + "\n" if note else "")
 
     with atomic_open(md_path) as f:

@@ -247,6 +247,18 @@ def test_render_rewrites_the_markdown_from_the_json_and_recorded_rows(tmp_path, 
     assert "**84.12** ± 0.31 (3 seeds)" in md and "**82.50** ± 0.40 (3 seeds)" in md and "**70.00**" not in md
     assert "Goal met by: none of these rows." in md and "Accuracy met by this run;" in md  # time: runs/
     assert "| BERT-Tiny | 83.2 |" in md
+    # this run first, then the references, then the past experiments (#49): a reader finds their run at the top
+    sections = [line for line in md.splitlines() if line.startswith("## ")]
+    assert sections[0] == "## This run" and sections[-1] == "## Past experiments (`reports/profiles/*.json`)", sections
+    assert (
+        sections.index(
+            "## Published (GLUE test server; other corpora, sizes and compute: a reference, not like-for-like)"
+        )
+        < len(sections) - 1
+    )
+    this_run = md[md.index("## This run") : md.index("## Anchors")]
+    assert "| this run |" in this_run and "| in-domain |" not in this_run
+    assert "| in-domain |" in md[md.index("## Past experiments") :]
     timed = (tmp_path / "runs" / "scorecard.md").read_text()
     assert "Goal met by: this run." in timed and "| 40.0 min |" in timed and "| BERT-Tiny | 83.2 |" in timed
     # the goal belongs to its task: an IMDB run's scorecard does not claim or miss the SST-2 goal
