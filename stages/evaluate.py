@@ -30,7 +30,6 @@ from pipeline.evaluate.inference import Classifier
 from pipeline.evaluate.report import (
     EvaluateConfig,
     collapse_warnings,
-    evaluate_logits,
     evaluation_summary,
     metrics_for_dvc,
     plot_confusion,
@@ -39,6 +38,7 @@ from pipeline.evaluate.report import (
     write_confusion_csv,
     write_evaluation_report,
 )
+from pipeline.evaluate.scoring import checkpoint_facts, score_classification, score_task, task_metric
 from pipeline.finetune.task_data import evaluate_roles, load_task_data
 from pipeline.reports.scorecard import SCORECARD_JSON, chain_records, run_row, write_run_row
 from pipeline.reports.scorecard import task_name as scorecard_task
@@ -67,7 +67,7 @@ def main(progress: bool = True) -> dict:
     task = finetune_params.get("task")
     mirror = configured_mirror(finetune_params.get("mirror"))
     model_path = MODEL
-    splits, batch_size = evaluate_roles(task, cfg.splits), cfg.batch_size  # auto: the task's own roles
+    splits = evaluate_roles(task, cfg.splits)  # auto: the task's own roles
     compute = compute_config()
     apply_arithmetic(compute)
     threads = int(finetune_params.get("threads") or 0)  # the fine-tuned model runs as it was trained
@@ -101,113 +101,89 @@ def main(progress: bool = True) -> dict:
         if clf.task_type != "classification":  # NER / regression: pipeline/evaluate/tasks.py
             return _evaluate_task(run, cfg, clf, data, splits, model_path, ckpt_sha, tok_sha, progress)
 
-        results, notes, predictions = {}, [], {}
-        for role in splits:
-            split = data.splits[role]
-            if split.labels is None:
-                notes.append(f"{role} ({split.source}) has no labels: not scored")
-                continue
-            logits = clf.logits_from_ids(
-                split.input_ids, split.token_type_ids, batch_size=batch_size, progress=progress
-            )
-            labels = split.labels.numpy()
-            results[role] = evaluate_logits(logits, labels, clf.label_names)
-            predictions[role] = (labels, logits.argmax(axis=1))
-            if split.truncated:
-                notes.append(
-                    f"{role}: {split.truncated} of {len(split)} examples cut to {clf.max_len} tokens ({clf.truncation})"
-                )
-        if not results:
-            raise BertraceError(f"params.yaml: none of evaluate.splits {splits} has labels; add a labelled split")
+        return _evaluate_classification(run, cfg, clf, data, splits, model_path, ckpt_sha, tok_sha, progress)
 
-        recorded = (clf.checkpoint.get("metrics") or {}).get("validation_accuracy")
-        if recorded is not None and "validation" in results:
-            diff = abs(results["validation"]["accuracy"] - float(recorded))
-            notes.append(
-                f"re-evaluated validation accuracy {results['validation']['accuracy']:.4f} vs "
-                f"{float(recorded):.4f} recorded by fine-tuning"
-                + (" (equal)" if diff < 1e-9 else f" (differs by {diff:.4f}: a different split or data?)")
-            )
 
-        primary = next(iter(results))
-        labels, preds = predictions[primary]
-        write_confusion_csv(CONFUSION_CSV, labels, preds, clf.label_names)
-        plot_confusion(
-            CONFUSION_PNG,
-            results[primary]["confusion_matrix"],
-            clf.label_names,
-            title=f"{primary}: accuracy {results[primary]['accuracy']:.1%} (n={results[primary]['n']})",
-        )
-        _no_scatter("classification")
+def _evaluate_classification(
+    run: StageRun,
+    cfg: EvaluateConfig,
+    clf: Classifier,
+    data,
+    splits: list[str],
+    model_path: Path,
+    ckpt_sha: str,
+    tok_sha: str,
+    progress: bool,
+) -> dict:
+    """The evaluate stage for ``classification`` checkpoints: scores, the confusion figure, the
+    report, the metrics and this run's scorecard row."""
+    scores = score_classification(clf, data, splits, cfg.batch_size, progress)
+    results, notes, primary = scores.results, scores.notes, scores.primary
+    labels, preds = scores.outputs[primary]
+    write_confusion_csv(CONFUSION_CSV, labels, preds, clf.label_names)
+    plot_confusion(
+        CONFUSION_PNG,
+        results[primary]["confusion_matrix"],
+        clf.label_names,
+        title=f"{primary}: accuracy {results[primary]['accuracy']:.1%} (n={results[primary]['n']})",
+    )
+    _no_scatter("classification")
 
-        chain = provenance_chain(clf.checkpoint.get("provenance"), "finetune")
-        t = clf.checkpoint.get("task") or {}
-        source = t.get("source") or {}
-        task_name = scorecard_task(source)  # the scorecard compares the run with its own task's goal only
-        arch = clf.model.config
-        facts = {
-            "path": model_path.as_posix(),
-            "sha256": ckpt_sha,
-            "tokenizer_sha256": tok_sha,
-            "mode": clf.checkpoint.get("mode"),
-            "seed": clf.checkpoint.get("seed"),
-            "num_parameters": f"{sum(p.numel() for p in clf.model.parameters()):,}",
-            "model": f"{arch.num_layers} layers, hidden {arch.hidden_size}, {arch.num_heads} heads, vocab {arch.vocab_size}",
-            "task": f"{' + '.join(clf.text_columns)} → {', '.join(clf.label_names)} (max_len {clf.max_len}, "
-            f"{clf.truncation} truncation)",
-            "recorded_validation_accuracy": recorded,
-        }
-        warnings = collapse_warnings(results)  # one class for everything / at the majority baseline
-        for w in warnings:
-            print(f"evaluate: warning: {w}")
-        report = render_report(
-            results,
-            checkpoint=facts,
-            chain=chain,
-            task_name=task_name,
-            figure=CONFUSION_PNG.name,
-            notes=notes,
+    chain = provenance_chain(clf.checkpoint.get("provenance"), "finetune")
+    task_name = scorecard_task((clf.checkpoint.get("task") or {}).get("source") or {})  # its own goal only
+    facts = {
+        **checkpoint_facts(clf, model_path, ckpt_sha, tok_sha),
+        "task": f"{' + '.join(clf.text_columns)} → {', '.join(clf.label_names)} (max_len {clf.max_len}, "
+        f"{clf.truncation} truncation)",
+        "recorded_validation_accuracy": (clf.checkpoint.get("metrics") or {}).get("validation_accuracy"),
+    }
+    warnings = collapse_warnings(results)  # one class for everything / at the majority baseline
+    for w in warnings:
+        print(f"evaluate: warning: {w}")
+    report = render_report(
+        results,
+        checkpoint=facts,
+        chain=chain,
+        task_name=task_name,
+        figure=CONFUSION_PNG.name,
+        notes=notes,
+        warnings=warnings,
+    )
+    write_evaluation_report(REPORT, report)
+
+    metrics = metrics_for_dvc(results)
+    write_json(DETAILS, metrics)  # every number; METRICS: the few a user compares
+    write_json(METRICS, evaluation_summary(results))
+
+    write_run_row(_scorecard_row(cfg.run_name, clf, metrics, task_name, warnings))
+    run.log_metrics(metrics)  # per-class names are label names: StageRun makes them valid MLflow keys
+    _finish(run, cfg, model_path, chain)
+    summary = ", ".join(
+        f"{role} accuracy {m['accuracy']:.4f} (macro F1 {m['macro_f1']:.4f}, n={m['n']})" for role, m in results.items()
+    )
+    print(f"evaluate: {summary} -> {REPORT}")
+    return metrics
+
+
+def _scorecard_row(
+    name: str, clf: Classifier, metrics: dict, task_name: str | None, warnings: list[str]
+) -> dict | None:
+    """This run's scorecard row (the `scorecard` stage draws it beside recorded profiles and
+    references); None, said on the console, when the chain lacks what a row needs."""
+    try:
+        return run_row(
+            name,
+            records=chain_records(clf.checkpoint.get("provenance")),
+            finetune_metrics=_metrics_file("finetune"),
+            eval_metrics=metrics,
+            pretrain_metrics=_metrics_file("pretrain"),
+            model_config=clf.checkpoint.get("model_config"),
+            task=task_name,
             warnings=warnings,
         )
-        write_evaluation_report(REPORT, report)
-
-        metrics = metrics_for_dvc(results)
-        write_json(DETAILS, metrics)  # every number; METRICS: the few a user compares
-        write_json(METRICS, evaluation_summary(results))
-
-        # This run's scorecard row; the `scorecard` stage draws it beside recorded profiles and references.
-        try:
-            row = run_row(
-                cfg.run_name,
-                records=chain_records(clf.checkpoint.get("provenance")),
-                finetune_metrics=_metrics_file("finetune"),
-                eval_metrics=metrics,
-                pretrain_metrics=_metrics_file("pretrain"),
-                model_config=clf.checkpoint.get("model_config"),
-                task=task_name,
-                warnings=warnings,
-            )
-        except BertraceError as why:  # e.g. a checkpoint evaluated outside a full pipeline run
-            print(f"evaluate: no scorecard row for this run: {why}")
-            row = None
-        write_run_row(row)
-        run.log_metrics(metrics)  # per-class names are label names: StageRun makes them valid MLflow keys
-        for path in (CONFUSION_CSV, CONFUSION_PNG, SCATTER_CSV, SCATTER_PNG, REPORT, SCORECARD_JSON, DETAILS):
-            run.add_output(path)
-            run.log_artifact(path, "evaluation")
-        if cfg.log_model and run.mlflow_run_id is not None:
-            from pipeline.interop.pyfunc import log_pyfunc
-
-            info = log_pyfunc(model_path, "model", registered_model_name=cfg.registered_model_name or None)
-            run.set_tags({"bertrace.pyfunc_model_uri": info.model_uri})
-        run.extra["chain"] = [e["stage"] for e in chain]
-        run.write_provenance()
-        summary = ", ".join(
-            f"{role} accuracy {m['accuracy']:.4f} (macro F1 {m['macro_f1']:.4f}, n={m['n']})"
-            for role, m in results.items()
-        )
-        print(f"evaluate: {summary} -> {REPORT}")
-        return metrics
+    except BertraceError as why:  # e.g. a checkpoint evaluated outside a full pipeline run
+        print(f"evaluate: no scorecard row for this run: {why}")
+        return None
 
 
 def _no_scatter(task_type: str) -> None:
@@ -226,6 +202,51 @@ def _no_scatter(task_type: str) -> None:
     )
 
 
+def _finish(run: StageRun, cfg: EvaluateConfig, model_path: Path, chain: list[dict]) -> None:
+    """Record and log the declared files, the pyfunc model (``evaluate.log_model``) and the record."""
+    for path in (CONFUSION_CSV, CONFUSION_PNG, SCATTER_CSV, SCATTER_PNG, REPORT, SCORECARD_JSON, DETAILS):
+        run.add_output(path)
+        run.log_artifact(path, "evaluation")
+    if cfg.log_model and run.mlflow_run_id is not None:
+        from pipeline.interop.pyfunc import log_pyfunc
+
+        info = log_pyfunc(model_path, "model", registered_model_name=cfg.registered_model_name or None)
+        run.set_tags({"bertrace.pyfunc_model_uri": info.model_uri})
+    run.extra["chain"] = [e["stage"] for e in chain]
+    run.write_provenance()
+
+
+def _task_figures(task_type: str, primary: str, m: dict, gold, pred, label_names: list[str]) -> list[tuple[str, str]]:
+    """The confusion (and, for regression, scatter) files of a token-classification or regression
+    run; returns the report's figure list."""
+    from pipeline.evaluate.tasks import GRADES, plot_scatter, write_scatter_csv
+
+    if task_type == "token_classification":
+        write_confusion_csv(CONFUSION_CSV, gold, pred, label_names)
+        plot_confusion(
+            CONFUSION_PNG,
+            m["confusion_matrix"],
+            label_names,
+            title=f"{primary}: word tags, entity F1 {m['f1']:.1%} (n={m['n']} sentences)",
+        )
+        _no_scatter(task_type)
+        return [("word-level tag confusion", CONFUSION_PNG.name)]
+    from pipeline.finetune.task_metrics import score_buckets
+
+    write_confusion_csv(CONFUSION_CSV, score_buckets(gold), score_buckets(pred), GRADES)
+    plot_confusion(
+        CONFUSION_PNG, m["confusion_matrix"], GRADES, title=f"{primary}: grades rounded to 0..5 (n={m['n']})"
+    )
+    write_scatter_csv(SCATTER_CSV, pred, gold)
+    plot_scatter(
+        SCATTER_PNG,
+        pred,
+        gold,
+        title=f"{primary}: Pearson {m['pearson']:.3f}, Spearman {m['spearman']:.3f} (n={m['n']})",
+    )
+    return [("predicted vs gold", SCATTER_PNG.name), ("rounded grades", CONFUSION_PNG.name)]
+
+
 def _evaluate_task(
     run: StageRun,
     cfg: EvaluateConfig,
@@ -239,117 +260,33 @@ def _evaluate_task(
 ) -> dict:
     """The evaluate stage for ``token_classification`` and ``regression`` checkpoints: the same
     declared files as classification (see :mod:`pipeline.evaluate.tasks`)."""
-    from pipeline.evaluate.tasks import (
-        GRADES,
-        details_for_dvc,
-        plot_scatter,
-        regression_results,
-        render_task_report,
-        summary_for_dvc,
-        token_results,
-        write_scatter_csv,
-    )
+    from pipeline.evaluate.tasks import details_for_dvc, render_task_report, summary_for_dvc
 
     task_type = clf.task_type
-    results, notes, outputs = {}, [], {}
-    for role in splits:
-        split = data.splits[role]
-        if split.labels is None:
-            notes.append(f"{role} ({split.source}) has no labels: not scored")
-            continue
-        if task_type == "token_classification":
-            results[role], gold, pred = token_results(clf, split, cfg.batch_size, progress)
-            if results[role]["predicted_entities"] == 0:
-                warning = (
-                    f"{role}: the model tags every word O (no entity predicted; entity F1 0): too few "
-                    "updates or too low finetune.lr for this model"
-                )
-                print(f"evaluate: warning: {warning}")
-                notes.append(f"**Warning** — {warning}")
-            if split.bio_violations:
-                notes.append(
-                    f"{role}: {split.bio_violations} gold I- tags do not follow a B-/I- tag of their type "
-                    "(IOB2 violations; seqeval reads them as entity starts)"
-                )
-            if split.multi_tags:
-                notes.append(
-                    f"{role}: {split.multi_tags} words of {split.source} list several comma-separated "
-                    "tags; the first was used as gold"
-                )
-        else:
-            results[role], pred, gold = regression_results(clf, split, cfg.batch_size, progress)
-        outputs[role] = (gold, pred)
-        if split.truncated:
-            notes.append(
-                f"{role}: {split.truncated} of {len(split)} examples cut to {clf.max_len} tokens"
-                + (" (words past the cut are predicted O)" if task_type == "token_classification" else "")
-            )
-    if not results:
-        raise BertraceError(f"params.yaml: none of evaluate.splits {splits} has labels; add a labelled split")
-
-    main = "f1" if task_type == "token_classification" else "pearson"
-    recorded = (clf.checkpoint.get("metrics") or {}).get(f"validation_{main}")
-    if recorded is not None and "validation" in results:
-        diff = abs(results["validation"][main] - float(recorded))
-        notes.append(
-            f"re-evaluated validation {main} {results['validation'][main]:.4f} vs {float(recorded):.4f} "
-            "recorded by fine-tuning" + (" (equal)" if diff < 1e-6 else f" (differs by {diff:.4f})")
-        )
-
-    primary = next(iter(results))
-    gold, pred = outputs[primary]
-    m = results[primary]
-    if task_type == "token_classification":
-        write_confusion_csv(CONFUSION_CSV, gold, pred, clf.label_names)
-        plot_confusion(
-            CONFUSION_PNG,
-            m["confusion_matrix"],
-            clf.label_names,
-            title=f"{primary}: word tags, entity F1 {m['f1']:.1%} (n={m['n']} sentences)",
-        )
-        _no_scatter(task_type)
-        figures = [("word-level tag confusion", CONFUSION_PNG.name)]
-    else:
-        from pipeline.finetune.task_metrics import score_buckets
-
-        write_confusion_csv(CONFUSION_CSV, score_buckets(gold), score_buckets(pred), GRADES)
-        plot_confusion(
-            CONFUSION_PNG, m["confusion_matrix"], GRADES, title=f"{primary}: grades rounded to 0..5 (n={m['n']})"
-        )
-        write_scatter_csv(SCATTER_CSV, pred, gold)
-        plot_scatter(
-            SCATTER_PNG,
-            pred,
-            gold,
-            title=f"{primary}: Pearson {m['pearson']:.3f}, Spearman {m['spearman']:.3f} (n={m['n']})",
-        )
-        figures = [("predicted vs gold", SCATTER_PNG.name), ("rounded grades", CONFUSION_PNG.name)]
+    scores = score_task(clf, data, splits, cfg.batch_size, progress)
+    for warning in scores.warnings:
+        print(f"evaluate: warning: {warning}")
+    results, primary = scores.results, scores.primary
+    figures = _task_figures(task_type, primary, results[primary], *scores.outputs[primary], clf.label_names)
 
     chain = provenance_chain(clf.checkpoint.get("provenance"), "finetune")
     task_name = scorecard_task((clf.checkpoint.get("task") or {}).get("source") or {})
-    arch = clf.model.config
     what = (
         f"{clf.text_columns[0]} → BIO tags of {', '.join(sorted({n[2:] for n in clf.label_names if n != 'O'}))}"
         if task_type == "token_classification"
         else f"{' + '.join(clf.text_columns)} → score"
     )
+    main = task_metric(task_type)
+    recorded = (clf.checkpoint.get("metrics") or {}).get(f"validation_{main}")
     facts = {
-        "path": model_path.as_posix(),
-        "sha256": ckpt_sha,
-        "tokenizer_sha256": tok_sha,
-        "mode": clf.checkpoint.get("mode"),
-        "seed": clf.checkpoint.get("seed"),
-        "num_parameters": f"{sum(p.numel() for p in clf.model.parameters()):,}",
-        "model": f"{arch.num_layers} layers, hidden {arch.hidden_size}, {arch.num_heads} heads, vocab {arch.vocab_size}",
+        **checkpoint_facts(clf, model_path, ckpt_sha, tok_sha),
         "task": f"{what} (max_len {clf.max_len})",
         "recorded": None if recorded is None else f"validation {main} {float(recorded):.4f}",
     }
-    write_evaluation_report(
-        REPORT,
-        render_task_report(
-            task_type, results, checkpoint=facts, chain=chain, task_name=task_name, figures=figures, notes=notes
-        ),
+    report = render_task_report(
+        task_type, results, checkpoint=facts, chain=chain, task_name=task_name, figures=figures, notes=scores.notes
     )
+    write_evaluation_report(REPORT, report)
     details = details_for_dvc(results)
     write_json(DETAILS, details)
     metrics = summary_for_dvc(task_type, results)
@@ -358,16 +295,7 @@ def _evaluate_task(
     print(f"evaluate: no scorecard row for a {task_type} run (the scorecard compares classification accuracy)")
     write_run_row(None)
     run.log_metrics(details)
-    for path in (CONFUSION_CSV, CONFUSION_PNG, SCATTER_CSV, SCATTER_PNG, REPORT, SCORECARD_JSON, DETAILS):
-        run.add_output(path)
-        run.log_artifact(path, "evaluation")
-    if cfg.log_model and run.mlflow_run_id is not None:
-        from pipeline.interop.pyfunc import log_pyfunc
-
-        info = log_pyfunc(model_path, "model", registered_model_name=cfg.registered_model_name or None)
-        run.set_tags({"bertrace.pyfunc_model_uri": info.model_uri})
-    run.extra["chain"] = [e["stage"] for e in chain]
-    run.write_provenance()
+    _finish(run, cfg, model_path, chain)
     if task_type == "token_classification":
         summary = ", ".join(
             f"{role} entity F1 {r['f1']:.4f} (P {r['precision']:.4f}, R {r['recall']:.4f}, n={r['n']})"
