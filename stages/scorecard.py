@@ -35,8 +35,8 @@ from pipeline.reports.scorecard import (
     run_logs,
     timed_row,
     with_variants,
-    write_scorecard,
 )
+from pipeline.reports.scorecard_md import write_scorecard
 
 
 def record(name: str, note: str | None = None, sets: list[str] = ()) -> Path:

@@ -42,7 +42,6 @@ COLUMNS = (
 UNITS = {"steps": ("pretrain_steps", "pre-training steps"), "minutes": ("pretrain_minutes", "pre-training minutes")}
 
 
-
 class LearningCurveConfig(Section):
     """The ``learning_curve`` section of params.yaml (``make learning-curve``; defaults equal
     params.yaml, tests/unit/core/test_config.py). The fine-tuning itself is ``finetune``'s, with these seeds."""
@@ -52,6 +51,7 @@ class LearningCurveConfig(Section):
     seeds: list[Annotated[Int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1)
     label: Str | None = None  # the curve's name in reports/learning_curves/ (None: the objective)
     reference: dict[Str, Float] | None = None  # reference lines (None: reports/references.yaml's)
+
 
 @dataclass(frozen=True)
 class Point:

@@ -187,7 +187,7 @@ def test_git_state_and_trace_of_a_dvc_experiment(tmp_path, monkeypatch):
 
 def test_collapsed_predictions_warn_in_the_report_and_mark_the_scorecard_row():
     from pipeline.evaluate.report import collapse_warnings, evaluate_logits, render_report
-    from pipeline.reports.scorecard import render_scorecard
+    from pipeline.reports.scorecard_md import render_scorecard
 
     labels = np.array([0] * 55 + [1] * 45)
     one_class = np.tile([2.0, -1.0], (100, 1))  # always "negative"

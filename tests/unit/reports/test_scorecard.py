@@ -14,11 +14,11 @@ from pipeline.reports.scorecard import (
     TIMED_KEYS,
     dag_minutes,
     read_profiles,
-    render_scorecard,
     run_logs,
     run_row,
     timed_row,
 )
+from pipeline.reports.scorecard_md import render_scorecard
 
 STAGES = ["download", "clean", "tokenizer", "examples", "validate", "pretrain", "finetune"]
 
@@ -279,7 +279,8 @@ def test_render_rewrites_the_markdown_from_the_json_and_recorded_rows(tmp_path, 
 def test_a_custom_task_is_never_scored_against_another_tasks_goal(tmp_path):
     """A 5-class local task: no SST-2 goal, anchors or published numbers beside it; with the goal shown
     (an SST-2 run), rows of other tasks neither meet nor miss it."""
-    from pipeline.reports.scorecard import task_name, write_scorecard
+    from pipeline.reports.scorecard import task_name
+    from pipeline.reports.scorecard_md import write_scorecard
 
     refs = {
         "goal": {"task": "nyu-mll/glue/sst2", "dev_mean": 84.0, "dag_minutes": 60},
