@@ -37,14 +37,33 @@ def _require_labels(scores: Scores, roles: list[str]) -> Scores:
     return scores
 
 
-def score_classification(clf, data, roles: list[str], batch_size: int, progress: bool) -> Scores:
-    """Accuracy, F1 and the rest per labelled split (``outputs``: labels, argmax predictions)."""
-    scores = Scores()
+def _labelled(data, roles: list[str], scores: Scores):
+    """``(role, split)`` of the roles whose split has labels; a note for each that has none."""
     for role in roles:
         split = data.splits[role]
         if split.labels is None:
             scores.notes.append(f"{role} ({split.source}) has no labels: not scored")
             continue
+        yield role, split
+
+
+def _compare_recorded(scores: Scores, clf, metric: str, tolerance: float, suspect: str = "") -> None:
+    """A note comparing the re-evaluated validation ``metric`` with the one fine-tuning recorded."""
+    recorded = (clf.checkpoint.get("metrics") or {}).get(f"validation_{metric}")
+    if recorded is None or "validation" not in scores.results:
+        return
+    now = scores.results["validation"][metric]
+    diff = abs(now - float(recorded))
+    scores.notes.append(
+        f"re-evaluated validation {metric} {now:.4f} vs {float(recorded):.4f} recorded by fine-tuning"
+        + (" (equal)" if diff < tolerance else f" (differs by {diff:.4f}{suspect})")
+    )
+
+
+def score_classification(clf, data, roles: list[str], batch_size: int, progress: bool) -> Scores:
+    """Accuracy, F1 and the rest per labelled split (``outputs``: labels, argmax predictions)."""
+    scores = Scores()
+    for role, split in _labelled(data, roles, scores):
         logits = clf.logits_from_ids(split.input_ids, split.token_type_ids, batch_size=batch_size, progress=progress)
         labels = split.labels.numpy()
         scores.results[role] = evaluate_logits(logits, labels, clf.label_names)
@@ -54,14 +73,7 @@ def score_classification(clf, data, roles: list[str], batch_size: int, progress:
                 f"{role}: {split.truncated} of {len(split)} examples cut to {clf.max_len} tokens ({clf.truncation})"
             )
     _require_labels(scores, roles)
-    recorded = (clf.checkpoint.get("metrics") or {}).get("validation_accuracy")
-    if recorded is not None and "validation" in scores.results:
-        now = scores.results["validation"]["accuracy"]
-        diff = abs(now - float(recorded))
-        scores.notes.append(
-            f"re-evaluated validation accuracy {now:.4f} vs {float(recorded):.4f} recorded by fine-tuning"
-            + (" (equal)" if diff < 1e-9 else f" (differs by {diff:.4f}: a different split or data?)")
-        )
+    _compare_recorded(scores, clf, "accuracy", 1e-9, ": a different split or data?")
     return scores
 
 
@@ -91,11 +103,7 @@ def score_task(clf, data, roles: list[str], batch_size: int, progress: bool) -> 
 
     tokens = clf.task_type == "token_classification"
     scores = Scores()
-    for role in roles:
-        split = data.splits[role]
-        if split.labels is None:
-            scores.notes.append(f"{role} ({split.source}) has no labels: not scored")
-            continue
+    for role, split in _labelled(data, roles, scores):
         if tokens:
             scores.results[role], gold, pred = token_results(clf, split, batch_size, progress)
             _token_notes(role, split, scores.results[role], scores)
@@ -108,14 +116,7 @@ def score_task(clf, data, roles: list[str], batch_size: int, progress: bool) -> 
                 + (" (words past the cut are predicted O)" if tokens else "")
             )
     _require_labels(scores, roles)
-    main = task_metric(clf.task_type)
-    recorded = (clf.checkpoint.get("metrics") or {}).get(f"validation_{main}")
-    if recorded is not None and "validation" in scores.results:
-        diff = abs(scores.results["validation"][main] - float(recorded))
-        scores.notes.append(
-            f"re-evaluated validation {main} {scores.results['validation'][main]:.4f} vs {float(recorded):.4f} "
-            "recorded by fine-tuning" + (" (equal)" if diff < 1e-6 else f" (differs by {diff:.4f})")
-        )
+    _compare_recorded(scores, clf, task_metric(clf.task_type), 1e-6)
     return scores
 
 
