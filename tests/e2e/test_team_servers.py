@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.conftest import REPO
-from tests.support.servers import team, team_servers
+from tests.support.servers import ADMIN, basic_auth_mlflow, team, team_servers
 
 pytestmark = pytest.mark.slow
 
@@ -191,69 +191,13 @@ def test_up_twice_is_refused_then_down_stops_every_pid(servers):
 def test_refused_credentials_are_one_line_naming_the_fix(tmp_path):
     """A tracking server with accounts (mlflow server --app-name basic-auth): no or wrong credentials
     are one line naming MLFLOW_TRACKING_URI and the variables to set, exit 2; right ones pass."""
-    import importlib.util
-    import socket
-    import time
-    import urllib.request
-
-    if importlib.util.find_spec("flask_wtf") is None:
-        pytest.skip("no Flask-WTF: pip install -e '.[team]'")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    (tmp_path / "basic_auth.ini").write_text(
-        "[mlflow]\ndefault_permission = READ\n"
-        f"database_uri = sqlite:///{tmp_path}/auth.db\nadmin_username = admin\nadmin_password = s3cret-Passw0rd\n"
-        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-    )
-    env = {
-        **os.environ,
-        "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "basic_auth.ini"),
-        "MLFLOW_FLASK_SERVER_SECRET_KEY": os.urandom(16).hex(),
-    }
-    for k in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
-        env.pop(k, None)
-    log = open(tmp_path / "server.log", "wb")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--app-name",
-            "basic-auth",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path}/mlflow.db",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                urllib.request.urlopen(uri + "/health", timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
-                time.sleep(0.5)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
+    env["PYTHONPATH"] = str(REPO)
+    with basic_auth_mlflow(tmp_path) as uri:
         check = [sys.executable, "-m", "stages.cli", "check-tracking"]
-        for creds in ({}, {"MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": "wrong"}):
+        for creds in ({}, {"MLFLOW_TRACKING_USERNAME": ADMIN[0], "MLFLOW_TRACKING_PASSWORD": "wrong"}):
             r = subprocess.run(
-                check,
-                cwd=tmp_path,
-                env={**env, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": uri, **creds},
-                capture_output=True,
-                text=True,
+                check, cwd=tmp_path, env={**env, "MLFLOW_TRACKING_URI": uri, **creds}, capture_output=True, text=True
             )
             assert r.returncode == 2, r.stdout + r.stderr
             assert r.stderr.strip() == (
@@ -267,17 +211,11 @@ def test_refused_credentials_are_one_line_naming_the_fix(tmp_path):
             cwd=tmp_path,
             env={
                 **env,
-                "PYTHONPATH": str(REPO),
                 "MLFLOW_TRACKING_URI": uri,
-                "MLFLOW_TRACKING_USERNAME": "admin",
-                "MLFLOW_TRACKING_PASSWORD": "s3cret-Passw0rd",
+                "MLFLOW_TRACKING_USERNAME": ADMIN[0],
+                "MLFLOW_TRACKING_PASSWORD": ADMIN[1],
             },
             capture_output=True,
             text=True,
         )
         assert ok.returncode == 0 and ok.stdout.strip() == f"MLflow tracking store answers: {uri}", ok.stderr
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, 15)
-            server.wait(timeout=30)
-        log.close()
