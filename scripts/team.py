@@ -592,10 +592,7 @@ def _start(state: Path, names: set[str], alive: dict[str, int], ports: dict, cre
     except BaseException:
         for name in STOP_ORDER:
             if name in names and name in pids and name not in alive:
-                if name == "postgres":
-                    _stop_postgres(state, pids[name])
-                _terminate(pids[name], timeout=3 if name == "weed" else 10)
-                del pids[name]
+                _stop(state, name, pids.pop(name))
         (state / "pids.json").write_text(json.dumps(pids, indent=2) + "\n")
         raise
 
@@ -649,6 +646,15 @@ def _terminate(pid: int, timeout: float = 10) -> None:
             pass
 
 
+def _stop(state: Path, name: str, pid: int) -> None:
+    """Stop one server of ``state``: PostgreSQL through pg_ctl first, then its process group."""
+    if name == "postgres":
+        _stop_postgres(state, pid)
+    # weed's filer waits forever in a graceful gRPC stop (the S3 gateway's metadata subscription);
+    # its volumes and filer store are on disk by then, so it gets SIGKILL after 3 s
+    _terminate(pid, timeout=3 if name == "weed" else 10)
+
+
 def stop_servers(state_dir: Path) -> list[str]:
     """Stop the servers in state_dir/pids.json (mlflow, postgres, weed); return the names stopped."""
     state = Path(state_dir).absolute()
@@ -661,11 +667,7 @@ def stop_servers(state_dir: Path) -> list[str]:
         if not _alive(pid):
             _CHILDREN.pop(pid, None)
             continue
-        if name == "postgres":
-            _stop_postgres(state, pid)
-        # weed's filer waits forever in a graceful gRPC stop (the S3 gateway's metadata subscription);
-        # its volumes and filer store are on disk by then, so it gets SIGKILL after 3 s
-        _terminate(pid, timeout=3 if name == "weed" else 10)
+        _stop(state, name, pid)
         stopped.append(name)
     (state / "pids.json").unlink(missing_ok=True)
     return stopped
