@@ -156,7 +156,8 @@ def _authorization(parts) -> str | None:
 
 def _unreachable(parts, reason: Any, timeout: float) -> str:
     """Why nothing answered, in words that point at the fix: the host name, the port, the wait."""
-    where = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname  # IPv6 in brackets
+    where = f"{host}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
     if isinstance(reason, socket.gaierror):
         return f"the host name {parts.hostname!r} does not resolve"
     if isinstance(reason, ConnectionRefusedError):

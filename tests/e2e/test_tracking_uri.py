@@ -40,6 +40,15 @@ def test_credentials_in_the_uri_reach_a_basic_auth_server(tmp_path):
         assert "wr0ng" not in wrong.stdout + wrong.stderr
 
 
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
 def test_nothing_listening_is_connection_refused_not_dns(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -52,6 +61,9 @@ def test_nothing_listening_is_connection_refused_not_dns(tmp_path):
         "MLFLOW_TRACKING_URI to log to ./mlflow.db, or set BERTRACE_NO_MLFLOW=1 to run without tracking"
     ]
     assert "Pa55" not in r.stdout + r.stderr
+    if _has_ipv6_loopback():  # an IPv6 host keeps its brackets: [::1]:PORT, not ::1:PORT
+        v6 = _check(tmp_path, f"http://[::1]:{port}")
+        assert f"(connection refused: nothing listens on [::1]:{port})" in v6.stderr, v6.stderr
     dns = _check(tmp_path, "http://user:Pa55-w0rd@no-such-host.invalid:5000")
     assert dns.returncode == 2
     assert "(the host name 'no-such-host.invalid' does not resolve)" in dns.stderr, dns.stderr
