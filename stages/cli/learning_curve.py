@@ -93,49 +93,52 @@ def main(progress: bool = True) -> dict:
             run.log_metrics({"dev_accuracy": row["dev_accuracy"]}, step=x)
 
         rows = run_curve(points, fine_tune, on_point)
-        final_sha256 = sha256_file(final)  # which pre-training run the curve belongs to (bertrace plots checks it)
-        write_curve_csv(CSV, [{**r, "pretrain_sha256": final_sha256} for r in rows])
-        ref = [(name, float(v)) for name, v in reference.items()]
-        objective = checkpoint_objective(final_ckpt)
-        label = cfg.label or objective
-        tokenizer_sha = sha256_file(tokenizer_path)
-        series_path = save_series(
-            SERIES_DIR,
-            label,
-            {
-                "objective": objective,
-                "tokenizer_sha256": tokenizer_sha,
-                "pretrain_sha256": final_sha256,
-                "unit": unit,
-                "points": rows,
-            },
-        )
-        run.add_output(series_path)
-        series = read_series(SERIES_DIR, tokenizer_sha)  # this run's and earlier runs' on the same corpus
-        if len(series) > 1:  # objectives differ in cost per update: compare them per minute of pre-training
-            unit = "minutes"
-        task = ft.task.hub.config or "task"
-        plot_curve(
-            PNG,
-            series,
-            reference=ref,
-            unit=unit,
-            title=f"{task} validation accuracy vs pre-training {unit} ({len(ft.seeds)} seed(s) per point)",
-        )
-        metrics = {
-            "unit": unit,
-            "pretrain_checkpoint": {"path": final.as_posix(), "sha256": final_sha256},
-            "label": label,
+        return _save_curve(run, cfg, ft, rows, reference, final, checkpoint_objective(final_ckpt), unit)
+
+
+def _save_curve(run, cfg, ft, rows: list[dict], reference: dict, final: Path, objective: str, unit: str) -> dict:
+    """Write the curve (CSV, this run's series, the PNG of every series of this corpus, metrics) and log them."""
+    final_sha256 = sha256_file(final)  # which pre-training run the curve belongs to (bertrace plots checks it)
+    write_curve_csv(CSV, [{**r, "pretrain_sha256": final_sha256} for r in rows])
+    label = cfg.label or objective
+    tokenizer_sha = sha256_file(Path(ft.tokenizer or TOKENIZER))
+    series_path = save_series(
+        SERIES_DIR,
+        label,
+        {
             "objective": objective,
+            "tokenizer_sha256": tokenizer_sha,
+            "pretrain_sha256": final_sha256,
+            "unit": unit,
             "points": rows,
-            "plotted": sorted(series),
-        }
-        write_json(METRICS, metrics)
-        for path in (CSV, PNG, METRICS):
-            run.add_output(path)
-            run.log_artifact(path, "learning_curve")
-        run.write_provenance()
-        return metrics
+        },
+    )
+    run.add_output(series_path)
+    series = read_series(SERIES_DIR, tokenizer_sha)  # this run's and earlier runs' on the same corpus
+    if len(series) > 1:  # objectives differ in cost per update: compare them per minute of pre-training
+        unit = "minutes"
+    task = ft.task.hub.config or "task"
+    plot_curve(
+        PNG,
+        series,
+        reference=[(name, float(v)) for name, v in reference.items()],
+        unit=unit,
+        title=f"{task} validation accuracy vs pre-training {unit} ({len(ft.seeds)} seed(s) per point)",
+    )
+    metrics = {
+        "unit": unit,
+        "pretrain_checkpoint": {"path": final.as_posix(), "sha256": final_sha256},
+        "label": label,
+        "objective": objective,
+        "points": rows,
+        "plotted": sorted(series),
+    }
+    write_json(METRICS, metrics)
+    for path in (CSV, PNG, METRICS):
+        run.add_output(path)
+        run.log_artifact(path, "learning_curve")
+    run.write_provenance()
+    return metrics
 
 
 if __name__ == "__main__":
