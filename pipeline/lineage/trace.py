@@ -183,7 +183,7 @@ def _load_mlflow(target: str, root: Path) -> dict[str, Any]:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from pipeline.lineage.tracking import tracking_uri
+    from pipeline.lineage.mlflow_store import tracking_uri
 
     uri = tracking_uri(root)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
@@ -383,7 +383,7 @@ class _RunLogs:
     def _connect(self):
         """An MLflow client of the store the runs were logged to, or False (none, or not answering:
         a trace works offline and shows ``-`` for when)."""
-        from pipeline.lineage.tracking import check_server, tracking_uri
+        from pipeline.lineage.mlflow_store import check_server, tracking_uri
 
         uri = tracking_uri(self.root)
         if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
