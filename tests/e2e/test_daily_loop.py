@@ -123,7 +123,7 @@ def test_mlflow_store_of_a_temp_workspace_is_the_original_repos(tmp_path, monkey
 
 def test_git_state_and_trace_of_a_dvc_experiment(tmp_path, monkeypatch):
     from pipeline.lineage.runlog import git_state
-    from pipeline.lineage.trace import format_tree
+    from pipeline.lineage.trace_render import format_tree
 
     (tmp_path / "params.yaml").write_text(
         yaml.safe_dump({"finetune": {"lr": 0.001, "epochs": 3}, "clean": {"seed": 1}})
