@@ -326,7 +326,7 @@ def test_one_parent_run_per_pipeline_run_with_stage_runs_nested_and_reused_stage
 
 def test_data_docs_page_of_a_corrupted_shard_shows_the_failing_expectation_and_its_values(tmp_path):
     from pipeline.checks.gx import build_data_docs
-    from pipeline.checks.validate import validate_shards
+    from pipeline.checks.validate_shards import validate_shards
     from tests.support.shards import VOCAB, rewrite, unmasked, write_examples
 
     examples = write_examples(tmp_path / "examples")
@@ -525,7 +525,7 @@ def test_data_docs_are_the_same_bytes_in_any_time_zone(tmp_path, monkeypatch):
     import time
 
     from pipeline.checks.gx import build_data_docs
-    from pipeline.checks.validate import validate_shards
+    from pipeline.checks.validate_shards import validate_shards
     from pipeline.core.io import sha256_file
     from tests.support.shards import write_examples
 
