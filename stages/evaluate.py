@@ -33,13 +33,13 @@ from pipeline.evaluate.report import (
     evaluation_summary,
     metrics_for_dvc,
     plot_confusion,
-    provenance_chain,
     render_report,
     write_confusion_csv,
     write_evaluation_report,
 )
 from pipeline.evaluate.scoring import checkpoint_facts, score_classification, score_task, task_metric
 from pipeline.finetune.task_data import evaluate_roles, load_task_data
+from pipeline.lineage.chain import provenance_chain
 from pipeline.reports.scorecard import SCORECARD_JSON, chain_records, run_row, write_run_row
 from pipeline.reports.scorecard import task_name as scorecard_task
 from stages.arithmetic import compute_config

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from pipeline.checks.gx import build_data_docs
 from pipeline.checks.report import ValidationReport
-from pipeline.checks.validate import ValidateConfig, validate_corpus, validate_normalizer, validate_shards
+from pipeline.checks.validate import ValidateConfig, validate_normalizer
+from pipeline.checks.validate_corpus import validate_corpus
+from pipeline.checks.validate_shards import validate_shards
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import write_json
 from stages.common import METRICS_DIR, StageRun, load_params, run_stage

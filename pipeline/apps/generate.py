@@ -33,7 +33,7 @@ from pipeline.core.formats import SEP_ID
 
 def is_causal_state_dict(state_dict: dict[str, Any]) -> bool:
     """Whether a state dict is a GPT (``wte.*``) or a GPT classifier (``gpt.*``)."""
-    from pipeline.models.bert import strip_wrappers
+    from pipeline.models.primitives import strip_wrappers
 
     keys = [strip_wrappers(k) for k in state_dict]
     return any(k == "wte.weight" or k.startswith("gpt.") for k in keys)

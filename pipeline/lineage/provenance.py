@@ -43,6 +43,9 @@ import yaml
 from pipeline.core.io import canonical_json, read_json, sha256_bytes, sha256_file, sha256_json
 
 OUTPUT_NEUTRAL = (
+    "pipeline.lineage.mlflow_names",
+    "pipeline.lineage.mlflow_runs",
+    "pipeline.lineage.mlflow_store",
     "pipeline.lineage.restore",
     "pipeline.lineage.runlog",
     "pipeline.lineage.tracking",

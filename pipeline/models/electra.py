@@ -49,7 +49,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pipeline.core.errors import BertraceError
-from pipeline.models.bert import BertConfig, BertModel, MLMHead, gelu, init_weights
+from pipeline.models.bert import BertConfig, BertModel, MLMHead
+from pipeline.models.primitives import gelu, init_weights
 
 
 def generator_config(config: BertConfig, size: float = 0.25, layers: float = 1.0) -> BertConfig:

@@ -36,15 +36,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pipeline.core.errors import BertraceError
-from pipeline.models.bert import (
-    BertConfig,
-    Dropout,
-    FeedForward,
-    init_weights,
-    linear_cross_entropy,
-    load_strict,
-    strip_wrappers,
-)
+from pipeline.models.bert import BertConfig, FeedForward
+from pipeline.models.primitives import Dropout, init_weights, linear_cross_entropy, load_strict, strip_wrappers
 
 KVCache = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (keys, values), each [B, heads, P, head_dim]
 

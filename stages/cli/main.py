@@ -90,7 +90,7 @@ def _check_tracking() -> None:
     down or refuses the credentials fails here, before `dvc repro` removes any stage's outputs."""
     import os
 
-    from pipeline.lineage.tracking import redacted_uri, setup_mlflow, tracking_uri
+    from pipeline.lineage.mlflow_store import redacted_uri, setup_mlflow, tracking_uri
 
     if os.environ.get("BERTRACE_NO_MLFLOW") == "1":
         print("MLflow tracking is off (BERTRACE_NO_MLFLOW=1)")

@@ -26,7 +26,7 @@ import argparse
 import json
 import sys
 
-from pipeline.lineage import trace
+from pipeline.lineage import trace, trace_render, trace_verify
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,18 +46,18 @@ def main(argv: list[str] | None = None) -> int:
 
     root = args.root or trace.repository_root(args.target)
     lin = trace.lineage(args.target, root)
-    verification = trace.verify(lin, root) if args.verify else None
-    here = trace.this_machine(lin)
+    verification = trace_verify.verify(lin, root) if args.verify else None
+    here = trace_render.this_machine(lin)
     if args.json:
         out = dict(lin)
         if verification is not None:
             out["verification"] = verification
-            out["summary"] = trace.summary(verification)
+            out["summary"] = trace_verify.summary(verification)
         out["this_machine"] = here
         print(json.dumps(out, indent=2))
     else:
-        print("\n".join([trace.format_tree(lin, verification), *here]))
-    code = 1 if verification and any(v["status"] == trace.CHANGED for v in verification) else 0
+        print("\n".join([trace_render.format_tree(lin, verification), *here]))
+    code = 1 if verification and any(v["status"] == trace_verify.CHANGED for v in verification) else 0
     if code:
         print("error: the recorded chain does not match what is here (see CHANGED above)", file=sys.stderr)
         sys.exit(code)

@@ -106,15 +106,15 @@ def test_mirror_paths_resolve_from_the_original_repo_in_a_dvc_temp_workspace(tmp
 
 
 def test_mlflow_store_of_a_temp_workspace_is_the_original_repos(tmp_path, monkeypatch):
-    from pipeline.lineage import tracking
+    from pipeline.lineage import mlflow_store
 
     repo, workspace, _ = _temp_workspace(tmp_path)
     monkeypatch.chdir(workspace)
     monkeypatch.delenv("DVC_ROOT", raising=False)
-    assert tracking.default_tracking_uri() == f"sqlite:///{workspace.resolve()}/mlflow.db"
+    assert mlflow_store.default_tracking_uri() == f"sqlite:///{workspace.resolve()}/mlflow.db"
     monkeypatch.setenv("DVC_ROOT", str(repo))
-    assert tracking.default_tracking_uri() == f"sqlite:///{repo.resolve()}/mlflow.db"
-    assert tracking.default_tracking_uri(tmp_path) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"  # explicit root
+    assert mlflow_store.default_tracking_uri() == f"sqlite:///{repo.resolve()}/mlflow.db"
+    assert mlflow_store.default_tracking_uri(tmp_path) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"  # explicit root
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,7 +123,7 @@ def test_mlflow_store_of_a_temp_workspace_is_the_original_repos(tmp_path, monkey
 
 def test_git_state_and_trace_of_a_dvc_experiment(tmp_path, monkeypatch):
     from pipeline.lineage.runlog import git_state
-    from pipeline.lineage.trace import format_tree
+    from pipeline.lineage.trace_render import format_tree
 
     (tmp_path / "params.yaml").write_text(
         yaml.safe_dump({"finetune": {"lr": 0.001, "epochs": 3}, "clean": {"seed": 1}})
@@ -268,7 +268,7 @@ def _stage(stage: str, pipeline_id: str, metrics: dict, monkeypatch) -> str:
 def test_one_parent_run_per_pipeline_run_with_stage_runs_nested_and_reused_stages_linked(tmp_path, monkeypatch):
     import mlflow
 
-    from pipeline.lineage import tracking
+    from pipeline.lineage.mlflow_runs import KIND_TAG, PIPELINE_TAG
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "dvc.yaml").write_text(
@@ -296,14 +296,13 @@ def test_one_parent_run_per_pipeline_run_with_stage_runs_nested_and_reused_stage
     client = mlflow.MlflowClient()
     exp = client.get_experiment_by_name("bertrace").experiment_id
     parents = {
-        r.data.tags[tracking.PIPELINE_TAG]: r
-        for r in client.search_runs([exp], filter_string=f"tags.`{tracking.KIND_TAG}` = 'pipeline'")
+        r.data.tags[PIPELINE_TAG]: r for r in client.search_runs([exp], filter_string=f"tags.`{KIND_TAG}` = 'pipeline'")
     }
     assert set(parents) == {"pipe-1", "pipe-2"}
     p1, p2 = parents["pipe-1"], parents["pipe-2"]
     for rid, parent in ((a1, p1), (b1, p1), (b2, p2)):
         tags = client.get_run(rid).data.tags
-        assert tags["mlflow.parentRunId"] == parent.info.run_id and tags[tracking.KIND_TAG] == "stage"
+        assert tags["mlflow.parentRunId"] == parent.info.run_id and tags[KIND_TAG] == "stage"
     # side by side: each parent holds every stage's params and metrics, the reused stage's too
     assert p1.data.metrics == {"a.rows": 10.0, "b.dev_acc": 0.5}
     assert p2.data.metrics == {"a.rows": 10.0, "b.dev_acc": 0.75}
@@ -327,7 +326,7 @@ def test_one_parent_run_per_pipeline_run_with_stage_runs_nested_and_reused_stage
 
 def test_data_docs_page_of_a_corrupted_shard_shows_the_failing_expectation_and_its_values(tmp_path):
     from pipeline.checks.gx import build_data_docs
-    from pipeline.checks.validate import validate_shards
+    from pipeline.checks.validate_shards import validate_shards
     from tests.support.shards import VOCAB, rewrite, unmasked, write_examples
 
     examples = write_examples(tmp_path / "examples")
@@ -526,7 +525,7 @@ def test_data_docs_are_the_same_bytes_in_any_time_zone(tmp_path, monkeypatch):
     import time
 
     from pipeline.checks.gx import build_data_docs
-    from pipeline.checks.validate import validate_shards
+    from pipeline.checks.validate_shards import validate_shards
     from pipeline.core.io import sha256_file
     from tests.support.shards import write_examples
 

@@ -115,12 +115,13 @@ def test_same_pipeline_run_marks_a_run_whose_process_cannot_be_checked(tmp_path,
     same `dvc repro` (pipeline run id) as the stage starting now."""
     import mlflow
 
-    from pipeline.lineage import tracking
+    from pipeline.lineage.mlflow_runs import PROCESS_TAG
+    from pipeline.lineage.mlflow_store import setup_mlflow
     from stages.common import StageRun
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("BERTRACE_PIPELINE_RUN_ID", "repro-1")
-    experiment = tracking.setup_mlflow()
+    experiment = setup_mlflow()
     client = mlflow.MlflowClient()
     ids = {}
     for name, run_id in (("same", "repro-1"), ("other", "repro-0")):
@@ -129,7 +130,7 @@ def test_same_pipeline_run_marks_a_run_whose_process_cannot_be_checked(tmp_path,
             tags={
                 "bertrace.stage": "clean",
                 "bertrace.pipeline_run_id": run_id,
-                tracking.PROCESS_TAG: "elsewhere 123 456",
+                PROCESS_TAG: "elsewhere 123 456",
             },
         )
         ids[name] = r.info.run_id

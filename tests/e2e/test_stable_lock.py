@@ -7,7 +7,7 @@ written (a directory as the DVC remote); then:
 * (a) clone B — another path, its own DVC cache, another time zone, at a commit that differs from
   A's only outside the stages' deps (an MLflow logging function and a doc edited) — builds the DAG:
   its ``dvc.lock`` is byte-identical to A's, the whole file;
-* (c) in A, an edit of an MLflow logging function (pipeline/lineage/tracking.py): ``dvc status``
+* (c) in A, an edit of an MLflow logging function (pipeline/lineage/mlflow_runs.py): ``dvc status``
   lists no stage;
 * (b) in a clone that pulled A's outputs, a comment and a renamed local variable in the
   pre-training loop: ``dvc repro`` reruns pretrain only (the same weights: finetune, the variant,
@@ -140,7 +140,7 @@ def test_a_a_rebuild_at_another_path_cache_clock_and_commit_writes_the_same_lock
 
 def test_c_editing_an_mlflow_logging_function_leaves_every_stage_up_to_date(team):
     a, env = team["a"], _env(team["a"])
-    tracking = a / "pipeline/lineage/tracking.py"
+    tracking = a / "pipeline/lineage/mlflow_runs.py"
     text = tracking.read_text(encoding="utf-8")
     try:
         edited = text.replace("def log_stage_on_parent(", "def log_stage_on_parent(  # edited\n", 1)

@@ -88,6 +88,8 @@ def test_pipeline_modules_of_no_stage_are_the_tools_ones():
         "pipeline/interop/export_writer.py",
         "pipeline/interop/hf_gpt.py",
         "pipeline/lineage/trace.py",
+        "pipeline/lineage/trace_render.py",
+        "pipeline/lineage/trace_verify.py",
         "pipeline/reports/learning_curve.py",
         "pipeline/reports/profiles.py",
     ], unused

@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.checks.report import CheckResult, ValidationReport
-from pipeline.checks.validate import validate_corpus, validate_shards
+from pipeline.checks.validate_corpus import validate_corpus
+from pipeline.checks.validate_shards import validate_shards
 from pipeline.core.io import read_json, sha256_file, write_json
 from tests.support.shards import (
     MASK,
@@ -633,7 +634,7 @@ def test_corpus_row_bounds_missing_file_bad_utf8(tmp_path):
 
 def test_corpus_streamed_in_chunks(tmp_path, monkeypatch):
     """Results of small chunks merge into one per file, with file-wide line numbers."""
-    import pipeline.checks.validate as V
+    import pipeline.checks.validate_corpus as V
 
     monkeypatch.setattr(V, "CORPUS_CHUNK_BYTES", 1000)  # ~10 documents per chunk
     train = TRAIN[:15] + ["too short"] + TRAIN[15:30] + ["tiny"] + TRAIN[30:] + [TRAIN[33], "x\ry" * 30]

@@ -290,7 +290,7 @@ def test_stage_run_on_a_dirty_tree_says_so_in_mlflow_and_trace(tmp_path, monkeyp
     """Chain and git tags on the run and its child runs; the record and trace show the dirty tree."""
     import mlflow
 
-    from pipeline.lineage import trace
+    from pipeline.lineage import trace, trace_render
     from stages.common import StageRun
 
     _git(tmp_path, "init", "-q")
@@ -326,7 +326,7 @@ def test_stage_run_on_a_dirty_tree_says_so_in_mlflow_and_trace(tmp_path, monkeyp
     assert log["mlflow_run_id"] == run.mlflow_run_id
     logged = client.download_artifacts(run.mlflow_run_id, "provenance/run.json", str(tmp_path / "dl2"))
     assert json.loads(Path(logged).read_text()) == log
-    text = trace.format_tree(trace.lineage(path))
+    text = trace_render.format_tree(trace.lineage(path))
     assert f"tokenizer  commit {tags['bertrace.git_commit'][:12]} (dirty)" in text
     assert "uncommitted: code.py" in text and "the tree was dirty" in text
     # without the local run log (another clone), trace finds it on the tracking store by the record's digest

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.checks.validate import validate_shards
+from pipeline.checks.validate_shards import validate_shards
 from pipeline.core.errors import BertraceError
 from pipeline.core.formats import PAD_ID, SEP_ID
 from pipeline.core.io import sha256_file

@@ -23,10 +23,10 @@ from pipeline.evaluate.report import (
     evaluate_logits,
     metrics_for_dvc,
     plot_confusion,
-    provenance_chain,
     render_report,
     write_confusion_csv,
 )
+from pipeline.lineage.chain import provenance_chain
 from tests.support.chain import fake_chain, make_finetuned, sentences
 
 try:  # scikit-learn is a test extra; the helpers below are also used by tests/unit/interop/test_export.py
@@ -137,28 +137,6 @@ def test_confusion_csv_rows_and_png(tmp_path):
     image = mpimg.imread(png)
     assert image.shape[0] > 300 and image.shape[1] > 300
     assert [p.name for p in (tmp_path / "reports").iterdir()] == ["confusion.png"]  # no temp file left
-
-
-def test_provenance_chain_walks_the_embedded_records():
-    chain = provenance_chain(fake_chain(), "finetune")
-    assert [e["stage"] for e in chain] == ["finetune", "pretrain", "examples", "tokenizer", "clean", "download"]
-    by = {e["stage"]: e for e in chain}
-    assert by["pretrain"]["hashes"]["examples_manifest_sha256"] == "9" * 64
-    assert by["finetune"]["hashes"]["task_files sst2/dev.tsv"] == "5" * 64
-    assert by["download"]["hashes"]["output data/raw"] == "b" * 64
-    assert all(e["source"] == "checkpoint" for e in chain)
-    # data and params only: the commits and times fake_chain's records carry (as older checkpoints do) are not
-    assert all(set(e) == {"stage", "params_hash", "hashes", "source"} for e in chain)
-
-
-def test_provenance_chain_is_completed_only_by_records_linked_by_hash():
-    record = fake_chain()
-    examples = record["pretrain"]["upstream"].pop("examples")  # a checkpoint that embeds no upstream
-    unrelated = {**examples, "outputs": {"data/examples/manifest.json": "e" * 64}}
-    assert [e["stage"] for e in provenance_chain(record, records={"examples": unrelated})] == ["finetune", "pretrain"]
-    chain = provenance_chain(record, records={"examples": examples, "validate": {"stage": "validate", "outputs": {}}})
-    assert [e["stage"] for e in chain] == ["finetune", "pretrain", "examples", "tokenizer", "clean", "download"]
-    assert {e["stage"]: e["source"] for e in chain}["examples"] == "linked by examples_manifest_sha256"
 
 
 def test_report_has_numbers_baselines_and_provenance():

@@ -31,7 +31,8 @@ from pipeline.finetune.loop import (
     train_seed,
 )
 from pipeline.finetune.task_data import cut, encode_examples, head_tail_split, load_task_data, pair_budget
-from pipeline.models.bert import BertConfig, BertForSequenceClassification, Dropout, param_groups
+from pipeline.models.bert import BertConfig, BertForSequenceClassification, param_groups
+from pipeline.models.primitives import Dropout
 from tests.conftest import REPO, shared_file
 from tests.support.finetuning import synthetic_rows, train_tokenizer, write_csv
 

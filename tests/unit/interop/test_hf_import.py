@@ -331,7 +331,7 @@ def test_finetune_stage_imports_trains_and_traces(tmp_path, monkeypatch, capsys)
     import stages.cli.trace as trace_cli
     import stages.finetune as stage
     from pipeline.core.io import sha256_file
-    from pipeline.lineage import trace
+    from pipeline.lineage import trace, trace_verify
 
     hf_dir = save_hf_bert(tmp_path / "published" / "bert", google_order=True)
     root = tmp_path / "repo"
@@ -373,7 +373,7 @@ def test_finetune_stage_imports_trains_and_traces(tmp_path, monkeypatch, capsys)
     text = capsys.readouterr().out
     assert f"imported from {hf_dir.as_posix()} (local directory)" in text
     assert "0 changed, 0 not present" in text
-    checked = {v["path"] for v in trace.verify(lin, root) if v["stage"] == "imported" and v["status"] == "ok"}
+    checked = {v["path"] for v in trace_verify.verify(lin, root) if v["stage"] == "imported" and v["status"] == "ok"}
     assert {(hf_dir / f).as_posix() for f in ("config.json", "model.safetensors", "vocab.txt")} <= checked
 
     # editing an imported file is caught

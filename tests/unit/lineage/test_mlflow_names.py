@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.lineage import tracking
-from pipeline.lineage.tracking import MAX_KEY_CHARS, is_valid_name, mlflow_name
+from pipeline.lineage import mlflow_names
+from pipeline.lineage.mlflow_names import MAX_KEY_CHARS, is_valid_name, mlflow_name
 from tests.conftest import REPO
 
 STAGES = ["download", "clean", "tokenizer", "examples", "validate", "pretrain", "finetune", "evaluate"]
@@ -118,7 +118,7 @@ def test_mlflow_name_is_valid_stable_idempotent_and_collision_free():
 def test_mlflow_name_is_the_same_in_another_process():
     sample = NAMES[:50]
     code = (
-        "import json, sys; from pipeline.lineage.tracking import mlflow_name; "
+        "import json, sys; from pipeline.lineage.mlflow_names import mlflow_name; "
         "print(json.dumps([mlflow_name(n) for n in json.load(sys.stdin)]))"
     )
     out = subprocess.run(
@@ -135,15 +135,15 @@ def test_mlflow_name_is_the_same_in_another_process():
 
 def test_helpers_flatten_cut_and_record_originals():
     renamed: dict[str, str] = {}
-    params = tracking.mlflow_params({"task": {"columns": {"Stars (1-5)": "label"}, "x": "v" * 7000}}, renamed)
+    params = mlflow_names.mlflow_params({"task": {"columns": {"Stars (1-5)": "label"}, "x": "v" * 7000}}, renamed)
     assert params[mlflow_name("task.columns.Stars (1-5)")] == "label" and len(params["task.x"]) == 6000
     assert renamed == {mlflow_name("task.columns.Stars (1-5)"): "task.columns.Stars (1-5)"}
-    tags = tracking.mlflow_tags({"bertrace.input.অক্সিজেন.txt": "x" * 9000})
-    assert [len(v) for v in tags.values()] == [tracking.MAX_TAG_CHARS]
-    metrics = tracking.mlflow_metrics({"per_class": {"ভালো": {"f1": 0.5, "n": 3, "ok": True, "name": "x"}}})
+    tags = mlflow_names.mlflow_tags({"bertrace.input.অক্সিজেন.txt": "x" * 9000})
+    assert [len(v) for v in tags.values()] == [mlflow_names.MAX_TAG_CHARS]
+    metrics = mlflow_names.mlflow_metrics({"per_class": {"ভালো": {"f1": 0.5, "n": 3, "ok": True, "name": "x"}}})
     assert sorted(metrics.values()) == [0.5, 3.0]
-    assert tracking.mlflow_artifact_path("evaluation/Stars (1-5)").startswith("evaluation/Stars _1-5_-")
-    assert tracking.mlflow_artifact_path(None) is None
+    assert mlflow_names.mlflow_artifact_path("evaluation/Stars (1-5)").startswith("evaluation/Stars _1-5_-")
+    assert mlflow_names.mlflow_artifact_path(None) is None
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -182,7 +182,7 @@ def test_every_stage_run_logs_any_names(stage, tmp_path, monkeypatch):
     r = client.get_run(run.mlflow_run_id)
     assert r.info.status == "FINISHED"
     distinct = {mlflow_name(f"columns.{n}") for n in names}
-    assert distinct <= set(r.data.params) and len(r.data.params) == len(tracking.flatten(params))
+    assert distinct <= set(r.data.params) and len(r.data.params) == len(mlflow_names.flatten(params))
     assert len(
         [k for k in r.data.metrics if k.startswith("per_class.") or k.startswith(("per_class_", "per_class/"))]
     ) >= len(names)

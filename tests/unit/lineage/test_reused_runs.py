@@ -11,8 +11,9 @@ import pytest
 from mlflow import MlflowClient
 
 from pipeline.lineage import runlog
+from pipeline.lineage.mlflow_names import mlflow_name
+from pipeline.lineage.mlflow_runs import UNKNOWN_MAKER, link_reused
 from pipeline.lineage.provenance import record_digest
-from pipeline.lineage.tracking import UNKNOWN_MAKER, link_reused, mlflow_name
 
 
 def _record(stage: str, n: int) -> dict:

@@ -18,7 +18,7 @@ from pipeline.core.arithmetic import host_line, host_specific_reasons
 from pipeline.core.device import cpu_model
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file
-from pipeline.lineage import trace
+from pipeline.lineage import trace, trace_render, trace_verify
 from pipeline.lineage.provenance import hash_path, params_hash, record_digest
 from pipeline.lineage.runlog import RUN_FIELDS
 from stages.cli import trace as trace_cli
@@ -176,7 +176,7 @@ def test_lineage_order_and_content(chain):
     assert tok["outputs"]["data/tokenizer/vocab.txt"] == hash_path(chain / "data/tokenizer/vocab.txt")
     assert lin["conflicts"] == []
 
-    text = trace.format_tree(lin)
+    text = trace_render.format_tree(lin)
     order = [text.index(f"└─ {s} ") for s in ("finetune", "pretrain", "examples", "tokenizer", "clean", "download")]
     assert order == sorted(order)
     assert "pretrain  commit c0ffeec0ffee (dirty)" in text
@@ -222,7 +222,7 @@ def test_json_round_trip(chain, capsys, monkeypatch):
     out = json.loads(capsys.readouterr().out)
     assert out.pop("this_machine")[0].startswith("this machine: pretrain here")  # below
     assert out == trace.lineage("data/finetune/model.pt")
-    assert trace.format_tree(out) == trace.format_tree(trace.lineage("data/finetune/model.pt"))
+    assert trace_render.format_tree(out) == trace_render.format_tree(trace.lineage("data/finetune/model.pt"))
 
 
 def test_trace_says_whether_this_machine_recomputes_the_weights(chain, capsys, monkeypatch):
@@ -256,14 +256,14 @@ def test_trace_says_whether_this_machine_recomputes_the_weights(chain, capsys, m
     lin = {"target": "best.pt", "kind": "pre-training checkpoint", "chain": [node]}
     assert (
         "computed on cpu (x86_64 Linux), bf16 autocast, torch "
-        f"{torch.__version__}, {threads} CPU thread" in trace.format_tree(lin)
+        f"{torch.__version__}, {threads} CPU thread" in trace_render.format_tree(lin)
     )
-    assert "native kernels (AVX512)" in trace.format_tree(lin)
+    assert "native kernels (AVX512)" in trace_render.format_tree(lin)
     monkeypatch.setenv("BERTRACE_CPU_BF16", "1")  # a CPU with bf16 instructions: the same run
-    assert trace.compute_differences(node["compute"], params) == ([], [])
+    assert trace_render.compute_differences(node["compute"], params) == ([], [])
     # host-specific arithmetic from another kind of CPU: only such a host rebuilds it
     elsewhere = trace._compute({**ran, "arithmetic": {**native, "cpu": "AMD EPYC 9B14"}})
-    assert trace.compute_differences(elsewhere, params)[0] == [
+    assert trace_render.compute_differences(elsewhere, params)[0] == [
         "host-specific arithmetic (compute.kernels native (AVX512 kernels), bf16 autocast): rebuild on a "
         f"AMD EPYC 9B14 host; this one is a {cpu_model()}"
     ]
@@ -271,30 +271,34 @@ def test_trace_says_whether_this_machine_recomputes_the_weights(chain, capsys, m
     portable = {**native, "kernels": "portable", "cpu_capability": "AVX2", "precision": "fp32", "host_specific": []}
     portable.pop("cpu")
     fp32 = trace._compute({**ran, "precision": "fp32", "arithmetic": portable})
-    assert trace.compute_differences(fp32, {**params, "num_threads": threads}) == ([], [])
-    assert trace.this_machine({"chain": [{**node, "compute": fp32}]})[0].endswith("portable kernels: the same bytes")
+    assert trace_render.compute_differences(fp32, {**params, "num_threads": threads}) == ([], [])
+    assert trace_render.this_machine({"chain": [{**node, "compute": fp32}]})[0].endswith(
+        "portable kernels: the same bytes"
+    )
     assert host_line(portable).startswith("portable arithmetic: fp32 on AVX2 kernels")
-    assert trace.this_machine(lin)[0].startswith("this machine: pretrain here matches the record's device, precision")
+    assert trace_render.this_machine(lin)[0].startswith(
+        "this machine: pretrain here matches the record's device, precision"
+    )
     monkeypatch.setenv("BERTRACE_CPU_BF16", "0")  # without: auto trains fp32 here
-    diffs, _ = trace.compute_differences(node["compute"], params)
+    diffs, _ = trace_render.compute_differences(node["compute"], params)
     assert diffs == [
         "precision auto gives fp32 here (this CPU has no bf16 instructions: AVX512-BF16, AMX or "
         "Arm BF16), bf16 when recorded"
     ]
     explicit = {**params, "precision": "bf16"}  # asked for: emulated, not the recorded rounding
-    assert "bf16 is emulated on this CPU" in trace.compute_differences(node["compute"], explicit)[0][0]
+    assert "bf16 is emulated on this CPU" in trace_render.compute_differences(node["compute"], explicit)[0][0]
     other = trace._compute({**ran, "precision": "fp32", "torch": "2.0.0", "determinism": {"num_threads": threads + 1}})
-    assert trace.compute_differences(other, params)[0] == [
+    assert trace_render.compute_differences(other, params)[0] == [
         f"{threads} CPU threads here, {threads + 1} when recorded (pretrain.num_threads: {threads + 1} runs with as many)",
         f"torch {torch.__version__} here, 2.0.0 when recorded",
     ]
-    assert trace.compute_differences(other, {**params, "num_threads": threads + 1})[0] == [
+    assert trace_render.compute_differences(other, {**params, "num_threads": threads + 1})[0] == [
         f"torch {torch.__version__} here, 2.0.0 when recorded"
     ]
-    lines = trace.this_machine({"chain": [{**node, "compute": other}]})
+    lines = trace_render.this_machine({"chain": [{**node, "compute": other}]})
     assert lines[0] == "this machine: `dvc repro` of pretrain here gives other weights than recorded:"
     assert lines[1].startswith(f"   {threads} CPU threads here") and len(lines) == 3
-    assert trace.compute_differences({**node["compute"], "device": "cuda:0"}, {"device": "auto"})[0] == [
+    assert trace_render.compute_differences({**node["compute"], "device": "cuda:0"}, {"device": "auto"})[0] == [
         "device cpu here, cuda when recorded"
     ]
     # a stage record (data/provenance/pretrain.json) names no precision: trace says it cannot tell
@@ -317,7 +321,7 @@ def test_verify_ok(chain, capsys):
     assert "verify: 19 ok, 0 changed, 0 not present" in text
     assert "dvc data/tokenizer" in text and "in DVC cache" in text
     lin = trace.lineage(chain / "data/finetune/model.pt")
-    results = trace.verify(lin, chain)
+    results = trace_verify.verify(lin, chain)
     assert results and all(r["status"] == "ok" for r in results)
     assert {r["path"] for r in results} >= {"data/raw", "data/tokenizer/vocab.txt", "data/pretrain/best.pt"}
     links = {(r["stage"], r["upstream"], r["path"]) for r in results if r["role"] == "link"}
@@ -331,7 +335,7 @@ def test_tampered_file_is_changed_and_fails(chain, capsys):
     before = hash_path(vocab)
     vocab.write_text("[PAD]\n[UNK]\n[EVIL]\n")
     lin = trace.lineage(chain / "data/finetune/model.pt")
-    bad = [r for r in trace.verify(lin, chain) if r["status"] != "ok"]
+    bad = [r for r in trace_verify.verify(lin, chain) if r["status"] != "ok"]
     assert bad == [
         {
             "stage": "tokenizer",
@@ -365,7 +369,7 @@ def test_broken_cross_link_names_both_hashes(chain, capsys):
     tok = hash_path(chain / "data/tokenizer/tokenizer.json")
     ckpt["provenance"]["pretrain"]["upstream"]["examples"]["inputs"]["data/tokenizer/tokenizer.json"] = "0" * 64
     torch.save(ckpt, chain / "forged.pt")
-    results = trace.verify(trace.lineage(chain / "forged.pt"), chain)
+    results = trace_verify.verify(trace.lineage(chain / "forged.pt"), chain)
     link = [r for r in results if r["role"] == "link" and r["status"] == "changed"]
     assert link == [
         {
@@ -390,7 +394,7 @@ def test_changed_params_yaml_is_reported_with_the_keys(chain, capsys):
     lin = trace.lineage(chain / "data/finetune/model.pt")
     params = {n["stage"]: n["params"] for n in lin["chain"]}
     (chain / "params.yaml").write_text(yaml.safe_dump(params))
-    results = trace.verify(lin, chain)
+    results = trace_verify.verify(lin, chain)
     assert sorted(r["stage"] for r in results if r["role"] == "params" and r["status"] == "ok") == sorted(STAGES)
     params["examples"]["seq"] = 64
     (chain / "params.yaml").write_text(yaml.safe_dump(params))
@@ -418,7 +422,7 @@ def test_checkpoint_alone_traces_the_whole_chain(chain, tmp_path_factory, capsys
     text = capsys.readouterr().out
     lin = trace.lineage(alone / "model.pt")
     assert [n["stage"] for n in lin["chain"]] == STAGES
-    results = trace.verify(lin, alone)
+    results = trace_verify.verify(lin, alone)
     assert {r["status"] for r in results if r["role"] in ("input", "output", "dvc")} == {"missing"}
     assert all(r["status"] == "ok" for r in results if r["role"] == "link")  # the records still agree
     assert "verify: 6 ok, 0 changed, 13 not present" in text
@@ -428,7 +432,7 @@ def test_checkpoint_alone_traces_the_whole_chain(chain, tmp_path_factory, capsys
 def test_deleted_data_is_not_present_not_failure(chain, capsys):
     shutil.rmtree(chain / "data/raw")
     lin = trace.lineage(chain / "data/finetune/model.pt")
-    missing = [r for r in trace.verify(lin, chain) if r["status"] == "missing"]
+    missing = [r for r in trace_verify.verify(lin, chain) if r["status"] == "missing"]
     assert {(r["stage"], r["role"]) for r in missing} == {("clean", "input"), ("download", "output")}
     assert all(r["path"] == "data/raw" and r["actual"] is None for r in missing)
     assert trace_cli.main([str(chain / "data/finetune/model.pt"), "--verify", "--root", str(chain)]) == 0
@@ -473,7 +477,7 @@ def test_exported_directory(chain, capsys):
     )
     lin = trace.lineage(mlm)
     assert lin["kind"] == "MLflow model directory (run r1)" and lin["target_sha256"] == sha256_file(model)
-    assert [r["status"] for r in trace.verify(lin, chain) if r["role"] == "target"] == ["ok"]
+    assert [r["status"] for r in trace_verify.verify(lin, chain) if r["role"] == "target"] == ["ok"]
 
     model.write_bytes(model.read_bytes() + b"tampered")  # the export no longer matches its source
     with pytest.raises(SystemExit) as e:
@@ -526,7 +530,7 @@ def test_mlflow_run_id_and_model_uris(chain, monkeypatch, capsys):
         lin = trace.lineage(uri)
         assert lin["kind"] == f"MLflow model of run {run_id} (finetune)", uri
         assert lin["target_sha256"] == sha256_file(chain / "data/finetune/model.pt")
-        assert [r["status"] for r in trace.verify(lin, chain) if r["role"] == "target"] == ["ok"]
+        assert [r["status"] for r in trace_verify.verify(lin, chain) if r["role"] == "target"] == ["ok"]
     assert trace_cli.main([f"runs:/{run_id}/model", "--verify"]) == 0
     assert "checkpoint in the MLflow model" in capsys.readouterr().out
 
@@ -586,7 +590,7 @@ def test_verify_rehashes_every_shard_of_the_examples_manifest(shard_chain, capsy
     text = capsys.readouterr().out
     assert "3 shards listed in data/examples/manifest.json: 3 ok" in text
     assert "shard-0000" not in text  # one summary line, no line per good shard
-    results = trace.verify(trace.lineage(shard_chain / "data/finetune/model.pt"), shard_chain)
+    results = trace_verify.verify(trace.lineage(shard_chain / "data/finetune/model.pt"), shard_chain)
     shards = [r for r in results if r["role"] == "shard"]
     assert {r["path"]: r["recorded"] for r in shards} == _shards(shard_chain)
     assert {(r["stage"], r["status"], r["manifest"]) for r in shards} == {
@@ -639,7 +643,7 @@ def test_shard_not_present_is_listed_and_a_changed_manifest_is_not_trusted(shard
     shard = rewrite_shard(shard_chain / "data/examples/train/shard-00001.parquet", flip_first_label)
     manifest["splits"]["train"]["shards"][1]["sha256"] = sha256_file(shard)
     manifest_path.write_text(json.dumps(manifest))
-    results = trace.verify(trace.lineage(shard_chain / "data/pretrain/best.pt"), shard_chain)
+    results = trace_verify.verify(trace.lineage(shard_chain / "data/pretrain/best.pt"), shard_chain)
     assert not [r for r in results if r["role"] == "shard"]
     assert ("pretrain", "input", "changed") in {
         (r["stage"], r["role"], r["status"]) for r in results if r["path"] == "data/examples/manifest.json"

@@ -300,7 +300,7 @@ def test_fused_head_and_loss_equal_logits_then_cross_entropy():
     """linear_cross_entropy (chunks that do not divide the rows, ignored targets) gives the loss and
     the gradients of F.cross_entropy(hidden @ W.T): to float32 rounding in float32, to bfloat16's
     under autocast; GPT(targets=...) trains through it and returns no logits."""
-    from pipeline.models.gpt import linear_cross_entropy
+    from pipeline.models.primitives import linear_cross_entropy
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(37, 16, generator=g, requires_grad=True)

@@ -442,7 +442,7 @@ def test_masked_positions_gather_equals_full_logits():
 
 
 def test_cpu_dropout_drops_a_share_p_scales_the_rest_and_follows_the_seed():
-    from pipeline.models.bert import Dropout, dropout
+    from pipeline.models.primitives import Dropout, dropout
 
     x = torch.ones(1001, 999, requires_grad=True)
     torch.manual_seed(0)
@@ -468,7 +468,7 @@ def test_fused_mlm_loss_equals_the_loss_of_the_logits(padded_vocab, chunk, monke
     """Training's MLM loss is computed with the decoder in chunks (linear_cross_entropy): the same
     loss and gradients as cross entropy on the logits, a padded vocabulary's extra ids never
     predicted, -100 labels ignored, chunks that do not divide the rows."""
-    import pipeline.models.bert as M
+    import pipeline.models.primitives as M
 
     monkeypatch.setattr(M.linear_cross_entropy, "__defaults__", (None, chunk))
     torch.manual_seed(0)
@@ -697,7 +697,7 @@ def test_padded_vocabulary_is_never_input_or_predicted():
 def test_the_written_out_attention_that_trains_on_the_cpu_equals_sdpa():
     """SelfAttention trains on the CPU with attention_written_out and evaluates with SDPA: the same
     outputs and gradients, padding mask included."""
-    from pipeline.models.bert import attention_written_out
+    from pipeline.models.primitives import attention_written_out
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(3, 2, 7, 8, generator=g, requires_grad=True) for _ in range(3))

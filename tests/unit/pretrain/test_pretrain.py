@@ -258,7 +258,7 @@ def test_resume_with_a_larger_budget_extends_the_schedule(examples, tmp_path):
     assert metrics["budget"]["extends"] == extends
     prov = ckpt_lib.load_checkpoint(tmp_path / "last.pt")["provenance"]
     assert prov["budget"] == {"kind": "max_steps", "value": 20, "steps": 20, "deterministic": True, "extends": extends}
-    from pipeline.lineage import trace
+    from pipeline.lineage import trace_render
 
     node = {
         "stage": "pretrain",
@@ -268,7 +268,7 @@ def test_resume_with_a_larger_budget_extends_the_schedule(examples, tmp_path):
         "inputs": {},
         "outputs": {},
     }
-    text = trace.format_tree({"target": "last.pt", "kind": "pre-training checkpoint", "chain": [node]})
+    text = trace_render.format_tree({"target": "last.pt", "kind": "pre-training checkpoint", "chain": [node]})
     assert "extends a run trained under max_steps 10 (resumed at update 10): not the weights these params" in text
     # extended once more: both earlier budgets, in order
     more, _ = run(tiny_cfg(max_steps=24, warmup=2), examples, tmp_path)
@@ -329,13 +329,13 @@ def test_time_budget_stops_on_the_clock(examples, tmp_path):
     budget = {"kind": "time_minutes", "value": 0.05, "steps": None, "deterministic": False}
     assert metrics["budget"] == budget
     assert ckpt_lib.load_checkpoint(tmp_path / "last.pt")["provenance"]["budget"] == budget
-    from pipeline.lineage import trace
+    from pipeline.lineage import trace_render
 
     node = {"stage": "pretrain", "git_commit": "abc", "params": cfg.to_dict(), "inputs": {}, "outputs": {}}
-    text = trace.format_tree({"target": "last.pt", "kind": "pre-training checkpoint", "chain": [node]})
+    text = trace_render.format_tree({"target": "last.pt", "kind": "pre-training checkpoint", "chain": [node]})
     assert "wall-clock budget: not reproducible from its commit" in text
     node["params"] = tiny_cfg().to_dict()
-    assert "wall-clock" not in trace.format_tree({"target": "x", "kind": "k", "chain": [node]})
+    assert "wall-clock" not in trace_render.format_tree({"target": "x", "kind": "k", "chain": [node]})
 
 
 def test_step_budget_is_recorded_as_deterministic_and_determinism_in_provenance(examples, tmp_path):
