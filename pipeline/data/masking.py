@@ -93,10 +93,8 @@ def mask_rows(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, sp
     want = np.minimum(spec.max_predictions_per_seq, np.maximum(1, np.rint(lengths * spec.masked_lm_prob))).astype(
         np.int64
     )
-    skipped = np.zeros(spec.vocab_size, dtype=bool)
-    skipped[list(spec.skipped_ids)] = True
     keys = rng.random(len(ids), dtype=np.float32)
-    keys[skipped[ids]] = 2.0  # keys are < 1: a skipped token is never among the smallest
+    keys[np.isin(ids, spec.skipped_ids)] = 2.0  # keys are < 1: a skipped token is never among the smallest
     choose = _choose_words if spec.whole_word_masking else _choose_tokens
     chosen, per_row = choose(ids, offsets, keys, want, spec)
     positions = chosen - np.repeat(offsets[:-1], per_row)
