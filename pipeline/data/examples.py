@@ -18,9 +18,9 @@ Per document (one line of the clean corpus), following ``create_instances_from_d
    in which case the chunk's unused sentences are put back (``i -= num_unused_segments``);
 5. ``truncate_seq_pair`` (l. 418): drop tokens from the longer side (B on ties), each from the
    front or the back with probability 0.5, until ``len(A) + len(B) <= max_seq_len - 3``;
-6. ``[CLS] A [SEP] B [SEP]``; static masking corrupts it here (the recipe of
-   :func:`pipeline.data.masking.mask_sequence`; candidates per ``mask_candidates``), dynamic
-   masking leaves that to the loader.
+6. ``[CLS] A [SEP] B [SEP]``; static masking corrupts it here
+   (:func:`pipeline.data.masking.mask_rows`, all rows of a shard at once; candidates per
+   ``mask_candidates``), dynamic masking leaves that to the loader.
 
 ``dupe_factor`` (train) / ``valid_dupe_factor`` (valid) passes over the corpus, each with
 its own pairing and masking.
@@ -52,11 +52,9 @@ Deviations from Google, on purpose (all of them, with the measurements: docs/rec
 * Truncation draws the final front/back split directly (a binomial over the number of
   tokens removed from each side), which has the same distribution as Google's
   token-at-a-time loop (l. 430-433).
-* Static masking (without whole-word masking) is drawn for a whole shard at once by
-  :func:`_mask_rows`, the recipe of :func:`pipeline.data.masking.mask_sequence` (which the
-  loader uses for dynamic masking, and we use for whole-word masking) vectorized over rows;
-  the two differ only in how they consume random numbers. See :mod:`pipeline.data.masking` for
-  how the recipe itself differs from Google's (random replacements exclude special ids).
+* Static masking is drawn for a whole shard at once by :func:`pipeline.data.masking.mask_rows`
+  (the loader's dynamic masking calls it on one row at a time). See :mod:`pipeline.data.masking`
+  for how the recipe itself differs from Google's (random replacements exclude special ids).
 * The pairing loop draws from a ``random.Random`` (cheap scalar draws); the shard shuffle and
   masking from a numpy Generator. Both are seeded from ``(seed, split, partition, dupe)``.
 """
@@ -82,7 +80,7 @@ from pipeline.data.encode import SentenceEncoder
 from pipeline.core.errors import BertraceError
 from pipeline.core.formats import CLS_ID, MASK_ID, SCHEMA_VERSION, SEP_ID, SPECIAL_IDS, SPLIT_IDS
 from pipeline.core.io import atomic_path, sha256_bytes, sha256_file, write_json
-from pipeline.data.masking import MaskingSpec, mask_sequence
+from pipeline.data.masking import MaskingSpec, mask_rows
 from pipeline.data.packing import generate_packed
 from pipeline.data.sentences import split_sentences
 from pipeline.data import shards
@@ -322,53 +320,6 @@ def _gather_rows(tokens: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, np.
     return ids, types, offsets
 
 
-def _mask_rows(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, spec: MaskingSpec):
-    """Static masking of all rows at once: the recipe of :func:`pipeline.data.masking.mask_sequence`.
-
-    Per row ``num_to_predict = min(max_predictions_per_seq, max(1, round(len * p)))``
-    positions uniformly among its candidate tokens (not in ``spec.skipped_ids``; an i.i.d. random key
-    per candidate, the smallest keys win: a uniform random subset), then 80% ``[MASK]`` / 10%
-    unchanged / 10% a random non-special id.
-    Returns ``(masked_ids, positions_within_row, labels, positions_per_row)``.
-    """
-    n = len(offsets) - 1
-    lengths = np.diff(offsets)
-    if n == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return ids.copy(), empty, ids[:0].copy(), empty
-    skipped = np.zeros(spec.vocab_size, dtype=bool)
-    skipped[list(spec.skipped_ids)] = True
-    want = np.minimum(spec.max_predictions_per_seq, np.maximum(1, np.rint(lengths * spec.masked_lm_prob))).astype(
-        np.int64
-    )
-
-    # One row of random keys per example, padded and skipped positions get 2 (keys are < 1);
-    # the `want` smallest keys of a row win.
-    width = int(lengths.max())
-    keys = np.full((n, width), 2.0, dtype=np.float32)
-    flat = np.repeat(np.arange(n, dtype=np.int64) * width - offsets[:-1], lengths) + np.arange(len(ids))
-    drawn = rng.random(len(ids), dtype=np.float32)
-    drawn[skipped[ids]] = 2.0
-    keys.ravel()[flat] = drawn
-    k = min(spec.max_predictions_per_seq, width)
-    cols = np.argpartition(keys, k - 1, axis=1)[:, :k] if k < width else np.broadcast_to(np.arange(width), (n, width))
-    sub = np.take_along_axis(keys, cols, axis=1)
-    rank = np.argsort(np.argsort(sub, axis=1, kind="stable"), axis=1)  # rank of each of the k keys in its row
-    take = (rank < want[:, None]) & (sub < 1.5)
-    cols = np.sort(np.where(take, cols, width), axis=1)  # chosen columns first, increasing
-    per_row = take.sum(axis=1)
-    positions = cols[np.arange(k) < per_row[:, None]]  # row by row, increasing within a row
-    chosen = np.repeat(offsets[:-1], per_row) + positions
-
-    labels = ids[chosen]
-    out = ids.copy()
-    roll = rng.random(len(chosen))
-    out[chosen[roll < 0.8]] = spec.mask_id
-    to_random = chosen[roll >= 0.9]
-    out[to_random] = rng.integers(spec.first_random_id, spec.vocab_size, size=len(to_random))
-    return out, positions, labels, per_row
-
-
 def shard_schema(id_dtype, masking: str) -> pa.Schema:
     id_type = pa.from_numpy_dtype(id_dtype)
     cols = [
@@ -423,14 +374,7 @@ class _Worker:
         ids, types, offsets = _gather_rows(part.tokens, pairs[:, :4])
         masked = 0
         if cfg.masking == "static":
-            if cfg.whole_word_masking:  # word grouping is per row: use the shared per-row code
-                rows = [mask_sequence(ids[offsets[r] : offsets[r + 1]], np_rng, self.spec) for r in range(len(pairs))]
-                ids = np.concatenate([r[0] for r in rows]) if rows else ids
-                positions = np.concatenate([r[1] for r in rows] + [np.zeros(0, np.int64)])
-                labels = np.concatenate([r[2] for r in rows] + [np.zeros(0, ids.dtype)])
-                per_row = np.array([len(r[1]) for r in rows], dtype=np.int64)
-            else:
-                ids, positions, labels, per_row = _mask_rows(ids, offsets, np_rng, self.spec)
+            ids, positions, labels, per_row = mask_rows(ids, offsets, np_rng, self.spec)
             masked = len(positions)
 
         columns = [

@@ -22,10 +22,12 @@ and the (rank, world size), computed from Parquet metadata alone. Resuming at
 ``(epoch, batches consumed)`` therefore replays only that index arithmetic and then reads the
 row groups still needed: no decoding, masking or collation of the skipped batches.
 
-Dynamic masking (manifest ``masking: dynamic``) draws each example's mask with
-:func:`pipeline.data.masking.mask_sequence` from an RNG seeded by ``(seed, split, epoch, row)``,
-where ``row`` is the example's index in its split: masks change every epoch (RoBERTa, Liu et
-al. 2019, section 4.1) but never depend on ranks, batch size, threads or resuming.
+Dynamic masking (manifest ``masking: dynamic``) masks each example on its own with
+:func:`pipeline.data.masking.mask_rows` (the examples stage's static masking, one row at a time)
+from an RNG seeded by ``(seed, split, epoch, row)``, where ``row`` is the example's index in its
+split: masks change every epoch (RoBERTa, Liu et al. 2019, section 4.1) but are a function of
+those four numbers and the row alone, never of ranks, batch size or composition, threads or
+resuming.
 Static masking uses the positions stored in the shards.
 
 Packed causal-LM shards (manifest ``mode: causal``, :mod:`pipeline.data.packing`) go through the same
@@ -73,7 +75,7 @@ from pipeline.core.formats import (
     STATIC_COLUMNS,
 )
 from pipeline.core.io import read_json
-from pipeline.data.masking import MaskingSpec, mask_sequence
+from pipeline.data.masking import MaskingSpec, mask_rows
 
 # ----------------------------------------------------------------------------- manifest
 
@@ -525,7 +527,7 @@ class PretrainingData:
         if not self.dynamic:
             return tuple(row)
         rng = np.random.default_rng([self.seed, self.split_id, epoch, example])
-        ids, pos, lbl = mask_sequence(row[0], rng, self.spec)
+        ids, pos, lbl, _ = mask_rows(row[0], np.array([0, len(row[0])]), rng, self.spec)
         return ids, row[1], row[2], pos, lbl
 
     def _unit_of(self, example: int) -> _Unit:

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.data.masking import MaskingSpec, mask_sequence
+from pipeline.data.masking import MaskingSpec, mask_rows
 
 VOCAB = 128
 
@@ -36,6 +36,32 @@ def _row(rng: np.random.Generator, max_len: int):
     return ids, types, nsp
 
 
+def _frozen_mask(ids: np.ndarray, rng: np.random.Generator, spec: MaskingSpec):
+    """Frozen fixture recipe: the committed golden hashes (tests/support/golden/weights.json) were
+    built with it; the pipeline's masking is :func:`pipeline.data.masking.mask_rows`.
+
+    One row, ``num_to_predict`` positions from a permutation of the candidates, then one roll per
+    position (``< 0.8`` ``[MASK]``, ``>= 0.9`` a random non-special id)."""
+    candidates = np.flatnonzero(~np.isin(ids, spec.skipped_ids))
+    if len(candidates) == 0:
+        return ids.copy(), candidates, ids[:0].copy()
+    num_to_predict = min(spec.max_predictions_per_seq, max(1, int(round(len(ids) * spec.masked_lm_prob))))
+    positions = np.sort(rng.permutation(candidates)[:num_to_predict])
+    out = ids.copy()
+    roll = rng.random(len(positions))
+    out[positions[roll < 0.8]] = spec.mask_id
+    n_random = int((roll >= 0.9).sum())
+    if n_random:
+        out[positions[roll >= 0.9]] = rng.integers(spec.first_random_id, spec.vocab_size, size=n_random)
+    return out, positions, ids[positions]
+
+
+def _mask(ids: np.ndarray, rng: np.random.Generator, spec: MaskingSpec, frozen: bool):
+    if frozen:
+        return _frozen_mask(ids, rng, spec)
+    return mask_rows(ids, np.array([0, len(ids)]), rng, spec)[:3]
+
+
 def make_examples(
     out: Path,
     *,
@@ -48,8 +74,13 @@ def make_examples(
     seed: int = 7,
     tokenizer_sha256: str = TOKENIZER_SHA,
     whole_word_masking: bool = False,
+    frozen_masking: bool = True,
 ) -> Path:
-    """Write ``out/{train,valid}/shard-*.parquet`` + ``out/manifest.json`` per SPEC."""
+    """Write ``out/{train,valid}/shard-*.parquet`` + ``out/manifest.json`` per SPEC.
+
+    Static masks come from :func:`_frozen_mask` (the golden run's data, tests/support/golden.py)
+    unless ``frozen_masking=False``: then from :func:`pipeline.data.masking.mask_rows`, row by row
+    from the same Generator as the rows."""
     out = Path(out)
     spec = MaskingSpec(vocab_size=VOCAB, mask_id=4, special_ids=(0, 1, 2, 3, 4))
     rng = np.random.default_rng(seed)
@@ -79,7 +110,7 @@ def make_examples(
                 ids, types, nsp = _row(rng, max_len)
                 tokens += len(ids)
                 if masking == "static":
-                    ids_m, pos, lbl = mask_sequence(ids, rng, spec)
+                    ids_m, pos, lbl = _mask(ids, rng, spec, frozen_masking)
                     data["input_ids"].append(ids_m.astype(np.uint16))
                     data["masked_lm_positions"].append(pos.astype(np.uint16))
                     data["masked_lm_ids"].append(lbl.astype(np.uint16))

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.core.io import read_json, sha256_file, write_json
-from pipeline.data.masking import MaskingSpec, mask_sequence
+from pipeline.data.masking import MaskingSpec, mask_rows
 
 VOCAB, MAX_LEN, MAX_PRED, PROB = 300, 32, 5, 0.15
 
@@ -36,7 +36,7 @@ def make_rows(n: int, seed: int, *, static: bool = True, prob: float = PROB) -> 
             "next_sentence_label": i % 2,
         }
         if static:
-            masked, pos, lab = mask_sequence(ids, rng, spec)
+            masked, pos, lab, _ = mask_rows(ids, np.array([0, len(ids)]), rng, spec)
             row.update(input_ids=masked.tolist(), masked_lm_positions=pos.tolist(), masked_lm_ids=lab.tolist())
         rows.append(row)
     return rows

@@ -352,45 +352,6 @@ def test_whole_word_masking_runs(corpus, tmp_path):
     assert manifest["splits"]["train"]["masked_fraction"] == pytest.approx(0.15, abs=0.01)
 
 
-@pytest.mark.parametrize("whole_word", [False, True])
-def test_mask_candidates_google_includes_unk(whole_word):
-    """Google skips only [CLS] and [SEP] (create_masked_lm_predictions, l. 348): [UNK] can be a
-    prediction target. ``skip_special`` (the old recipe) never picks a special id."""
-    from pipeline.data.examples import _mask_rows
-    from pipeline.data.masking import MaskingSpec, mask_sequence
-
-    rng = np.random.default_rng(0)
-    vocab = 50
-    rows = [
-        np.r_[CLS, rng.choice([UNK, 10, 11, 12, 13], size=20), SEP, rng.choice([UNK, 14, 15], size=12), SEP]
-        for _ in range(400)
-    ]
-    ids = np.concatenate(rows).astype(np.uint16)
-    offsets = np.r_[0, np.cumsum([len(r) for r in rows])]
-    for mode in MaskingSpec.CANDIDATES:
-        spec = MaskingSpec(
-            vocab,
-            MASK,
-            tuple(SPECIAL_IDS.values()),
-            0.15,
-            20,
-            whole_word,
-            np.zeros(vocab, dtype=bool) if whole_word else None,
-            never_masked=MaskingSpec.never_masked_ids(mode, SPECIAL_IDS),
-        )
-        labels = [mask_sequence(r, rng, spec)[2] for r in rows]
-        if not whole_word:
-            labels.append(_mask_rows(ids, offsets, rng, spec)[2])
-        labels = np.concatenate(labels)
-        assert not np.isin(labels, [CLS, SEP]).any()
-        unk_share = (labels == UNK).mean()
-        if mode == "google":
-            assert spec.skipped_ids == (CLS, SEP)
-            assert 0.2 < unk_share < 0.45, unk_share  # [UNK] is ~1/4 of the candidates
-        else:
-            assert spec.skipped_ids == tuple(SPECIAL_IDS.values()) and unk_share == 0
-
-
 def test_dynamic_masking_follows_the_manifest():
     """The loader builds its MaskingSpec from the manifest; a manifest without the key (written
     before mask_candidates existed) keeps the old candidate set."""

@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from pipeline.core.errors import BertraceError
+from pipeline.core.formats import SPLIT_IDS
+from pipeline.data.masking import mask_rows
 from pipeline.pretrain.data import PretrainingData, collate_examples, continuation_table, load_manifest
 from tests.support.examples_data import (
     TOKENIZER_SHA,
@@ -32,7 +34,7 @@ from tests.support.examples_data import (
 
 @pytest.fixture(scope="module")
 def static_dir(tmp_path_factory):
-    return make_examples(tmp_path_factory.mktemp("static"), masking="static")
+    return make_examples(tmp_path_factory.mktemp("static"), masking="static", frozen_masking=False)
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +180,27 @@ def test_dynamic_masking_rate_epochs_and_reruns(dynamic_dir):
         for row, ex in enumerate(b.example_ids.tolist()):
             sel = (b.masked_positions // T) == row
             assert (b.masked_positions[sel] % T).tolist() == m0[ex]
+
+
+def test_dynamic_masks_are_mask_rows_of_the_row_seeded_by_seed_split_epoch_row(dynamic_dir):
+    """Each example is masked alone by :func:`mask_rows` from ``default_rng([seed, split, epoch, row])``."""
+    data = PretrainingData(dynamic_dir, batch_size=7, seed=3)
+    rows = pq.read_table(dynamic_dir / "train" / "shard-00000.parquet").column("input_ids").to_pylist()
+    seen = 0
+    for b in data.epoch_batches(1):
+        T = b.input_ids.shape[1]
+        for r, ex in enumerate(b.example_ids.tolist()):
+            if ex >= len(rows):
+                continue
+            ids = np.array(rows[ex], dtype=np.uint16)
+            rng = np.random.default_rng([3, SPLIT_IDS["train"], 1, ex])
+            out, pos, lbl, _ = mask_rows(ids, np.array([0, len(ids)]), rng, data.spec)
+            sel = (b.masked_positions // T) == r
+            assert (b.masked_positions[sel] % T).tolist() == pos.tolist()
+            assert b.masked_lm_labels[sel].tolist() == lbl.tolist()
+            assert b.input_ids[r, : len(ids)].tolist() == out.tolist()
+            seen += 1
+    assert seen > 50
 
 
 def test_eval_batches_fixed_order_and_rank_split(static_dir, dynamic_dir):
