@@ -253,32 +253,23 @@ def _load_data(cfg: PretrainConfig, examples_dir: Path, tokenizer_json: Path | N
     return manifest, manifest_sha, train_data, valid_data, micro
 
 
-def _provenance(
-    given: dict,
-    *,
-    objective_name: str,
-    manifest: dict,
-    manifest_sha: str,
-    rt: _Runtime,
-    world: int,
-    threads_fixed: bool,
-    init: dict | None,
-) -> dict:
+def _provenance(given: dict, cfg: PretrainConfig, setup: _Setup) -> dict:
     """The stage's ``given`` record completed with the run's inputs, software, device and init."""
+    rt, init = setup.rt, setup.init
     provenance = json.loads(
         canonical_json(
             {
                 **given,
-                "tokenizer_sha256": manifest["tokenizer_sha256"],
-                "examples_manifest_sha256": manifest_sha,
+                "tokenizer_sha256": setup.manifest["tokenizer_sha256"],
+                "examples_manifest_sha256": setup.manifest_sha,
                 "torch": torch.__version__,
                 "device": str(rt.device),
                 "precision": rt.precision,
-                "world_size": world,
+                "world_size": setup.world,
                 "determinism": rt.determinism,
-                "objective": objective_name,
+                "objective": cfg.objective,
                 **({"init": init["record"]} if init else {}),
-                "arithmetic": arithmetic_state(rt.device, rt.precision, threads_fixed=threads_fixed),
+                "arithmetic": arithmetic_state(rt.device, rt.precision, threads_fixed=bool(cfg.num_threads)),
             }
         )
     )
@@ -353,16 +344,39 @@ def _embedding_init(
     return record, timings
 
 
-def _wrap(trainer: Trainer, model: torch.nn.Module, device: torch.device, *, world: int, compile: bool) -> None:
-    """DDP over the ranks, then ``torch.compile``: the module the trainer runs."""
+def _trainer(cfg: PretrainConfig, setup: _Setup, model: torch.nn.Module, state: dict | None, **dirs_and_log) -> Trainer:
+    """The :class:`Trainer` of ``model``, restored from a resumed ``state``, over DDP when there are
+    several ranks, compiled when ``cfg.compile``; ``dirs_and_log``: ``out_dir``, ``curves_dir``,
+    ``provenance``, ``on_log``."""
+    rt, rank, world = setup.rt, setup.rank, setup.world
+    trainer = Trainer(
+        cfg,
+        setup.objective,
+        model=model,
+        config=setup.config,
+        train_data=setup.train_data,
+        valid_data=setup.valid_data,
+        device=rt.device,
+        autocast_dtype=rt.autocast_dtype,
+        use_scaler=rt.use_scaler,
+        world=world,
+        rank=rank,
+        micro=setup.micro,
+        **dirs_and_log,
+    )
+    if state is not None:
+        trainer.restore(state)
+    else:
+        torch.manual_seed(cfg.seed + rank)  # dropout differs across ranks
     if world > 1:
         trainer.model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
+            model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
         )
-    if compile:
+    if cfg.compile:
         # dynamic: batches differ in length and masked count from the first one on; static
         # shapes would recompile (tens of seconds) as soon as the second batch arrives
         trainer.model = torch.compile(trainer.model, dynamic=True)
+    return trainer
 
 
 def _budget(cfg: PretrainConfig, train_data: PretrainingData, state: dict | None) -> Budget:
@@ -392,6 +406,44 @@ def _fit(trainer: Trainer, budget: Budget, *, deterministic: bool, device: torch
         raise
 
 
+class _Setup(NamedTuple):
+    """A run before any weights: its ranks, objective, device, data, model config and init."""
+
+    rank: int
+    world: int
+    objective: Objective
+    rt: _Runtime
+    manifest: dict
+    manifest_sha: str
+    train_data: PretrainingData
+    valid_data: PretrainingData | None
+    micro: int
+    config: BertConfig
+    init: dict | None
+
+
+def _setup(
+    cfg: PretrainConfig, examples_dir: Path, tokenizer_json: Path | None, import_init: ImportInit | None
+) -> _Setup:
+    """Ranks, objective, device and precision, the examples (checked against the objective), the
+    model config and the ``pretrain.init`` checkpoint."""
+    rank, world = rank_and_world()
+    objective = make_objective(cfg)
+    rt = _runtime(cfg.device, cfg.precision, deterministic=cfg.deterministic, tf32=cfg.tf32)
+    objective.prepare(load_manifest(examples_dir), examples_dir)  # shards of its kind (examples.mode)?
+    manifest, manifest_sha, train_data, valid_data, micro = _load_data(cfg, examples_dir, tokenizer_json, rank, world)
+    config, init = _model_and_init(
+        cfg.model,
+        objective,
+        manifest,
+        examples_dir / "manifest.json",
+        init_source=cfg.init,
+        tokenizer_json=tokenizer_json,
+        import_init=import_init,
+    )
+    return _Setup(rank, world, objective, rt, manifest, manifest_sha, train_data, valid_data, micro, config, init)
+
+
 def _pretrain(
     cfg: PretrainConfig,
     *,
@@ -406,51 +458,27 @@ def _pretrain(
     stop_at_step: int | None,
     import_init: ImportInit | None,
 ) -> dict:
-    rank, world = rank_and_world()
-    main = rank == 0
-    objective = make_objective(cfg)
-    rt = _runtime(cfg.device, cfg.precision, deterministic=cfg.deterministic, tf32=cfg.tf32)
-
-    objective.prepare(load_manifest(examples_dir), examples_dir)  # shards of its kind (examples.mode)?
-    manifest, manifest_sha, train_data, valid_data, micro = _load_data(cfg, examples_dir, tokenizer_json, rank, world)
-    manifest_path = examples_dir / "manifest.json"
-    config, init = _model_and_init(
-        cfg.model,
-        objective,
-        manifest,
-        manifest_path,
-        init_source=cfg.init,
-        tokenizer_json=tokenizer_json,
-        import_init=import_init,
-    )
-    provenance = _provenance(
-        provenance,
-        objective_name=cfg.objective,
-        manifest=manifest,
-        manifest_sha=manifest_sha,
-        rt=rt,
-        world=world,
-        threads_fixed=bool(cfg.num_threads),
-        init=init,
-    )
+    setup = _setup(cfg, examples_dir, tokenizer_json, import_init)
+    main, manifest, config, init = setup.rank == 0, setup.manifest, setup.config, setup.init
+    provenance = _provenance(provenance, cfg, setup)
     state = resume_state(
         resume,
         out_dir / ckpt_lib.LAST,
         cfg,
         config,
         out_dir,
-        rt.device,
-        rank,
-        world,
+        setup.rt.device,
+        setup.rank,
+        setup.world,
         tokenizer_sha=manifest["tokenizer_sha256"],
-        manifest_sha=manifest_sha,
-        manifest_path=manifest_path,
+        manifest_sha=setup.manifest_sha,
+        manifest_path=examples_dir / "manifest.json",
     )
     if main:
         _clear_stale(out_dir, curves_dir, fresh=state is None)
 
     model = _seeded_model(
-        objective,
+        setup.objective,
         config,
         seed=cfg.seed,
         init=init,
@@ -470,45 +498,27 @@ def _pretrain(
     )
     if embedding_record is not None:
         provenance = {**provenance, "embedding_init": embedding_record}
-    model = model.to(rt.device)
-    trainer = Trainer(
+    trainer = _trainer(
         cfg,
-        objective,
-        model=model,
-        config=config,
-        train_data=train_data,
-        valid_data=valid_data,
-        device=rt.device,
-        autocast_dtype=rt.autocast_dtype,
-        use_scaler=rt.use_scaler,
-        world=world,
-        rank=rank,
-        micro=micro,
+        setup,
+        model.to(setup.rt.device),
+        state,
         out_dir=out_dir,
         curves_dir=curves_dir,
         provenance=provenance,
         on_log=on_log,
     )
-    if state is not None:
-        trainer.restore(state)
-    else:
-        torch.manual_seed(cfg.seed + rank)  # dropout differs across ranks
-    _wrap(trainer, model, rt.device, world=world, compile=cfg.compile)
-
-    budget = _budget(cfg, train_data, state)
+    budget = _budget(cfg, setup.train_data, state)
     trainer.provenance = {**provenance, "budget": budget.record()}
     completed = _fit(
         trainer,
         budget,
         deterministic=cfg.deterministic,
-        device=rt.device,
+        device=setup.rt.device,
         stop_at_step=stop_at_step,
         progress=progress,
         fresh=state is None,
     )
-    flops_tok = objective.flops_per_token(config, manifest)
-    return {
-        **trainer.summary(completed, flops_tok, rt.precision),
-        **trainer.timings(flops_tok, rt.precision),
-        **timings,
-    }
+    flops_tok = setup.objective.flops_per_token(config, manifest)
+    precision = setup.rt.precision
+    return {**trainer.summary(completed, flops_tok, precision), **trainer.timings(flops_tok, precision), **timings}
