@@ -38,7 +38,7 @@ class PretrainConfig(Section):
     # a preset (tiny|mini|small|medium|base|large) and BertConfig overrides (pipeline/models/bert.py)
     model: ModelParams = ModelParams(preset="tiny", dropout=0.0, attention_dropout=0.0)
     # continued pre-training: start from these weights (our .pt, or a Hugging Face model directory / hub
-    # pointer file, pipeline/interop/hf_import.py) instead of a random init; its architecture wins over `model`
+    # pointer file, which stages/pretrain.py imports with pipeline/interop/hf_import.py) instead of a random init; its architecture wins over `model`
     # (whose dropout / attention_dropout still apply); null: random init
     init: Str | None = None
     batch_size: Positive = 32  # examples per optimizer update, all ranks and accumulation steps together

@@ -385,7 +385,7 @@ class Trainer:
         }
 
     def timings(self, flops_tok: float, precision: str) -> dict[str, Any]:
-        """This session's :data:`TIMINGS` (the run log's, never a DVC output): ``train_seconds`` (the
+        """This session's :data:`~pipeline.pretrain.metrics.TIMINGS` (the run log's, never a DVC output): ``train_seconds`` (the
         whole run's for a wall-clock run, else this session's), throughput (a resume of a finished
         run, which trains no step: the whole training's average, when known) and MFU."""
         session_s = max(time.perf_counter() - self.t0, 1e-9)
