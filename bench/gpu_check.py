@@ -228,7 +228,7 @@ class Ctx:
 
 
 def _cfg(ctx: Ctx, **kw):
-    from pipeline.pretrain.loop import PretrainConfig
+    from pipeline.pretrain.config import PretrainConfig
 
     base = dict(
         model=ctx.model("speed"),

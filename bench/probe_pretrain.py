@@ -33,7 +33,8 @@ from stages.arithmetic import compute_config  # noqa: E402  (first: params.yaml'
 
 # isort: split
 from pipeline.core.device import apply_arithmetic  # noqa: E402
-from pipeline.pretrain.loop import PretrainConfig, pretrain  # noqa: E402
+from pipeline.pretrain.config import PretrainConfig  # noqa: E402
+from pipeline.pretrain.loop import pretrain  # noqa: E402
 
 
 def parse_variant(text: str) -> dict:

@@ -31,10 +31,13 @@ import torch.distributed as dist
 from pipeline.core.device import apply_arithmetic
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file, write_json
+from pipeline.interop.hf_import import describe, import_checkpoint, is_hf_source
 from pipeline.lineage.provenance import code_hashes
 from pipeline.pretrain.checkpoint import forget_other_code, load_checkpoint, publish_dir
+from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.data import load_manifest, verify_shards
-from pipeline.pretrain.loop import TRAIN_CURVE, VAL_CURVE, PretrainConfig, pretrain, split_timings
+from pipeline.pretrain.loop import pretrain
+from pipeline.pretrain.metrics import TRAIN_CURVE, VAL_CURVE, split_timings
 from stages.arithmetic import compute_config
 from stages.common import DETAILS_DIR, METRICS_DIR, StageRun, load_params, run_stage
 
@@ -109,6 +112,84 @@ def check_shards(cfg: PretrainConfig, manifest: dict, rank: int, world: int, exa
     return True
 
 
+def import_published(source: str) -> tuple[dict, dict] | None:
+    """``pretrain.init`` as a published model (a Hugging Face model directory or hub pointer file,
+    pipeline/interop/hf_import.py): the converted checkpoint and its record; None for our own ``.pt``."""
+    if not is_hf_source(source):
+        return None
+    init = import_checkpoint(source, param="pretrain.init")
+    return init, {"path": str(source), "imported_from": describe(init["provenance"])}
+
+
+def record_inputs(run: StageRun, cfg: PretrainConfig, rank: int, world: int) -> None:
+    """Check the examples (manifest, tokenizer, shards) and record them in the run and its tags."""
+    manifest = load_manifest(EXAMPLES)  # a clear error when the examples stage has not run
+    manifest_sha = run.add_input(EXAMPLES / "manifest.json")
+    run.add_upstream("examples")
+    check_examples_tokenizer(manifest)
+    verified = check_shards(cfg, manifest, rank, world)
+    run.extra.update(
+        {
+            "tokenizer_sha256": manifest["tokenizer_sha256"],
+            "examples_manifest_sha256": manifest_sha,
+            "world_size": world,
+            "shards_verified": verified,
+            "objective": cfg.objective,
+        }
+    )
+    run.set_tags(
+        {
+            "bertrace.objective": cfg.objective,
+            "bertrace.tokenizer_sha256": manifest["tokenizer_sha256"],
+            "bertrace.examples_manifest_sha256": manifest_sha,
+            "bertrace.world_size": world,
+            "bertrace.shards_verified": verified,
+        }
+    )
+
+
+def publish(run: StageRun, metrics: dict, timings: dict) -> None:
+    """Rank 0, after training: the checkpoints to data/pretrain, the metrics files, MLflow and the run log."""
+    publish_dir(WORK, OUT)
+    for name in ("last.pt", "best.pt"):
+        if (OUT / name).exists():
+            run.add_output(OUT / name)
+    run.checkpoint_written(load_checkpoint(OUT / "last.pt")["provenance"])  # what trace finds the run by
+    run.set_tags({"bertrace.model_sha256": metrics["model_sha256"]})
+    run.extra.update({k: metrics[k] for k in ("budget", "deterministic", "num_threads") if k in metrics})
+    write_json(DETAILS_DIR / "pretrain.json", metrics)  # every number but the timings
+    run.log_timings(timings)  # the run log and MLflow: they differ on every rebuild
+    write_json(METRICS_DIR / "pretrain.json", metrics_summary(metrics))  # the DVC metrics file: the few compared
+    run.log_metrics({"final": metrics}, step=metrics["step"])  # final.* (per-step curves stay clean)
+    run.log_artifact(PLOTS / TRAIN_CURVE, "plots")
+    run.log_artifact(PLOTS / VAL_CURVE, "plots")
+    run.log_artifact(OUT / "last.pt", "checkpoint")
+    run.write_provenance()
+
+
+def summary_line(metrics: dict, timings: dict) -> str:
+    """What the stage prints when it is done: steps, tokens, minutes and the objective's validation loss."""
+    val = (
+        f", val MLM loss {metrics['val_mlm_loss']:.4f} (ppl {metrics['val_perplexity']:.1f})"
+        if "val_mlm_loss" in metrics
+        else ""
+    )
+    if "val_disc_loss" in metrics:  # electra
+        val = (
+            f", val discriminator loss {metrics['val_disc_loss']:.4f} (acc {metrics['val_disc_acc']:.3f}), "
+            f"generator MLM loss {metrics['val_gen_loss']:.4f}"
+        )
+    if "val_bits_per_byte" in metrics:  # clm
+        val = (
+            f", val loss {metrics['val_loss']:.4f} (ppl {metrics['val_perplexity']:.1f}, "
+            f"{metrics['val_bits_per_byte']:.3f} bits/byte; unigram {metrics['val_unigram_loss']:.4f})"
+        )
+    return (
+        f"pretrain: step {metrics['step']}, {metrics['tokens_seen']:,} tokens, "
+        f"{timings['train_seconds'] / 60:.1f} min{val} -> {OUT}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stages.pretrain", description=__doc__.splitlines()[0])
     parser.add_argument("--no-resume", action="store_true", help=f"ignore {WORK}/last.pt and start over")
@@ -129,30 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         with StageRun(
             "pretrain", {**params, "compute": compute.to_dict()}, log_mlflow=main_rank, system_metrics=True
         ) as run:
-            manifest = load_manifest(EXAMPLES)  # a clear error when the examples stage has not run
-            manifest_sha = run.add_input(EXAMPLES / "manifest.json")
-            run.add_upstream("examples")
-            check_examples_tokenizer(manifest)
-            verified = check_shards(cfg, manifest, rank, world)
-            run.extra.update(
-                {
-                    "tokenizer_sha256": manifest["tokenizer_sha256"],
-                    "examples_manifest_sha256": manifest_sha,
-                    "world_size": world,
-                    "shards_verified": verified,
-                    "objective": cfg.objective,
-                }
-            )
-            run.set_tags(
-                {
-                    "bertrace.objective": cfg.objective,
-                    "bertrace.tokenizer_sha256": manifest["tokenizer_sha256"],
-                    "bertrace.examples_manifest_sha256": manifest_sha,
-                    "bertrace.world_size": world,
-                    "bertrace.shards_verified": verified,
-                }
-            )
-
+            record_inputs(run, cfg, rank, world)
             if main_rank and (note := forget_other_code(WORK, code_hashes("pretrain"), resume)):
                 print(f"pretrain: {note}")
             metrics, timings = split_timings(
@@ -166,46 +224,13 @@ def main(argv: list[str] | None = None) -> None:
                     progress=main_rank,
                     tokenizer_json=TOKENIZER if TOKENIZER.exists() else None,
                     curves_dir=PLOTS,
+                    import_init=import_published,
                 )
             )
             if not main_rank:
                 return
-            publish_dir(WORK, OUT)
-            for name in ("last.pt", "best.pt"):
-                if (OUT / name).exists():
-                    run.add_output(OUT / name)
-            run.checkpoint_written(load_checkpoint(OUT / "last.pt")["provenance"])  # what trace finds the run by
-            run.set_tags({"bertrace.model_sha256": metrics["model_sha256"]})
-            run.extra.update({k: metrics[k] for k in ("budget", "deterministic", "num_threads") if k in metrics})
-            write_json(DETAILS_DIR / "pretrain.json", metrics)  # every number but the timings
-            run.log_timings(timings)  # the run log and MLflow: they differ on every rebuild
-            write_json(
-                METRICS_DIR / "pretrain.json", metrics_summary(metrics)
-            )  # the DVC metrics file: the few compared
-            run.log_metrics({"final": metrics}, step=metrics["step"])  # final.* (per-step curves stay clean)
-            run.log_artifact(PLOTS / TRAIN_CURVE, "plots")
-            run.log_artifact(PLOTS / VAL_CURVE, "plots")
-            run.log_artifact(OUT / "last.pt", "checkpoint")
-            run.write_provenance()
-            val = (
-                f", val MLM loss {metrics['val_mlm_loss']:.4f} (ppl {metrics['val_perplexity']:.1f})"
-                if "val_mlm_loss" in metrics
-                else ""
-            )
-            if "val_disc_loss" in metrics:  # electra
-                val = (
-                    f", val discriminator loss {metrics['val_disc_loss']:.4f} (acc {metrics['val_disc_acc']:.3f}), "
-                    f"generator MLM loss {metrics['val_gen_loss']:.4f}"
-                )
-            if "val_bits_per_byte" in metrics:  # clm
-                val = (
-                    f", val loss {metrics['val_loss']:.4f} (ppl {metrics['val_perplexity']:.1f}, "
-                    f"{metrics['val_bits_per_byte']:.3f} bits/byte; unigram {metrics['val_unigram_loss']:.4f})"
-                )
-            print(
-                f"pretrain: step {metrics['step']}, {metrics['tokens_seen']:,} tokens, "
-                f"{timings['train_seconds'] / 60:.1f} min{val} -> {OUT}"
-            )
+            publish(run, metrics, timings)
+            print(summary_line(metrics, timings))
     finally:
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()

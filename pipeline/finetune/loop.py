@@ -48,6 +48,7 @@ from pipeline.core.io import atomic_path, sha256_file
 from pipeline.finetune.task_data import TaskData, TaskParams, TaskSplit, collate_task_batch
 from pipeline.finetune.task_metrics import SELECTION, selection_value
 from pipeline.models.bert import BertConfig, BertForSequenceClassification, BertForTokenClassification, param_groups
+from pipeline.pretrain.schedule import linear_warmup_decay
 
 MODES = ("full", "frozen", "scratch")
 FORMAT = "bertrace-finetune-checkpoint"
@@ -339,18 +340,6 @@ def _set_train_mode(model: BertForSequenceClassification, mode: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
-def linear_warmup_decay(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """LR multiplier: 0 -> 1 over ``warmup_steps``, then linearly to 0 at ``total_steps``
-    (Google's optimization.py; Hugging Face's get_linear_schedule_with_warmup)."""
-
-    def f(step: int) -> float:
-        if step < warmup_steps:
-            return step / max(1, warmup_steps)
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-
-    return f
-
-
 class LengthGroupedBatches(torch.utils.data.Sampler):
     """Random batches of similar-length examples (Hugging Face's ``group_by_length``): each
     epoch shuffles the examples, sorts each window of ``window`` batches by length, cuts it into
@@ -596,7 +585,9 @@ def train_seed(
     steps_per_epoch = len(loader)
     planned = cfg.epochs * steps_per_epoch
     warmup = int(round(cfg.warmup * planned))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(warmup, planned))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(  # Google's ramp: the first update at rate 0
+        optimizer, lambda step: linear_warmup_decay(step, warmup=warmup, total=planned, ramp_offset=0)
+    )
     eval_every = cfg.eval_every_steps or steps_per_epoch
 
     def snapshot() -> dict[str, torch.Tensor]:
@@ -897,7 +888,6 @@ __all__ = [
     "check_checkpoint_tokenizer",
     "build_model",
     "finetuned_model_config",
-    "linear_warmup_decay",
     "evaluate_split",
     "train_seed",
     "finetune",

@@ -15,7 +15,8 @@ uniformly from 1..window (implemented as keeping a pair at distance d with proba
 (window - d + 1) / window), frequent ids subsampled with threshold ``subsample``, ``negatives``
 noise ids per pair from the unigram distribution raised to 3/4, logistic loss. Pairs never cross a
 [CLS]/[SEP] boundary (segments A and B can come from different documents). Optimised with Adam
-(the embedding tables are small; batches of whole example rows), lr decayed linearly to 0.
+(the embedding tables are small; batches of whole example rows), lr decayed linearly to 0
+(pipeline/pretrain/schedule.py, no warmup).
 
 Everything is seeded and runs in a fixed order, so the vectors are the same bytes for the same
 examples, params, torch version and thread count (as the rest of pre-training).
@@ -34,6 +35,7 @@ from pydantic import Field
 
 from pipeline.core.config import Float, Int, Section
 from pipeline.core.errors import BertraceError
+from pipeline.pretrain.schedule import lr_at_progress
 
 
 class EmbeddingInit(Section):
@@ -205,7 +207,7 @@ def skipgram_vectors(
             )
             if n:
                 for group in opt.param_groups:
-                    group["lr"] = cfg.lr * (1 - step / total_steps)
+                    group["lr"] = lr_at_progress(step / total_steps, peak=cfg.lr, warmup_fraction=0.0)
                 opt.zero_grad(set_to_none=True)
                 (loss / n).backward()
                 opt.step()

@@ -36,8 +36,10 @@ from pipeline.core import device as device_lib
 from pipeline.core.device import mfu, peak_flops, resolve_device, resolve_precision
 from pipeline.core.errors import BertraceError
 from pipeline.models.bert import BertConfig, BertForPreTraining
+from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.data import PretrainingData, collate_examples
-from pipeline.pretrain.loop import PretrainConfig
+from pipeline.pretrain.distributed import broadcast_float
+from pipeline.pretrain.metrics import validation_metrics
 from pipeline.pretrain.objectives.registry import BertPretraining
 from tests.conftest import REPO
 from tests.support.examples_data import make_examples
@@ -107,7 +109,8 @@ RESUME_WORKER = r"""
 import datetime, json, sys
 from pathlib import Path
 import torch.distributed as dist
-from pipeline.pretrain.loop import PretrainConfig, pretrain
+from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.loop import pretrain
 
 examples, base, model = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
@@ -225,14 +228,15 @@ DATA_WORKER = r"""
 import datetime, json, sys
 from pathlib import Path
 import torch.distributed as dist
-import pipeline.pretrain.loop as train
-from pipeline.pretrain.loop import PretrainConfig, pretrain
+from pipeline.pretrain.data import PretrainingData
+from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.loop import pretrain
 
 examples, base, model = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
 rank = dist.get_rank()
 seen, evaluated = [], []
-real_epoch, real_eval = train.PretrainingData.epoch_batches, train.PretrainingData.eval_batches
+real_epoch, real_eval = PretrainingData.epoch_batches, PretrainingData.eval_batches
 def epoch_spy(self, epoch, skip=0):
     for b in real_epoch(self, epoch, skip):
         seen.extend(b.example_ids.tolist())
@@ -241,7 +245,7 @@ def eval_spy(self, *args, **kwargs):
     for b in real_eval(self, *args, **kwargs):
         evaluated.extend(b.example_ids.tolist())
         yield b
-train.PretrainingData.epoch_batches, train.PretrainingData.eval_batches = epoch_spy, eval_spy
+PretrainingData.epoch_batches, PretrainingData.eval_batches = epoch_spy, eval_spy
 # one epoch over 3 row groups on 2 ranks; validation at the end on eval_batches=2 global batches of 8
 cfg = PretrainConfig(objective="mlm_nsp", embedding_init={"method": "random"}, model=model, batch_size=8, lr=2e-3, warmup=0.1, max_steps=None, epochs=1, eval_every=0,
                      eval_batches=2, log_every=1, checkpoint_every=None, checkpoint_minutes=None, num_threads=1,
@@ -310,7 +314,7 @@ def test_ddp_eval_sample_is_global(ddp_data_run):
     state = torch.load(tmp / "out" / "last.pt", weights_only=True)
     model = BertForPreTraining(BertConfig.from_dict(state["model_config"]))
     model.load_state_dict(state["model"])
-    one = train.validation_metrics(
+    one = validation_metrics(
         model, BertPretraining(), PretrainingData(ex, "valid", batch_size=8), torch.device("cpu"), max_batches=2
     )
     assert r0["metrics"]["val_mlm_loss"] == pytest.approx(one["val_mlm_loss"], rel=1e-6)
@@ -444,7 +448,7 @@ def test_clock_broadcast_stays_on_the_cpu(tmp_path):
         timeout=datetime.timedelta(seconds=30),
     )
     try:
-        assert train._broadcast_float(12.5, torch.device("cuda", 0), 2) == 12.5
+        assert broadcast_float(12.5, torch.device("cuda", 0), 2) == 12.5
     finally:
         dist.destroy_process_group()
 

@@ -40,7 +40,8 @@ CHILD = r"""
 import json, os, signal, sys
 from pathlib import Path
 import torch
-from pipeline.pretrain.loop import PretrainConfig, pretrain
+from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.loop import pretrain
 
 mode, examples, out, max_steps = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 if mode == "die-in-save":  # write half of the 3rd checkpoint file, then SIGKILL ourselves
@@ -124,20 +125,21 @@ WORKER = r"""
 import json, os, sys
 from pathlib import Path
 import torch, torch.distributed as dist
-import pipeline.pretrain.loop as train
-from pipeline.pretrain.loop import PretrainConfig, pretrain
+from pipeline.pretrain.data import PretrainingData
+from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.loop import pretrain
 
 examples, base = Path(sys.argv[1]), Path(sys.argv[2])
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 seen = []  # example ids this rank trained on
-real = train.PretrainingData.epoch_batches
+real = PretrainingData.epoch_batches
 def spy(self, epoch, skip=0):
     for b in real(self, epoch, skip):
         if self.split == "train":
             seen.extend(b.example_ids.tolist())
         yield b
-train.PretrainingData.epoch_batches = spy
+PretrainingData.epoch_batches = spy
 model = json.loads(sys.argv[3])
 cfg = PretrainConfig(objective="mlm_nsp", embedding_init={"method": "random"}, model=model, batch_size=16, grad_accum=2, lr=2e-3, warmup=0.1, max_steps=int(sys.argv[4]),
                      eval_every=4, log_every=2, checkpoint_every=4, checkpoint_minutes=0.001, num_threads=1)

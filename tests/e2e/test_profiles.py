@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from pipeline.core.errors import BertraceError
-from pipeline.pretrain.loop import PretrainConfig, pretrain
+from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.loop import pretrain
 from pipeline.reports.profiles import apply_overrides, dvc_set_args, flatten_overrides, load_profile
 from tests.conftest import REPO
 from tests.support.examples_data import make_examples

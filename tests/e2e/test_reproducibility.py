@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 from pipeline.data.examples import ExamplesConfig, generate_examples
 from pipeline.core.io import sha256_file
-from pipeline.pretrain.loop import PretrainConfig, pretrain
+from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.loop import pretrain
 from pipeline.data.tokenizer_training import train_wordpiece
 from tests.support.corpus import write_corpus
 

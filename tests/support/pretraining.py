@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.pretrain.loop import (
-    PretrainConfig,
-    pretrain,
-)
+from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.loop import pretrain
 
 TINY = {"preset": "tiny", "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "max_position": 64}
 

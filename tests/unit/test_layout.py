@@ -125,6 +125,8 @@ def _stage_closure(stage: str) -> set[str]:
                 "pipeline/pretrain/objectives/clm.py",
                 "pipeline/pretrain/objectives/electra.py",
                 "pipeline/pretrain/loop.py",
+                "pipeline/pretrain/trainer.py",
+                "pipeline/pretrain/config.py",
             },
         ),
     ],

@@ -1,6 +1,6 @@
 """The objective interface: what a pre-training run optimises, separate from how it loops.
 
-The trainer (``pipeline/pretrain/loop.py``) owns the optimizer, schedule, budget, precision, DDP,
+The trainer (``pipeline/pretrain/trainer.py``) owns the optimizer, schedule, budget, precision, DDP,
 checkpoints and logging; an objective owns everything that depends on *what* is learnt:
 
 * the model it trains (``build_model``) and its training FLOPs per token (for MFU);

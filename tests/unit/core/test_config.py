@@ -23,7 +23,7 @@ def _sections():
     from pipeline.data.tokenizer_training import TokenizerConfig
     from pipeline.evaluate.report import EvaluateConfig
     from pipeline.finetune.loop import FinetuneConfig
-    from pipeline.pretrain.loop import PretrainConfig
+    from pipeline.pretrain.config import PretrainConfig
     from pipeline.reports.learning_curve import LearningCurveConfig
 
     return {

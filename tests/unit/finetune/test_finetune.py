@@ -26,13 +26,13 @@ from pipeline.finetune.loop import (
     finetuned_model_config,
     layer_depth,
     layerwise_lr_groups,
-    linear_warmup_decay,
     resolve_checkpoint,
     train_seed,
 )
 from pipeline.finetune.task_data import cut, encode_examples, head_tail_split, load_task_data, pair_budget
 from pipeline.models.bert import BertConfig, BertForSequenceClassification, param_groups
 from pipeline.models.primitives import Dropout
+from pipeline.pretrain.schedule import linear_warmup_decay
 from tests.conftest import REPO, shared_file
 from tests.support.finetuning import synthetic_rows, train_tokenizer, write_csv
 
@@ -376,9 +376,9 @@ def test_seeds_are_reproducible_and_batches_cover_every_example(env):
 
 
 def test_schedule_and_params():
-    f = linear_warmup_decay(10, 110)
-    assert [f(0), f(5), f(10), f(60), f(110)] == [0.0, 0.5, 1.0, 0.5, 0.0]
-    assert linear_warmup_decay(0, 10)(0) == 1.0
+    f = [linear_warmup_decay(t, warmup=10, total=110, ramp_offset=0) for t in (0, 5, 10, 60, 110)]
+    assert f == [0.0, 0.5, 1.0, 0.5, 0.0]  # Google's ramp: the first update at rate 0
+    assert linear_warmup_decay(0, warmup=0, total=10, ramp_offset=0) == 1.0
     cfg = FinetuneConfig.from_params({"mode": "frozen", "seeds": 7, "lr": 1e-3, "dropout": None})
     assert cfg.seeds == [7] and cfg.dropout is None and cfg.eps == 1e-6 and cfg.warmup == 0.1
     assert FinetuneConfig.from_params({"seeds": [1, 2, 3]}).seeds == [1, 2, 3]

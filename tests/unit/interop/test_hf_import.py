@@ -387,7 +387,7 @@ def test_finetune_stage_imports_trains_and_traces(tmp_path, monkeypatch, capsys)
 # pretrain.init: continued pre-training
 # ---------------------------------------------------------------------------------------------
 def _tiny_pretrain(init: str | None, steps: int = 2, lr: float = 1e-3):
-    from pipeline.pretrain.loop import PretrainConfig
+    from pipeline.pretrain.config import PretrainConfig
 
     return PretrainConfig(
         objective="mlm_nsp",
@@ -416,6 +416,7 @@ def _tiny_pretrain(init: str | None, steps: int = 2, lr: float = 1e-3):
 
 def test_pretrain_init_from_a_published_checkpoint(tmp_path):
     from pipeline.pretrain.loop import pretrain
+    from stages.pretrain import import_published
     from tests.support.examples_data import VOCAB, make_examples
 
     hf_dir = save_hf_bert(tmp_path / "bert", google_order=True, vocab_size=VOCAB)
@@ -429,6 +430,7 @@ def test_pretrain_init_from_a_published_checkpoint(tmp_path):
         out_dir=tmp_path / "out",
         provenance={"stage": "pretrain"},
         progress=False,
+        import_init=import_published,  # what the stage passes: pipeline/pretrain knows no Hugging Face
     )
     last = torch.load(tmp_path / "out" / "last.pt", weights_only=True)
     # the architecture is the checkpoint's (hidden 64), not pretrain.model's (32); the weights start from it
@@ -452,7 +454,11 @@ def test_pretrain_init_from_a_published_checkpoint(tmp_path):
             out_dir=tmp_path / "out2",
             provenance={},
             progress=False,
+            import_init=import_published,
         )
+    # without the stage's import, pretrain.init must be our own checkpoint
+    with pytest.raises(BertraceError, match="pretrain.init .*bert: not found; give a checkpoint"):
+        pretrain(_tiny_pretrain(hf_dir.as_posix()), examples_dir=examples, out_dir=tmp_path / "out3", provenance={})
 
 
 def test_pretrain_init_from_our_checkpoint(tmp_path):

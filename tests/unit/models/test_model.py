@@ -131,7 +131,7 @@ def test_nsp_weight_scales_the_nsp_term_and_zero_leaves_the_nsp_head_untrained()
     for untrained in (m.nsp.weight, m.bert.pooler.weight):
         assert untrained.grad is None or untrained.grad.abs().sum() == 0
     assert m.bert.embeddings.word.weight.grad.abs().sum() > 0
-    from pipeline.pretrain.loop import PretrainConfig
+    from pipeline.pretrain.config import PretrainConfig
     from pipeline.pretrain.objectives.registry import OBJECTIVES, make_objective
 
     assert OBJECTIVES["mlm"].nsp_weight == 0.0 and OBJECTIVES["mlm_nsp"].nsp_weight == 1.0

@@ -26,8 +26,9 @@ from pipeline.finetune.task_data import load_task_data
 from pipeline.models.bert import BertConfig
 from pipeline.models.gpt import GPT, GPTForSequenceClassification, causal_lm_loss
 from pipeline.pretrain.checkpoint import save_checkpoint
+from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.data import PretrainingData, collate_packed
-from pipeline.pretrain.loop import PretrainConfig, pretrain
+from pipeline.pretrain.loop import pretrain
 from pipeline.pretrain.objectives.registry import OBJECTIVES, CausalLM
 from tests.conftest import REPO, shared_file
 from tests.support.examples_data import make_examples
@@ -314,7 +315,8 @@ DDP_WORKER = r"""
 import json, sys
 from pathlib import Path
 import torch.distributed as dist
-from pipeline.pretrain.loop import PretrainConfig, pretrain
+from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.loop import pretrain
 dist.init_process_group("gloo")
 examples, out, model = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
 cfg = PretrainConfig(objective="clm", embedding_init={"method": "random"}, model=model, batch_size=8, lr=3e-3, warmup=2, max_steps=6, eval_every=3,

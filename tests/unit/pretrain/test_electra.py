@@ -11,7 +11,7 @@ from pipeline.core.errors import BertraceError
 from pipeline.models.bert import BertConfig, BertForSequenceClassification
 from pipeline.models.electra import ElectraForPreTraining, generator_config, sample_tokens, uniform_noise
 from pipeline.pretrain import checkpoint as ckpt_lib
-from pipeline.pretrain.loop import PretrainConfig
+from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.objectives.electra import electra_losses
 from pipeline.pretrain.objectives.registry import OBJECTIVES, ElectraPretraining
 from tests.support.examples_data import make_examples
@@ -298,7 +298,7 @@ def test_electra_trains_and_records_its_metrics(examples, tmp_path):
 
 def test_electra_validation_is_the_same_draw_every_time(examples, tmp_path):
     from pipeline.pretrain.data import PretrainingData
-    from pipeline.pretrain.loop import validation_metrics
+    from pipeline.pretrain.metrics import validation_metrics
 
     cfg = electra_cfg(max_steps=1)
     obj = ElectraPretraining.from_config(cfg)

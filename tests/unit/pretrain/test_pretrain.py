@@ -16,14 +16,10 @@ from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file
 from pipeline.models.bert import BertConfig, BertForPreTraining, config_from_params, pretraining_loss
 from pipeline.pretrain import checkpoint as ckpt_lib
-from pipeline.pretrain.loop import (
-    PretrainConfig,
-    lr_at_progress,
-    lr_at_step,
-    step_snapshot_path,
-    warmup_steps_for,
-)
+from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.objectives.registry import OBJECTIVES, BertPretraining
+from pipeline.pretrain.schedule import lr_at_progress, lr_at_step, warmup_steps_for
+from pipeline.pretrain.trainer import step_snapshot_path
 from tests.conftest import REPO
 from tests.support.examples_data import make_examples, make_tokenizer
 from tests.support.pretraining import TINY, run, tiny_cfg, train_logs

@@ -15,7 +15,7 @@ import pytest
 from pipeline.core.io import sha256_file
 from pipeline.pretrain import checkpoint as ckpt_lib
 from pipeline.pretrain.checkpoint import publish_dir
-from pipeline.pretrain.loop import TIMINGS, split_timings
+from pipeline.pretrain.metrics import TIMINGS, split_timings
 from tests.support.pretraining import run, small_examples, tiny_cfg
 
 HISTORY_KEYS = {"step", "tokens", "lr", "loss", "mlm_loss", "nsp_loss", "grad_norm"}
