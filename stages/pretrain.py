@@ -32,7 +32,8 @@ from pipeline.core.device import apply_arithmetic
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file, write_json
 from pipeline.lineage.provenance import code_hashes
-from pipeline.pretrain.checkpoint import forget_other_code, load_checkpoint, publish_dir
+from pipeline.models.checkpoint import load_checkpoint
+from pipeline.pretrain.checkpoint import forget_other_code, publish_dir
 from pipeline.pretrain.data import load_manifest, verify_shards
 from pipeline.pretrain.loop import TRAIN_CURVE, VAL_CURVE, PretrainConfig, pretrain, split_timings
 from stages.arithmetic import compute_config

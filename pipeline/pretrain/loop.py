@@ -85,8 +85,8 @@ from pipeline.core.device import (
 )
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import atomic_open, canonical_json, sha256_file
+from pipeline.models import checkpoint as ckpt_lib
 from pipeline.models.bert import BertConfig, ModelParams, config_from_params, num_parameters, param_groups
-from pipeline.pretrain import checkpoint as ckpt_lib
 from pipeline.pretrain.data import PretrainingData, continuation_table, load_manifest, prefetch
 from pipeline.pretrain.objectives.registry import OBJECTIVES, ElectraParams, MlmNspParams, Objective, make_objective
 from pipeline.pretrain.wordvec import EmbeddingInit, initialise_embedding

@@ -22,16 +22,15 @@ from pipeline.finetune.loop import (
     FinetuneConfig,
     LengthGroupedBatches,
     build_model,
-    check_checkpoint_tokenizer,
     finetuned_model_config,
     layer_depth,
     layerwise_lr_groups,
     linear_warmup_decay,
-    resolve_checkpoint,
     train_seed,
 )
 from pipeline.finetune.task_data import cut, encode_examples, head_tail_split, load_task_data, pair_budget
 from pipeline.models.bert import BertConfig, BertForSequenceClassification, Dropout, param_groups
+from pipeline.models.checkpoint import check_checkpoint_tokenizer, resolve_checkpoint
 from tests.conftest import REPO, shared_file
 from tests.support.finetuning import synthetic_rows, train_tokenizer, write_csv
 
