@@ -41,21 +41,23 @@ from pipeline.data.hub import configured_mirror
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.finetune.loop import (
     FinetuneConfig,
-    architecture,
-    check_checkpoint_tokenizer,
     checkpoint_metrics,
     finetune,
     finetuned_model_config,
     headline_metrics,
-    load_pretrained,
-    resolve_checkpoint,
-    save_finetuned,
     variant_params,
 )
 from pipeline.finetune.task_data import load_task_data
 from pipeline.interop.hf_import import describe, import_checkpoint, is_hf_source, write_tokenizer
 from pipeline.lineage.provenance import iter_records
 from pipeline.lineage.tracking import source_tags
+from pipeline.models.checkpoint import (
+    architecture,
+    check_checkpoint_tokenizer,
+    load_pretrained,
+    resolve_checkpoint,
+    save_finetuned,
+)
 from stages.arithmetic import compute_config
 from stages.common import StageRun, load_params, run_stage
 

@@ -33,7 +33,8 @@ from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file, write_json
 from pipeline.interop.hf_import import describe, import_checkpoint, is_hf_source
 from pipeline.lineage.provenance import code_hashes
-from pipeline.pretrain.checkpoint import forget_other_code, load_checkpoint, publish_dir
+from pipeline.models.checkpoint import load_checkpoint
+from pipeline.pretrain.checkpoint import forget_other_code, publish_dir
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.data import load_manifest, verify_shards
 from pipeline.pretrain.loop import pretrain

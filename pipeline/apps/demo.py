@@ -85,7 +85,9 @@ class DemoModel:
 def load_model(path: str | Path, device: str | Any = "cpu") -> DemoModel:
     """Read ``path`` and pick the page: a fine-tuned checkpoint by its ``task.type``, a
     pre-training checkpoint only when it is a causal LM (a masked LM has nothing to show)."""
-    from pipeline.evaluate.inference import Classifier, is_finetuned, read_checkpoint
+    from pipeline.apps.generate import load_causal_lm
+    from pipeline.evaluate.inference import Classifier
+    from pipeline.models.checkpoint import is_causal_state_dict, is_finetuned, read_checkpoint
 
     path = Path(path)
     ckpt = read_checkpoint(path)
@@ -95,11 +97,7 @@ def load_model(path: str | Path, device: str | Any = "cpu") -> DemoModel:
         if kind not in RENDERERS:
             raise BertraceError(f"{path}: task type {kind!r} has no demo page (known: {', '.join(KINDS)})")
         return DemoModel(kind, path, clf, meta=clf.checkpoint)
-    try:
-        from pipeline.apps.generate import is_causal_state_dict, load_causal_lm
-    except ImportError:  # pragma: no cover - a checkout without causal LMs
-        is_causal_state_dict = None
-    if is_causal_state_dict is None or not is_causal_state_dict(ckpt["model"]):
+    if not is_causal_state_dict(ckpt["model"]):
         raise BertraceError(
             f"{path}: a masked-LM pre-training checkpoint, which the demo cannot show; serve a "
             "fine-tuned model (--model data/finetune/model.pt) or a causal LM "

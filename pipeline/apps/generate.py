@@ -26,32 +26,10 @@ import torch
 
 from pipeline.core.errors import BertraceError
 from pipeline.core.formats import SEP_ID
+from pipeline.data.tokenizer import encode_prompt
 
 # --------------------------------------------------------------------------------------------
 # Loading
-
-
-def is_causal_state_dict(state_dict: dict[str, Any]) -> bool:
-    """Whether a state dict is a GPT (``wte.*``) or a GPT classifier (``gpt.*``)."""
-    from pipeline.models.primitives import strip_wrappers
-
-    keys = [strip_wrappers(k) for k in state_dict]
-    return any(k == "wte.weight" or k.startswith("gpt.") for k in keys)
-
-
-def find_tokenizer(checkpoint: Path, tokenizer_path: str | Path | None) -> Path:
-    """``tokenizer_path``, else ``tokenizer.json`` next to the checkpoint, else the pipeline's
-    ``data/tokenizer/tokenizer.json`` (``../tokenizer/`` from ``data/pretrain``)."""
-    if tokenizer_path:
-        return Path(tokenizer_path)
-    candidates = [checkpoint.parent / "tokenizer.json", checkpoint.parent.parent / "tokenizer" / "tokenizer.json"]
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise BertraceError(
-        f"{checkpoint}: no tokenizer.json found at {', '.join(map(str, candidates))}; pass the "
-        "tokenizer the checkpoint was trained with (--tokenizer data/tokenizer/tokenizer.json)"
-    )
 
 
 def load_causal_lm(checkpoint: str | Path, tokenizer_path: str | Path | None = None):
@@ -59,50 +37,10 @@ def load_causal_lm(checkpoint: str | Path, tokenizer_path: str | Path | None = N
 
     A fine-tuned or masked-LM checkpoint is a clear error; so is a tokenizer whose sha256 is not
     the one the checkpoint records."""
-    from pipeline.evaluate.inference import read_checkpoint
+    from pipeline.models.checkpoint import read_checkpoint
+    from pipeline.models.gpt import causal_lm_from_checkpoint
 
     return causal_lm_from_checkpoint(read_checkpoint(checkpoint), Path(checkpoint), tokenizer_path)
-
-
-def causal_lm_from_checkpoint(ckpt: dict[str, Any], path: Path, tokenizer_path: str | Path | None = None):
-    """As :func:`load_causal_lm`, for a checkpoint dict already read from ``path``."""
-    from tokenizers import Tokenizer
-
-    from pipeline.evaluate.inference import check_tokenizer_hash, is_finetuned, load_weights
-    from pipeline.models.bert import BertConfig
-    from pipeline.models.gpt import GPT
-
-    if is_finetuned(ckpt):
-        raise BertraceError(
-            f"{path}: a fine-tuned classifier, not a language model; generate from a pre-training "
-            "checkpoint of pretrain.objective: clm (data/pretrain/best.pt)"
-        )
-    if not is_causal_state_dict(ckpt["model"]):
-        objective = (ckpt.get("train_config") or {}).get("objective")
-        trained = f" (pretrain.objective: {objective})" if objective else ""
-        raise BertraceError(
-            f"{path}: an encoder (masked-LM) checkpoint{trained}, which cannot generate text; set "
-            "pretrain.objective: clm in params.yaml (or use the gpt profile) and rerun the pretrain "
-            "stage"
-        )
-    tok_path = find_tokenizer(path, tokenizer_path)
-    expected = ckpt.get("tokenizer_sha256") or (ckpt.get("provenance") or {}).get("tokenizer_sha256")
-    check_tokenizer_hash(tok_path, expected, path)
-    tokenizer = Tokenizer.from_file(str(tok_path))
-    config = BertConfig.from_dict(ckpt["model_config"])
-    if tokenizer.get_vocab_size() > config.vocab_size:
-        raise BertraceError(
-            f"{tok_path}: vocabulary of {tokenizer.get_vocab_size()} tokens is larger than the "
-            f"model's {config.vocab_size}; use the checkpoint's own tokenizer"
-        )
-    model = GPT(config)
-    load_weights(model, ckpt["model"], path)
-    return model.eval(), tokenizer, {k: v for k, v in ckpt.items() if k != "model"}
-
-
-def encode_prompt(tokenizer, prompt: str, bos_id: int = SEP_ID) -> list[int]:
-    """``[SEP]`` + the prompt's WordPiece ids (no ``[CLS]`` / trailing ``[SEP]``)."""
-    return [bos_id, *tokenizer.encode(prompt, add_special_tokens=False).ids]
 
 
 # --------------------------------------------------------------------------------------------

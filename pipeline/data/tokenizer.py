@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal
 
 from pipeline.core.errors import BertraceError
-from pipeline.core.formats import SPECIAL_IDS, SPECIAL_TOKENS  # [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4
+from pipeline.core.formats import SEP_ID, SPECIAL_IDS, SPECIAL_TOKENS  # [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4
 
 BATCH_LINES = 256
 BATCH_CHARS = 1 << 20  # a line is a whole document: bound batches by size too, or memory follows the corpus
@@ -285,3 +285,24 @@ __all__ = [
     "load_tokenizer",
     "read_vocab",
 ]
+
+
+def find_tokenizer(checkpoint: Path, tokenizer_path: str | Path | None) -> Path:
+    """``tokenizer_path``, else ``tokenizer.json`` next to the checkpoint, else the pipeline's
+    ``data/tokenizer/tokenizer.json`` (``../tokenizer/`` from ``data/pretrain``)."""
+    if tokenizer_path:
+        return Path(tokenizer_path)
+    candidates = [checkpoint.parent / "tokenizer.json", checkpoint.parent.parent / "tokenizer" / "tokenizer.json"]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise BertraceError(
+        f"{checkpoint}: no tokenizer.json found at {', '.join(map(str, candidates))}; pass the "
+        "tokenizer the checkpoint was trained with (--tokenizer data/tokenizer/tokenizer.json)"
+    )
+
+
+def encode_prompt(tokenizer, prompt: str, bos_id: int = SEP_ID) -> list[int]:
+    """A causal LM's prompt: ``[SEP]`` (which ends every document of the causal examples) + the
+    prompt's WordPiece ids (no ``[CLS]`` / trailing ``[SEP]``)."""
+    return [bos_id, *tokenizer.encode(prompt, add_special_tokens=False).ids]

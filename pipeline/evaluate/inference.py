@@ -8,8 +8,6 @@ checkpoint records.
 
 from __future__ import annotations
 
-import pickle
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -18,91 +16,7 @@ import numpy as np
 import torch
 
 from pipeline.core.errors import BertraceError
-from pipeline.core.io import sha256_file
-
-FINETUNE_KEYS = ("model", "model_config", "num_labels", "label_names", "task", "tokenizer_sha256")
-
-
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Any bertrace checkpoint as a dict (``weights_only`` load), with clear errors for a missing
-    or corrupt file."""
-    path = Path(path)
-    if not path.is_file():
-        raise BertraceError(
-            f"{path}: checkpoint not found; check the path (the finetune stage writes "
-            "data/finetune/model.pt, the pretrain stage data/pretrain/best.pt)"
-        )
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, pickle.UnpicklingError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise BertraceError(
-            f"{path}: not a readable checkpoint ({first}); rerun the stage that wrote it "
-            "or restore it with `dvc checkout`"
-        ) from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
-        raise BertraceError(f"{path}: not a bertrace checkpoint (expected a dict with 'model' and 'model_config')")
-    return ckpt
-
-
-def is_finetuned(ckpt: dict[str, Any]) -> bool:
-    return "num_labels" in ckpt
-
-
-def check_finetuned(ckpt: dict[str, Any], path: str | Path) -> dict[str, Any]:
-    """``ckpt`` if it has every key of the fine-tuned format (docs/formats.md "Fine-tuned checkpoint"), else a clear error."""
-    missing = [k for k in FINETUNE_KEYS if k not in ckpt]
-    if missing:
-        kind = "a pre-training checkpoint" if not is_finetuned(ckpt) else "an incomplete fine-tuned checkpoint"
-        raise BertraceError(
-            f"{path}: {kind} (missing {missing}); classify with a fine-tuned model.pt "
-            "(data/finetune/model.pt, written by the finetune stage)"
-        )
-    return ckpt
-
-
-def load_finetuned(path: str | Path) -> dict[str, Any]:
-    """The fine-tuned checkpoint dict; BertraceError for a missing, corrupt or wrong kind of file."""
-    return check_finetuned(read_checkpoint(path), path)
-
-
-def unwrapped_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """Drop the key prefixes torch.compile (``_orig_mod.``) and DDP (``module.``) add."""
-    out = {}
-    for k, v in state_dict.items():
-        while k.startswith(("_orig_mod.", "module.")):
-            k = k.split(".", 1)[1]
-        out[k] = v
-    return out
-
-
-def load_weights(model: torch.nn.Module, state_dict: dict[str, Any], path: str | Path) -> None:
-    try:
-        model.load_state_dict(unwrapped_state_dict(state_dict))
-    except RuntimeError as e:
-        raise BertraceError(
-            f"{path}: weights do not fit its model_config ({str(e).splitlines()[0]}); "
-            "the checkpoint is inconsistent, rerun the stage that wrote it"
-        ) from None
-
-
-def check_tokenizer_hash(tokenizer_path: str | Path, expected_sha256: str | None, checkpoint_path: str | Path) -> str:
-    """sha256 of ``tokenizer_path``; BertraceError naming both hashes when it is not the
-    tokenizer the checkpoint was trained with."""
-    tokenizer_path = Path(tokenizer_path)
-    if not tokenizer_path.is_file():
-        raise BertraceError(
-            f"{tokenizer_path}: tokenizer not found; the fine-tuned checkpoint {checkpoint_path} "
-            "needs the tokenizer.json it was trained with next to it (the finetune stage writes both)"
-        )
-    actual = sha256_file(tokenizer_path)
-    if expected_sha256 and actual != expected_sha256:
-        raise BertraceError(
-            f"{tokenizer_path}: sha256 {actual} is not the tokenizer {checkpoint_path} was trained with "
-            f"(sha256 {expected_sha256}); put the matching tokenizer.json next to the checkpoint "
-            "(rerun the finetune stage or `dvc checkout`)"
-        )
-    return actual
+from pipeline.models.checkpoint import check_finetuned, check_tokenizer_hash, load_finetuned, load_weights
 
 
 @dataclass

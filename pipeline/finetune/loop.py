@@ -29,12 +29,10 @@ Spearman and MSE are reported too). See :mod:`pipeline.finetune.task_metrics`.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, ContextManager, Literal
 
 import torch
@@ -44,15 +42,13 @@ from pydantic import Field, field_validator
 from pipeline.core.config import Bool, Float, Int, Section, Str
 from pipeline.core.device import amp_dtype, build_adamw, resolve_device
 from pipeline.core.errors import BertraceError
-from pipeline.core.io import atomic_path, sha256_file
 from pipeline.finetune.task_data import TaskData, TaskParams, TaskSplit, collate_task_batch
 from pipeline.finetune.task_metrics import SELECTION, selection_value
 from pipeline.models.bert import BertConfig, BertForSequenceClassification, BertForTokenClassification, param_groups
+from pipeline.models.checkpoint import is_causal_checkpoint
 from pipeline.pretrain.schedule import linear_warmup_decay
 
 MODES = ("full", "frozen", "scratch")
-FORMAT = "bertrace-finetune-checkpoint"
-VERSION = 1
 
 
 class FinetuneConfig(Section):
@@ -141,55 +137,6 @@ def variant_params(finetune_params: dict, overrides: Any, name: str) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Transplant: pre-training checkpoint -> classifier
 # ---------------------------------------------------------------------------------------------
-def load_pretrained(path: str | Path) -> dict[str, Any]:
-    """The pre-training checkpoint (``pipeline.pretrain.checkpoint.load_checkpoint``), checked for the
-    keys fine-tuning needs."""
-    from pipeline.pretrain.checkpoint import load_checkpoint
-
-    path = Path(path)
-    ckpt = load_checkpoint(path)
-    missing = [k for k in ("model", "model_config") if k not in ckpt]
-    if missing:
-        raise BertraceError(f"{path}: pre-training checkpoint lacks {missing}; rerun the pretrain stage")
-    return ckpt
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """``path`` when it exists, else ``last.pt`` next to it (a run without a best.pt yet)."""
-    path = Path(path)
-    if path.is_file():
-        return path
-    last = path.with_name("last.pt")
-    if path.name != "last.pt" and last.is_file():
-        return last
-    raise BertraceError(
-        f"{path}: pre-training checkpoint not found (nor {last}); run the pretrain stage "
-        "(dvc repro pretrain) or set finetune.checkpoint"
-    )
-
-
-def check_checkpoint_tokenizer(ckpt: dict[str, Any], ckpt_path: str | Path, tokenizer_path: str | Path) -> str:
-    """The task tokenizer's sha256; BertraceError naming both hashes when the checkpoint was
-    pre-trained with another tokenizer (its ids would mean different tokens)."""
-    tokenizer_path = Path(tokenizer_path)
-    if not tokenizer_path.is_file():
-        raise BertraceError(f"{tokenizer_path}: tokenizer not found; run the tokenizer stage or set finetune.tokenizer")
-    actual = sha256_file(tokenizer_path)
-    expected = (ckpt.get("provenance") or {}).get("tokenizer_sha256")
-    if not expected:
-        raise BertraceError(
-            f"{ckpt_path}: records no tokenizer_sha256 in its provenance, so the tokenizer it was "
-            "pre-trained with is unknown; rerun the pretrain stage"
-        )
-    if actual != expected:
-        raise BertraceError(
-            f"tokenizer mismatch: {ckpt_path} was pre-trained with tokenizer sha256 {expected}, but "
-            f"{tokenizer_path} has sha256 {actual}; fine-tune with the tokenizer the checkpoint was trained with "
-            "(finetune.tokenizer, or `dvc checkout` the matching data/tokenizer) or pre-train again"
-        )
-    return actual
-
-
 def finetuned_model_config(ckpt: dict[str, Any], pooling: str = "cls", task_type: str = "classification") -> dict:
     """The checkpoint's model config with the sequence classifier's ``classifier_pooling`` set to
     ``pooling`` (``cls`` | ``mean``, see :class:`~pipeline.models.bert.BertConfig`): the config
@@ -271,27 +218,9 @@ def _build_gpt(
     return model
 
 
-def checkpoint_objective(ckpt: dict[str, Any]) -> str:
-    """The objective a pre-training checkpoint was trained with (``train_config.objective``, else its
-    provenance's ``params.objective``; ``mlm_nsp`` for a checkpoint from before objectives existed)."""
-    train = ckpt.get("train_config") or {}
-    params = (ckpt.get("provenance") or {}).get("params") or {}
-    return str(train.get("objective") or params.get("objective") or "mlm_nsp")
-
-
-def is_causal_checkpoint(ckpt: dict[str, Any]) -> bool:
-    """A ``clm`` (GPT decoder) pre-training checkpoint, or a fine-tuned model.pt built on one."""
-    return ckpt.get("architecture", "gpt" if checkpoint_objective(ckpt) == "clm" else "bert") == "gpt"
-
-
 def backbone(model: torch.nn.Module) -> torch.nn.Module:
     """The pre-trained part of a fine-tuning model: the encoder (``bert``) or the decoder (``gpt``)."""
     return model.gpt if hasattr(model, "gpt") else model.bert
-
-
-def architecture(ckpt: dict[str, Any]) -> str:
-    """``gpt`` for a causal (``clm``) checkpoint, ``bert`` otherwise: what the fine-tuned model.pt records."""
-    return "gpt" if is_causal_checkpoint(ckpt) else "bert"
 
 
 def layer_depth(name: str, num_layers: int) -> int:
@@ -831,61 +760,9 @@ def finetune(
     return summarize(results), best
 
 
-# ---------------------------------------------------------------------------------------------
-# The fine-tuned checkpoint (docs/formats.md "Fine-tuned checkpoint")
-# ---------------------------------------------------------------------------------------------
-def _plain(obj: Any) -> Any:
-    """JSON-able copy (str for anything exotic) so ``torch.load(weights_only=True)`` reads it."""
-    return json.loads(json.dumps(obj, default=str))
-
-
-def save_finetuned(
-    path: str | Path,
-    *,
-    state_dict: dict[str, torch.Tensor],
-    model_config: dict,
-    label_names: list[str],
-    task: dict,
-    tokenizer_sha256: str,
-    mode: str,
-    seed: int,
-    metrics: dict,
-    provenance: dict,
-    num_labels: int | None = None,
-    architecture: str = "bert",
-) -> Path:
-    """Write ``model.pt`` atomically: tensors, numbers, strings, lists, dicts only. ``num_labels``
-    (the head's outputs) defaults to ``len(label_names)``; a regression head has 1 and no names;
-    ``task["type"]`` names the task type; ``architecture`` (:func:`architecture`): ``bert`` (an
-    encoder; ``model_config`` says how it pools, :func:`finetuned_model_config`) or ``gpt`` (a
-    decoder, last-token pooling)."""
-    path = Path(path)
-    state = {
-        "format": FORMAT,
-        "version": VERSION,
-        "model": {k: v.detach().cpu().contiguous() for k, v in state_dict.items()},
-        "model_config": _plain(model_config),
-        "architecture": architecture,
-        "num_labels": len(label_names) if num_labels is None else int(num_labels),
-        "label_names": [str(n) for n in label_names],
-        "task": _plain(task),
-        "tokenizer_sha256": tokenizer_sha256,
-        "mode": mode,
-        "seed": int(seed),
-        "metrics": _plain(metrics),
-        "provenance": _plain(provenance),
-    }
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        torch.save(state, f)  # a file object: the bytes do not depend on the temporary name
-    return path
-
-
 __all__ = [
     "FinetuneConfig",
     "MODES",
-    "load_pretrained",
-    "resolve_checkpoint",
-    "check_checkpoint_tokenizer",
     "build_model",
     "finetuned_model_config",
     "evaluate_split",
@@ -896,9 +773,7 @@ __all__ = [
     "mean_std",
     "best_seed",
     "SeedResult",
-    "save_finetuned",
     "task_loss",
-    "architecture",
     "backbone",
     "headline_metrics",
     "checkpoint_metrics",

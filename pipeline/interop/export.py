@@ -31,10 +31,11 @@ import torch
 
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file, write_json
-from pipeline.evaluate.inference import Classifier, check_tokenizer_hash, is_finetuned, load_weights, read_checkpoint
+from pipeline.evaluate.inference import Classifier
 from pipeline.interop.export_gpt import export_gpt2, is_causal_checkpoint_file
 from pipeline.interop.export_writer import EXPORT_INFO, SCRIPT_PROBES, hf_normalizer_config, write_export
 from pipeline.interop.pyfunc import PROBE_TEXTS
+from pipeline.models.checkpoint import check_tokenizer_hash, is_finetuned, load_weights, read_checkpoint
 
 SPECIAL_TOKENS_MAP = {
     "unk_token": "[UNK]",

@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.apps.generate import encode_prompt, find_tokenizer, is_causal_state_dict
 from pipeline.core.errors import BertraceError
 from pipeline.core.formats import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID
 from pipeline.core.io import sha256_file, write_json
+from pipeline.data.tokenizer import encode_prompt, find_tokenizer
 from pipeline.interop.export_writer import SCRIPT_PROBES, hf_normalizer_config, write_export
 from pipeline.interop.pyfunc import PROBE_TEXTS
 
@@ -47,7 +47,7 @@ SPECIAL_TOKENS_MAP = {
 
 def is_causal_checkpoint_file(path: str | Path) -> bool:
     """Whether ``path`` holds GPT weights (a causal LM or a classifier fine-tuned from one)."""
-    from pipeline.evaluate.inference import read_checkpoint
+    from pipeline.models.checkpoint import is_causal_state_dict, read_checkpoint
 
     return is_causal_state_dict(read_checkpoint(path)["model"])
 
@@ -57,16 +57,15 @@ def load_causal_for_export(model_pt: str | Path, tokenizer_path: str | Path | No
     tokenizer_sha256, label_names, max_len, text_columns, checkpoint (without weights)}``."""
     from tokenizers import Tokenizer
 
-    from pipeline.apps.generate import causal_lm_from_checkpoint
-    from pipeline.evaluate.inference import (
+    from pipeline.models.bert import BertConfig
+    from pipeline.models.checkpoint import (
         check_finetuned,
         check_tokenizer_hash,
         is_finetuned,
         load_weights,
         read_checkpoint,
     )
-    from pipeline.models.bert import BertConfig
-    from pipeline.models.gpt import GPTForSequenceClassification
+    from pipeline.models.gpt import GPTForSequenceClassification, causal_lm_from_checkpoint
 
     path = Path(model_pt)
     ckpt = read_checkpoint(path)

@@ -63,7 +63,7 @@ def _read_record(path: Path) -> dict[str, Any]:
 
 
 def _checkpoint(path: Path) -> tuple[str, dict[str, Any]]:
-    from pipeline.evaluate.inference import read_checkpoint  # imports torch: only for checkpoints
+    from pipeline.models.checkpoint import read_checkpoint  # imports torch: only for checkpoints
 
     ckpt = read_checkpoint(path)
     record = ckpt.get("provenance")

@@ -23,12 +23,14 @@ outputs at padded positions are simply never read. Positions start at 0 in every
 
 Sampling uses a key/value cache (``use_cache=True``): each layer returns its keys and values,
 and a later call attends over the cache plus its new tokens, so each new token costs one
-position (:mod:`pipeline.apps.generate`).
+position (:mod:`pipeline.apps.generate`). :func:`causal_lm_from_checkpoint` builds the model of a
+``clm`` pre-training checkpoint.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -247,6 +249,47 @@ class GPTForSequenceClassification(nn.Module):
                 + ("; it is a BERT (masked LM) checkpoint: pre-train with pretrain.objective: clm" if bert else "")
             )
         load_strict(self.gpt, sd, source)
+
+
+def causal_lm_from_checkpoint(ckpt: dict, path: Path, tokenizer_path: str | Path | None = None):
+    """``(GPT in eval mode, tokenizers.Tokenizer, checkpoint dict without the weights)`` from a
+    pre-training checkpoint dict read from ``path``. A fine-tuned or masked-LM checkpoint is a clear
+    error; so is a tokenizer whose sha256 is not the one the checkpoint records."""
+    from tokenizers import Tokenizer
+
+    from pipeline.data.tokenizer import find_tokenizer
+    from pipeline.models.checkpoint import (
+        check_tokenizer_hash,
+        checkpoint_objective,
+        is_causal_state_dict,
+        is_finetuned,
+        load_weights,
+    )
+
+    if is_finetuned(ckpt):
+        raise BertraceError(
+            f"{path}: a fine-tuned classifier, not a language model; generate from a pre-training "
+            "checkpoint of pretrain.objective: clm (data/pretrain/best.pt)"
+        )
+    if not is_causal_state_dict(ckpt["model"]):
+        raise BertraceError(
+            f"{path}: an encoder (masked-LM) checkpoint (pretrain.objective: {checkpoint_objective(ckpt)}), "
+            "which cannot generate text; set pretrain.objective: clm in params.yaml (or use the gpt profile) and "
+            "rerun the pretrain stage"
+        )
+    tok_path = find_tokenizer(path, tokenizer_path)
+    expected = ckpt.get("tokenizer_sha256") or (ckpt.get("provenance") or {}).get("tokenizer_sha256")
+    check_tokenizer_hash(tok_path, expected, path)
+    tokenizer = Tokenizer.from_file(str(tok_path))
+    config = BertConfig.from_dict(ckpt["model_config"])
+    if tokenizer.get_vocab_size() > config.vocab_size:
+        raise BertraceError(
+            f"{tok_path}: vocabulary of {tokenizer.get_vocab_size()} tokens is larger than the "
+            f"model's {config.vocab_size}; use the checkpoint's own tokenizer"
+        )
+    model = GPT(config)
+    load_weights(model, ckpt["model"], path)
+    return model.eval(), tokenizer, {k: v for k, v in ckpt.items() if k != "model"}
 
 
 def decoder_flops_per_token(config: BertConfig, seq_len: int) -> float:

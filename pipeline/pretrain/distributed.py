@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from pipeline.pretrain import checkpoint as ckpt_lib
+from pipeline.models import checkpoint as ckpt_lib
 
 
 def rank_and_world() -> tuple[int, int]:

@@ -52,8 +52,8 @@ from pipeline.core.device import (
 )
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import canonical_json, sha256_file
+from pipeline.models import checkpoint as ckpt_lib
 from pipeline.models.bert import BertConfig, ModelParams, config_from_params
-from pipeline.pretrain import checkpoint as ckpt_lib
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.data import PretrainingData, continuation_table, load_manifest
 from pipeline.pretrain.distributed import rank_and_world

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.core.errors import BertraceError
-from pipeline.pretrain import checkpoint as ckpt_lib
+from pipeline.models import checkpoint as ckpt_lib
 from pipeline.pretrain.config import BUDGETS, PretrainConfig
 from pipeline.pretrain.objectives.registry import OBJECTIVES
 from pipeline.pretrain.wordvec import EmbeddingInit

@@ -29,8 +29,8 @@ from tqdm import tqdm
 
 from pipeline.core.device import build_adamw, mfu
 from pipeline.core.errors import BertraceError
+from pipeline.models import checkpoint as ckpt_lib
 from pipeline.models.bert import num_parameters, param_groups
-from pipeline.pretrain import checkpoint as ckpt_lib
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.data import PretrainingData, prefetch
 from pipeline.pretrain.distributed import all_reduce, autocast, broadcast_float, cpu_group, gather_rng

@@ -69,7 +69,7 @@ def curve_points(pretrain_dir: str | Path) -> tuple[str, list[Point]]:
     """``(unit, points)``: unit ``steps`` or ``minutes`` (see the module docstring); points sorted
     along it, scratch first, the final checkpoint (best.pt, else last.pt) last unless a snapshot
     is at the same place."""
-    from pipeline.pretrain import checkpoint as ckpt_lib
+    from pipeline.models import checkpoint as ckpt_lib
 
     pretrain_dir = Path(pretrain_dir)
     final = next((p for p in (pretrain_dir / "best.pt", pretrain_dir / "last.pt") if p.exists()), None)

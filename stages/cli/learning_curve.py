@@ -19,14 +19,9 @@ from pathlib import Path
 from pipeline.core.io import sha256_file, write_json
 from pipeline.data.hub import configured_mirror
 from pipeline.data.tokenizer import load_tokenizer
-from pipeline.finetune.loop import (
-    FinetuneConfig,
-    check_checkpoint_tokenizer,
-    checkpoint_objective,
-    finetune,
-    load_pretrained,
-)
+from pipeline.finetune.loop import FinetuneConfig, finetune
 from pipeline.finetune.task_data import load_task_data
+from pipeline.models.checkpoint import check_checkpoint_tokenizer, checkpoint_objective, load_pretrained
 from pipeline.reports.learning_curve import (
     LearningCurveConfig,
     curve_points,

@@ -20,7 +20,7 @@ import yaml
 
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import DiskFull, write_json
-from pipeline.pretrain import checkpoint as ckpt_lib
+from pipeline.models import checkpoint as ckpt_lib
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "tests"))
@@ -307,7 +307,7 @@ def test_pretrain_stage_on_a_full_tmpfs(tmp_path):
     script = (
         f"mount -t tmpfs -o size={room} none runs/resume/pretrain && cp -a keep/. runs/resume/pretrain/ && "
         f"{sys.executable} -m stages.pretrain; rc=$?; "
-        f'{sys.executable} -c "from pipeline.pretrain.checkpoint import load_checkpoint; '
+        f'{sys.executable} -c "from pipeline.models.checkpoint import load_checkpoint; '
         f"print('step', load_checkpoint('runs/resume/pretrain/last.pt')['step'])\"; ls -a runs/resume/pretrain; exit $rc"
     )
     p = subprocess.run(

@@ -460,8 +460,9 @@ def test_finetuning_reads_the_loss_back_only_when_it_logs(tmp_path, monkeypatch)
     """Fine-tuning called ``loss.item()`` every step and evaluation twice per batch; now the
     sums stay on the device until a log line or the end of an evaluation needs them."""
     from pipeline.data.tokenizer import load_tokenizer
-    from pipeline.finetune.loop import FinetuneConfig, load_pretrained, train_seed
+    from pipeline.finetune.loop import FinetuneConfig, train_seed
     from pipeline.finetune.task_data import load_task_data
+    from pipeline.models.checkpoint import load_pretrained
     from tests.support.finetuning import make_pretrain_checkpoint, synthetic_rows, train_tokenizer, write_csv
 
     tok_path = train_tokenizer(tmp_path / "tokenizer.json", [])

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from pipeline.pretrain import checkpoint as ckpt_lib
+from pipeline.models import checkpoint as ckpt_lib
 from tests.support.examples_data import make_examples
 
 REPO = Path(__file__).resolve().parents[2]

@@ -129,7 +129,7 @@ def test_gpu_profile_pretrains_on_cpu(tmp_path):
     examples = make_examples(tmp_path / "ex", masking="dynamic", train_rows=32, valid_rows=8)
     metrics = pretrain(cfg, examples_dir=examples, out_dir=tmp_path / "out", provenance={}, progress=False)
     assert metrics["step"] == 2 and metrics["mfu"] is None
-    from pipeline.pretrain import checkpoint as ckpt_lib
+    from pipeline.models import checkpoint as ckpt_lib
 
     state = ckpt_lib.load_checkpoint(tmp_path / "out" / "last.pt")
     disc = state["model"]

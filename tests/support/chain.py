@@ -125,8 +125,8 @@ def make_finetuned(
     """``out_dir/model.pt`` + ``out_dir/tokenizer.json`` as the finetune stage writes them, with a random
     tiny BertForSequenceClassification (classifier weights scaled so predictions vary) that pools
     ``pooling`` (``classifier_pooling``: cls | mean)."""
-    from pipeline.finetune.loop import save_finetuned
     from pipeline.models.bert import BertForSequenceClassification
+    from pipeline.models.checkpoint import save_finetuned
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tok_path = out_dir / "tokenizer.json"

@@ -11,7 +11,7 @@ import torch
 from pipeline.core.io import sha256_file
 from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
 from pipeline.models.bert import BertConfig, BertForPreTraining
-from pipeline.pretrain.checkpoint import save_checkpoint
+from pipeline.models.checkpoint import save_checkpoint
 
 FILLER = "the a movie film story plot actor scene was is very quite rather this that".split()
 

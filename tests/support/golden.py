@@ -33,7 +33,8 @@ import tempfile  # noqa: E402
 import torch  # noqa: E402
 
 from pipeline.core.device import apply_arithmetic, arithmetic_state, cpu_model  # noqa: E402
-from pipeline.finetune.loop import FinetuneConfig, build_model, load_pretrained, task_loss  # noqa: E402
+from pipeline.finetune.loop import FinetuneConfig, build_model, task_loss  # noqa: E402
+from pipeline.models.checkpoint import load_pretrained  # noqa: E402
 from pipeline.pretrain.config import PretrainConfig  # noqa: E402
 from pipeline.pretrain.loop import pretrain  # noqa: E402
 from tests.support.examples_data import make_examples  # noqa: E402

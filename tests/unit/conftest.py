@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.data.tokenizer import load_tokenizer
-from pipeline.finetune.loop import load_pretrained
+from pipeline.models.checkpoint import load_pretrained
 from tests.conftest import shared_file
 from tests.support.finetuning import make_pretrain_checkpoint, synthetic_rows, train_tokenizer, write_csv
 

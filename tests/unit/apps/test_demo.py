@@ -242,7 +242,7 @@ def _save_head(out_dir: Path, head, label_names: list[str], task_type: str, num_
     from tokenizers import Tokenizer
 
     from pipeline.core.io import sha256_file
-    from pipeline.finetune.loop import save_finetuned
+    from pipeline.models.checkpoint import save_finetuned
     from tests.support.chain import fake_chain, tiny_config, train_tiny_tokenizer
 
     tok = train_tiny_tokenizer(out_dir / "tokenizer.json")

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.apps.generate import TextStream, encode_prompt, generate, generate_text, load_causal_lm, sample_next
+from pipeline.apps.generate import TextStream, generate, generate_text, load_causal_lm, sample_next
 from pipeline.core.errors import BertraceError
 from pipeline.core.formats import SEP_ID
 from pipeline.core.io import sha256_file
+from pipeline.data.tokenizer import encode_prompt
 from pipeline.models.gpt import GPT, GPTForSequenceClassification
 from tests.support.chain import fake_chain, sentences, tiny_config, train_tiny_tokenizer
 from tests.support.weights import randomize
@@ -41,7 +42,7 @@ def save_causal_checkpoint(
     from tokenizers import Tokenizer
 
     from pipeline.models.bert import BertForPreTraining
-    from pipeline.pretrain.checkpoint import save_checkpoint
+    from pipeline.models.checkpoint import save_checkpoint
 
     tok_path = data / "tokenizer" / "tokenizer.json"
     if not tok_path.exists():
@@ -296,9 +297,9 @@ def test_export_loads_with_auto_classes_and_matches_logits(data, tmp_path):
 
 def test_causal_classifier_exports_as_gpt2_for_sequence_classification(data, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from pipeline.finetune.loop import save_finetuned
     from pipeline.finetune.task_data import collate_task_batch, encode_examples
     from pipeline.interop.export import export_hf
+    from pipeline.models.checkpoint import save_finetuned
 
     tok_path = data / "tokenizer" / "tokenizer.json"
     d = tmp_path / "ft"

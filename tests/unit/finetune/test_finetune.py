@@ -22,15 +22,14 @@ from pipeline.finetune.loop import (
     FinetuneConfig,
     LengthGroupedBatches,
     build_model,
-    check_checkpoint_tokenizer,
     finetuned_model_config,
     layer_depth,
     layerwise_lr_groups,
-    resolve_checkpoint,
     train_seed,
 )
 from pipeline.finetune.task_data import cut, encode_examples, head_tail_split, load_task_data, pair_budget
 from pipeline.models.bert import BertConfig, BertForSequenceClassification, param_groups
+from pipeline.models.checkpoint import check_checkpoint_tokenizer, resolve_checkpoint
 from pipeline.models.primitives import Dropout
 from pipeline.pretrain.schedule import linear_warmup_decay
 from tests.conftest import REPO, shared_file

@@ -18,17 +18,10 @@ import torch.nn.functional as F
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file
 from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
-from pipeline.finetune.loop import (
-    FinetuneConfig,
-    build_model,
-    checkpoint_metrics,
-    finetune,
-    load_pretrained,
-    save_finetuned,
-    task_loss,
-)
+from pipeline.finetune.loop import FinetuneConfig, build_model, checkpoint_metrics, finetune, task_loss
 from pipeline.finetune.task_data import load_task_data, task_params
 from pipeline.finetune.task_metrics import regression_metrics, score_buckets
+from pipeline.models.checkpoint import load_pretrained, save_finetuned
 from tests.support.finetuning import make_pretrain_checkpoint
 from tests.support.task_repos import declared_evaluate_outputs, dvc_repro, tiny_repo
 

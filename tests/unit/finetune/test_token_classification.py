@@ -15,14 +15,7 @@ import torch
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file
 from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
-from pipeline.finetune.loop import (
-    FinetuneConfig,
-    build_model,
-    checkpoint_metrics,
-    finetune,
-    load_pretrained,
-    save_finetuned,
-)
+from pipeline.finetune.loop import FinetuneConfig, build_model, checkpoint_metrics, finetune
 from pipeline.finetune.task_data import collate_task_batch, load_task_data
 from pipeline.finetune.token_data import (
     bio_violations,
@@ -33,6 +26,7 @@ from pipeline.finetune.token_data import (
     read_conll,
     spans,
 )
+from pipeline.models.checkpoint import load_pretrained, save_finetuned
 from tests.support.finetuning import make_pretrain_checkpoint
 from tests.support.task_repos import declared_evaluate_outputs, dvc_repro, tiny_repo
 

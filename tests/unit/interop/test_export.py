@@ -99,7 +99,7 @@ def test_tokenizer_hash_mismatch_names_both_hashes(ckpt_dir, tmp_path):
 
 def test_wrong_kind_of_checkpoint_is_a_clear_error(tmp_path, ckpt_dir):
     from pipeline.models.bert import BertForPreTraining
-    from pipeline.pretrain.checkpoint import save_checkpoint
+    from pipeline.models.checkpoint import save_checkpoint
 
     config = tiny_config(100)
     pre = save_checkpoint(
@@ -208,7 +208,7 @@ def test_hf_export_pretraining_checkpoint(ckpt_dir, tmp_path):
     from pipeline.finetune.task_data import collate_task_batch, encode_examples
     from pipeline.interop.export import export_hf
     from pipeline.models.bert import BertForPreTraining
-    from pipeline.pretrain.checkpoint import save_checkpoint
+    from pipeline.models.checkpoint import save_checkpoint
 
     # the pipeline's layout: data/pretrain/best.pt, data/tokenizer/tokenizer.json
     data = tmp_path / "data"
@@ -264,7 +264,7 @@ def test_a_pre_ln_checkpoint_is_refused_naming_the_param(ckpt_dir, tmp_path):
 
     from pipeline.interop.export import export_hf
     from pipeline.models.bert import BertForPreTraining
-    from pipeline.pretrain.checkpoint import save_checkpoint
+    from pipeline.models.checkpoint import save_checkpoint
 
     tok_path = ckpt_dir / "tokenizer.json"
     config = dataclasses.replace(tiny_config(Tokenizer.from_file(str(tok_path)).get_vocab_size()), pre_ln=True)

@@ -21,11 +21,11 @@ from pipeline.core.io import sha256_file
 from pipeline.data.examples import ExamplesConfig, generate_examples
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.evaluate.inference import Classifier
-from pipeline.finetune.loop import FinetuneConfig, build_model, load_pretrained, save_finetuned, train_seed
+from pipeline.finetune.loop import FinetuneConfig, build_model, train_seed
 from pipeline.finetune.task_data import load_task_data
 from pipeline.models.bert import BertConfig
+from pipeline.models.checkpoint import load_pretrained, save_checkpoint, save_finetuned
 from pipeline.models.gpt import GPT, GPTForSequenceClassification, causal_lm_loss
-from pipeline.pretrain.checkpoint import save_checkpoint
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.data import PretrainingData, collate_packed
 from pipeline.pretrain.loop import pretrain

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from pipeline.core.errors import BertraceError
+from pipeline.models import checkpoint as ckpt_lib
 from pipeline.models.bert import BertConfig, BertForSequenceClassification
 from pipeline.models.electra import ElectraForPreTraining, generator_config, sample_tokens, uniform_noise
-from pipeline.pretrain import checkpoint as ckpt_lib
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.objectives.electra import electra_losses
 from pipeline.pretrain.objectives.registry import OBJECTIVES, ElectraPretraining
@@ -345,10 +345,9 @@ def test_hf_export_of_electra_pretraining_and_finetuned(tmp_path):
     from tokenizers import Tokenizer
 
     from pipeline.core.io import sha256_file
-    from pipeline.finetune.loop import save_finetuned
     from pipeline.finetune.task_data import collate_task_batch, encode_examples
     from pipeline.interop.export import export_hf
-    from pipeline.pretrain.checkpoint import save_checkpoint
+    from pipeline.models.checkpoint import save_checkpoint, save_finetuned
     from tests.support.chain import fake_chain, sentences
 
     data, tok_path = _tokenizer_layout(tmp_path)

@@ -368,7 +368,7 @@ def stage_dir(tmp_path, monkeypatch):
 
 def _fake_pretrain(seen: dict):
     """Stands in for the training loop: keeps the provenance it was given, writes a last.pt embedding it."""
-    from pipeline.pretrain.checkpoint import save_checkpoint
+    from pipeline.models.checkpoint import save_checkpoint
 
     def pretrain(cfg, *, provenance, out_dir, **kw):
         seen["provenance"] = provenance

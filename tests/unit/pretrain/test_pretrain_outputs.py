@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.io import sha256_file
-from pipeline.pretrain import checkpoint as ckpt_lib
+from pipeline.models import checkpoint as ckpt_lib
 from pipeline.pretrain.checkpoint import publish_dir
 from pipeline.pretrain.metrics import TIMINGS, split_timings
 from tests.support.pretraining import run, small_examples, tiny_cfg

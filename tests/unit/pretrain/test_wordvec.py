@@ -10,7 +10,7 @@ import torch
 
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file
-from pipeline.pretrain import checkpoint as ckpt_lib
+from pipeline.models import checkpoint as ckpt_lib
 from pipeline.pretrain.wordvec import EmbeddingInit, nearest, skipgram_vectors, standardise, training_rows
 from tests.support.examples_data import FIRST, VOCAB, make_examples
 from tests.support.pretraining import run, tiny_cfg

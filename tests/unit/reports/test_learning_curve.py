@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from pipeline.core.errors import BertraceError
-from pipeline.pretrain import checkpoint as ckpt_lib
+from pipeline.models import checkpoint as ckpt_lib
 from pipeline.reports.learning_curve import curve_points
 
 
