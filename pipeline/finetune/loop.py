@@ -416,14 +416,7 @@ def train_seed(
             "fine-tuning needs the train and validation splits; load them with roles=('train', 'validation')"
         )
     t_wall, t_cpu = time.perf_counter(), time.process_time()
-    device = resolve_device(cfg.device, param="finetune.device")
-    # On a GPU: autocast (bf16; fp16 + GradScaler where bf16 is only emulated), TF32 matmuls and
-    # pinned batches; on the CPU all three are off and results are those of plain fp32.
-    amp = amp_dtype(device)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
-    pin = device.type == "cuda"
-    if pin:
-        torch.set_float32_matmul_precision("high")
+    device, amp, scaler, pin = _precision(cfg)
     task_type = getattr(data, "task_type", "classification")
     task = get(task_type)
     model = build_model(
@@ -464,13 +457,7 @@ def train_seed(
             with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
                 logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
                 loss = task.loss(logits, batch["labels"])
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if cfg.clip_grad_norm:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(trainable, cfg.clip_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
+            _update(loss, optimizer, scaler, trainable, cfg.clip_grad_norm)
             scheduler.step()
             step += 1
             epoch_loss += loss.detach().double()
@@ -514,6 +501,30 @@ def train_seed(
     if log:
         _log_best(log, task.selection, result, step)
     return result
+
+
+def _precision(cfg: FinetuneConfig) -> tuple[torch.device, torch.dtype | None, torch.amp.GradScaler, bool]:
+    """``(device, autocast dtype, scaler, pin)``. On a GPU: autocast (bf16; fp16 + GradScaler where
+    bf16 is only emulated), TF32 matmuls and pinned batches; on the CPU all three are off and results
+    are those of plain fp32."""
+    device = resolve_device(cfg.device, param="finetune.device")
+    amp = amp_dtype(device)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
+    pin = device.type == "cuda"
+    if pin:
+        torch.set_float32_matmul_precision("high")
+    return device, amp, scaler, pin
+
+
+def _update(loss: torch.Tensor, optimizer, scaler: torch.amp.GradScaler, trainable: list, clip: float) -> None:
+    """One optimizer step on ``loss``: backward (scaled), global-norm clipping at ``clip`` (0: none), step."""
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    if clip:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(trainable, clip)
+    scaler.step(optimizer)
+    scaler.update()
 
 
 class _Checks:
