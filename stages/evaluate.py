@@ -37,8 +37,9 @@ from pipeline.evaluate.report import (
     write_confusion_csv,
     write_evaluation_report,
 )
-from pipeline.evaluate.scoring import checkpoint_facts, score_classification, score_task, task_metric
+from pipeline.evaluate.scoring import checkpoint_facts, score_classification, score_task
 from pipeline.finetune.task_data import evaluate_roles, load_task_data
+from pipeline.finetune.tasks.base import TaskType
 from pipeline.lineage.chain import provenance_chain
 from pipeline.reports.scorecard import SCORECARD_JSON, chain_records, run_row, write_run_row
 from pipeline.reports.scorecard import task_name as scorecard_task
@@ -98,7 +99,7 @@ def main(progress: bool = True) -> dict:
                 f"{clf.label_names} that {model_path} was trained with; evaluate with the task it "
                 "was fine-tuned on (rerun dvc repro finetune)"
             )
-        if clf.task_type != "classification":  # NER / regression: pipeline/evaluate/tasks.py
+        if clf.task.evaluation != "accuracy":  # NER / regression: pipeline/evaluate/tasks.py
             return _evaluate_task(run, cfg, clf, data, splits, model_path, ckpt_sha, tok_sha, progress)
 
         return _evaluate_classification(run, cfg, clf, data, splits, model_path, ckpt_sha, tok_sha, progress)
@@ -127,7 +128,7 @@ def _evaluate_classification(
         clf.label_names,
         title=f"{primary}: accuracy {results[primary]['accuracy']:.1%} (n={results[primary]['n']})",
     )
-    _no_scatter("classification")
+    _no_scatter(clf.task_type)
 
     chain = provenance_chain(clf.checkpoint.get("provenance"), "finetune")
     task_name = scorecard_task((clf.checkpoint.get("task") or {}).get("source") or {})  # its own goal only
@@ -216,12 +217,12 @@ def _finish(run: StageRun, cfg: EvaluateConfig, model_path: Path, chain: list[di
     run.write_provenance()
 
 
-def _task_figures(task_type: str, primary: str, m: dict, gold, pred, label_names: list[str]) -> list[tuple[str, str]]:
+def _task_figures(task: TaskType, primary: str, m: dict, gold, pred, label_names: list[str]) -> list[tuple[str, str]]:
     """The confusion (and, for regression, scatter) files of a token-classification or regression
     run; returns the report's figure list."""
     from pipeline.evaluate.tasks import GRADES, plot_scatter, write_scatter_csv
 
-    if task_type == "token_classification":
+    if task.token_level:
         write_confusion_csv(CONFUSION_CSV, gold, pred, label_names)
         plot_confusion(
             CONFUSION_PNG,
@@ -229,7 +230,7 @@ def _task_figures(task_type: str, primary: str, m: dict, gold, pred, label_names
             label_names,
             title=f"{primary}: word tags, entity F1 {m['f1']:.1%} (n={m['n']} sentences)",
         )
-        _no_scatter(task_type)
+        _no_scatter(task.name)
         return [("word-level tag confusion", CONFUSION_PNG.name)]
     from pipeline.finetune.task_metrics import score_buckets
 
@@ -267,16 +268,12 @@ def _evaluate_task(
     for warning in scores.warnings:
         print(f"evaluate: warning: {warning}")
     results, primary = scores.results, scores.primary
-    figures = _task_figures(task_type, primary, results[primary], *scores.outputs[primary], clf.label_names)
+    figures = _task_figures(clf.task, primary, results[primary], *scores.outputs[primary], clf.label_names)
 
     chain = provenance_chain(clf.checkpoint.get("provenance"), "finetune")
     task_name = scorecard_task((clf.checkpoint.get("task") or {}).get("source") or {})
-    what = (
-        f"{clf.text_columns[0]} → BIO tags of {', '.join(sorted({n[2:] for n in clf.label_names if n != 'O'}))}"
-        if task_type == "token_classification"
-        else f"{' + '.join(clf.text_columns)} → score"
-    )
-    main = task_metric(task_type)
+    what = clf.task.describe(clf.text_columns, clf.label_names)
+    main = clf.task.selection
     recorded = (clf.checkpoint.get("metrics") or {}).get(f"validation_{main}")
     facts = {
         **checkpoint_facts(clf, model_path, ckpt_sha, tok_sha),
@@ -296,16 +293,7 @@ def _evaluate_task(
     write_run_row(None)
     run.log_metrics(details)
     _finish(run, cfg, model_path, chain)
-    if task_type == "token_classification":
-        summary = ", ".join(
-            f"{role} entity F1 {r['f1']:.4f} (P {r['precision']:.4f}, R {r['recall']:.4f}, n={r['n']})"
-            for role, r in results.items()
-        )
-    else:
-        summary = ", ".join(
-            f"{role} Pearson {r['pearson']:.4f} (Spearman {r['spearman']:.4f}, MSE {r['mse']:.4f}, n={r['n']})"
-            for role, r in results.items()
-        )
+    summary = ", ".join(clf.task.result_line(role, r) for role, r in results.items())
     print(f"evaluate: {summary} -> {REPORT}")
     return metrics
 

@@ -41,13 +41,13 @@ from pipeline.data.hub import configured_mirror
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.finetune.loop import (
     FinetuneConfig,
-    checkpoint_metrics,
     finetune,
     finetuned_model_config,
-    headline_metrics,
     variant_params,
 )
+from pipeline.finetune.results import checkpoint_metrics, headline_metrics
 from pipeline.finetune.task_data import load_task_data
+from pipeline.finetune.tasks.base import TaskType
 from pipeline.interop.hf_import import describe, import_checkpoint, is_hf_source, write_tokenizer
 from pipeline.lineage.provenance import iter_records
 from pipeline.lineage.tracking import source_tags
@@ -171,9 +171,7 @@ def _details(summary: dict, data, n_seeds: int, seq_len: int | None, warnings: l
         "pretrain_max_seq_len": seq_len,  # None: the checkpoint records none (imported)
         "warnings": warnings,
     }
-    if data.task_type == "token_classification":  # I-X after O or another type; CoNLL "a,b" tag fields
-        metrics["bio_violations"] = {role: s.bio_violations for role, s in data.splits.items()}
-        metrics["multi_tags"] = {role: s.multi_tags for role, s in data.splits.items()}
+    metrics.update(data.task.split_details(data.splits))  # NER: bio_violations, multi_tags
     return metrics
 
 
@@ -300,7 +298,7 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
         if variant is not None:
             metrics = {"variant": variant, "overrides": overrides, "mode": cfg.mode, **metrics}
         _save(out, run, ckpt, data, cfg, summary, best, provenance, tokenizer_path, tokenizer_sha)
-        return _finish(run, summary, best, metrics, data.task_type, variant, out, len(cfg.seeds), t_cpu)
+        return _finish(run, summary, best, metrics, data.task, variant, out, len(cfg.seeds), t_cpu)
 
 
 def _finish(
@@ -308,7 +306,7 @@ def _finish(
     summary: dict,
     best,
     metrics: dict,
-    task_type: str,
+    task: TaskType,
     variant: str | None,
     out: Path,
     n_seeds: int,
@@ -317,10 +315,8 @@ def _finish(
     """metrics/finetune.json (or a variant's report), the timings, the record, the console line."""
     # metrics/finetune.json: the selection metric's dev mean ± std over the seeds (classification:
     # dev_acc; token classification: dev_f1, entity level; regression: dev_pearson)
-    main, short = {"token_classification": ("f1", "f1"), "regression": ("pearson", "pearson")}.get(
-        task_type, ("accuracy", "acc")
-    )
-    acc = summary[f"validation_{main}"]
+    acc = summary[f"validation_{task.selection}"]
+    short = task.short
     if variant is None:
         run.write_metrics({f"dev_{short}": acc["mean"], "dev_std": acc["std"]}, details=metrics)  # all: reports/
     else:  # no metrics file: `dvc exp show` stays 160 columns wide whatever the number of variants
@@ -331,9 +327,8 @@ def _finish(
         {**summary["timings"], "cpu_minutes": round(cpu_minutes, 3), "wall_minutes": round(wall_minutes, 3)}
     )
     run.write_provenance()
-    what = {"accuracy": "accuracy", "f1": "entity F1", "pearson": "Pearson r"}[main]
     print(
-        f"finetune: validation {what} {acc['mean']:.4f} ± {acc['std']:.4f} over {n_seeds} seed(s); "
+        f"finetune: validation {task.metric_title} {acc['mean']:.4f} ± {acc['std']:.4f} over {n_seeds} seed(s); "
         f"best seed {best.seed} ({best.score:.4f}) -> {out / 'model.pt'} ({wall_minutes:.1f} min, "
         f"{cpu_minutes:.1f} CPU min)"
     )

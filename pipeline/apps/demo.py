@@ -214,8 +214,10 @@ def trace_summary(path: str | Path, root: str | Path = ".") -> str:
 
 def model_facts(m: DemoModel) -> str:
     """One Markdown line about the model: labels, validation metric, size."""
+    from pipeline.finetune.tasks.registry import get as get_task
+
     facts = []
-    if m.kind in ("classification", "token_classification"):
+    if m.kind != "causal_lm" and get_task(m.kind).has_label_names:
         names = m.model.label_names
         facts.append(f"labels: {', '.join(names[:12])}{' …' if len(names) > 12 else ''}")
     metrics = m.meta.get("metrics") if isinstance(m.meta.get("metrics"), dict) else {}

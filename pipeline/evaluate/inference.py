@@ -16,6 +16,8 @@ import numpy as np
 import torch
 
 from pipeline.core.errors import BertraceError
+from pipeline.finetune.tasks.base import TaskType
+from pipeline.finetune.tasks.registry import get as get_task
 from pipeline.models.checkpoint import check_finetuned, check_tokenizer_hash, load_finetuned, load_weights
 
 
@@ -54,7 +56,7 @@ class Classifier:
         """As :meth:`load`, for a checkpoint dict already read from ``path``."""
         from tokenizers import Tokenizer
 
-        from pipeline.models.bert import BertConfig, BertForSequenceClassification, BertForTokenClassification
+        from pipeline.models.bert import BertConfig
 
         path = Path(path)
         check_finetuned(ckpt, path)
@@ -69,7 +71,7 @@ class Classifier:
                 f"{tokenizer_path}: vocabulary of {tokenizer.get_vocab_size()} tokens is larger than "
                 f"the model's {config.vocab_size}; use the checkpoint's own tokenizer"
             )
-        head = BertForTokenClassification if task_type == "token_classification" else BertForSequenceClassification
+        head = get_task(task_type).head_class()
         if ckpt.get("architecture", "bert") == "gpt":  # fine-tuned from a clm checkpoint: last-token pooling
             from pipeline.models.gpt import GPTForSequenceClassification as head
         model = head(config, int(ckpt["num_labels"]))
@@ -78,9 +80,7 @@ class Classifier:
         model.to(device).eval()
         task = ckpt["task"] or {}
         label_names = [str(n) for n in ckpt["label_names"]]
-        if len(label_names) != int(ckpt["num_labels"]) and not (
-            task_type == "regression" and int(ckpt["num_labels"]) == 1
-        ):
+        if not get_task(task_type).outputs_match(len(label_names), int(ckpt["num_labels"])):
             raise BertraceError(f"{path}: {len(label_names)} label names for {ckpt['num_labels']} labels")
         meta = {k: v for k, v in ckpt.items() if k != "model"}
         return cls(
@@ -95,6 +95,11 @@ class Classifier:
             device,
             task_type,
         )
+
+    @property
+    def task(self) -> TaskType:
+        """The checkpoint's task type (:mod:`pipeline.finetune.tasks.registry`)."""
+        return get_task(self.task_type)
 
     @property
     def is_pair(self) -> bool:
@@ -174,7 +179,7 @@ class Classifier:
         Batches are formed from length-sorted sequences (little padding); padding is masked,
         so the result does not depend on the batching.
         """
-        if self.task_type == "token_classification":
+        if self.task.token_level:
             raise BertraceError(
                 "logits_from_ids: a token classification model gives logits per position; use token_logits_from_ids"
             )
@@ -212,9 +217,7 @@ class Classifier:
         """``[{"label": name, "label_id": int, "probabilities": {name: p}}]``, one per text;
         regression: ``[{"score": float}]``; token classification: ``[{"entities": [{type, text,
         start, end}], "words": [...], "tags": [...]}]`` (:meth:`tag`)."""
-        if self.task_type == "token_classification":
-            return self.tag(texts, batch_size=batch_size)
-        return self.format(self.logits(texts, batch_size=batch_size))
+        return self.task.predict(self, texts, batch_size)
 
     def tag(self, texts: Sequence[str], batch_size: int = 64) -> list[dict[str, Any]]:
         """Named entities of raw texts: the tokenizer's pre-tokenizer splits each text into words
@@ -240,25 +243,5 @@ class Classifier:
         return out
 
     def format(self, logits: np.ndarray) -> list[dict[str, Any]]:
-        if self.task_type == "regression":
-            return [{"score": float(row[0])} for row in np.asarray(logits)]
-        probs = softmax(logits)
-        out = []
-        for row in probs:
-            k = int(row.argmax())
-            out.append(
-                {
-                    "label": self.label_names[k],
-                    "label_id": k,
-                    "probabilities": {name: float(p) for name, p in zip(self.label_names, row)},
-                }
-            )
-        return out
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax in float64 (stable: the row max is subtracted)."""
-    z = np.asarray(logits, dtype=np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
+        """The task type's predictions of ``logits`` (:meth:`~pipeline.finetune.tasks.base.TaskType.format_predictions`)."""
+        return self.task.format_predictions(logits, self.label_names)

@@ -101,7 +101,7 @@ def score_task(clf, data, roles: list[str], batch_size: int, progress: bool) -> 
     """Entity F1 (token classification) or Pearson / Spearman (regression) per labelled split."""
     from pipeline.evaluate.tasks import regression_results, token_results
 
-    tokens = clf.task_type == "token_classification"
+    tokens = clf.task.token_level
     scores = Scores()
     for role, split in _labelled(data, roles, scores):
         if tokens:
@@ -116,13 +116,8 @@ def score_task(clf, data, roles: list[str], batch_size: int, progress: bool) -> 
                 + (" (words past the cut are predicted O)" if tokens else "")
             )
     _require_labels(scores, roles)
-    _compare_recorded(scores, clf, task_metric(clf.task_type), 1e-6)
+    _compare_recorded(scores, clf, clf.task.selection, 1e-6)
     return scores
-
-
-def task_metric(task_type: str) -> str:
-    """The headline metric of a non-classification task type."""
-    return "f1" if task_type == "token_classification" else "pearson"
 
 
 def checkpoint_facts(clf, model_path: Path, ckpt_sha: str, tok_sha: str) -> dict[str, Any]:

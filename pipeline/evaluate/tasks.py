@@ -25,6 +25,7 @@ import numpy as np
 from pipeline.core.io import atomic_open
 from pipeline.evaluate.report import checkpoint_section, confusion_matrix, provenance_lines, save_figure
 from pipeline.finetune.task_metrics import entity_metrics, regression_metrics, score_buckets
+from pipeline.finetune.tasks.registry import get as get_task
 
 GRADES = [str(g) for g in range(6)]  # STS-B's 0..5 similarity grades: the regression confusion's classes
 
@@ -83,7 +84,7 @@ SHORT = {"validation": "dev", "test": "test"}
 def summary_for_dvc(task_type: str, results: dict[str, dict[str, Any]]) -> dict[str, float]:
     """The few numbers of ``metrics/eval.json`` per split: NER ``dev_f1`` (entity level),
     regression ``dev_pearson`` and ``dev_spearman`` (``test_*`` likewise)."""
-    keys = ("f1",) if task_type == "token_classification" else ("pearson", "spearman")
+    keys = get_task(task_type).dvc_keys
     return {f"{SHORT.get(split, split)}_{k}": m[k] for split, m in results.items() for k in keys}
 
 
@@ -156,7 +157,8 @@ def render_task_report(
     """The evaluation report of a token-classification or regression model as markdown
     (``figures``: ``(caption, file)`` pairs; ``chain``: :func:`pipeline.evaluate.report.provenance_chain`)."""
     title = f"Evaluation: {task_name}" if task_name else "Evaluation"
-    kind = {"token_classification": "token classification (NER)", "regression": "regression"}[task_type]
+    task = get_task(task_type)
+    kind = task.title
     lines = [
         f"# {title}",
         "",
@@ -166,7 +168,7 @@ def render_task_report(
     ]
     lines += checkpoint_section(checkpoint, ("recorded", "recorded by fine-tuning"))
 
-    if task_type == "token_classification":
+    if task.token_level:
         lines += [
             "## Results (entity level, seqeval / conlleval)",
             "",
@@ -197,7 +199,7 @@ def render_task_report(
 
     for split, m in results.items():
         names = m["labels"]
-        if task_type == "token_classification":
+        if task.token_level:
             lines += [
                 f"### {split}: per entity type",
                 "",

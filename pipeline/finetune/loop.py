@@ -19,32 +19,31 @@ every ``eval_every_steps``); training stops after ``patience`` checks without im
 the best weights are kept. Several seeds give mean ± std (fine-tuning BERT is notoriously
 seed-sensitive on small tasks: Dodge et al. 2020); the model of the best seed is the one saved.
 
-``finetune.task.type`` (:mod:`pipeline.finetune.task_data`) changes the head, the loss and the metric that
-picks the best check and seed: ``token_classification`` (NER) is BertForTokenClassification,
+``finetune.task.type`` (:mod:`pipeline.finetune.tasks.registry`) changes the head, the loss and the metric
+that picks the best check and seed: ``token_classification`` (NER) is BertForTokenClassification,
 cross-entropy at each word's first sub-token, entity-level F1 (seqeval); ``regression`` (STS-B) is
 the sequence head with one output, mean squared error, Pearson r (STS-B's official metric;
-Spearman and MSE are reported too). See :mod:`pipeline.finetune.task_metrics`.
+Spearman and MSE are reported too). See :mod:`pipeline.finetune.tasks`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import statistics
 import time
-from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, ClassVar, ContextManager, Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field, field_validator
 
 from pipeline.core.config import Bool, Float, Int, Section, Str
 from pipeline.core.device import amp_dtype, build_adamw, resolve_device
 from pipeline.core.errors import BertraceError
-from pipeline.finetune.task_data import TaskData, TaskParams, TaskSplit, collate_task_batch
-from pipeline.finetune.task_metrics import SELECTION, selection_value
-from pipeline.models.bert import BertConfig, BertForSequenceClassification, BertForTokenClassification, param_groups
+from pipeline.finetune.results import SeedResult, checkpoint_metrics, headline_metrics, summarize
+from pipeline.finetune.stats import best_seed, mean_std, seed_timings
+from pipeline.finetune.task_data import TaskData, TaskParams, TaskSplit
+from pipeline.finetune.tasks.registry import get
+from pipeline.models.bert import BertConfig, BertForSequenceClassification, param_groups
 from pipeline.models.checkpoint import is_causal_checkpoint
 from pipeline.pretrain.schedule import linear_warmup_decay
 
@@ -144,7 +143,7 @@ def finetuned_model_config(ckpt: dict[str, Any], pooling: str = "cls", task_type
     Token classification (every position) and a GPT decoder (its last real token) do not pool."""
     config = dict(ckpt["model_config"])
     config.pop("classifier_pooling", None)
-    if pooling != "cls" and task_type != "token_classification" and not is_causal_checkpoint(ckpt):
+    if pooling != "cls" and get(task_type).pools and not is_causal_checkpoint(ckpt):
         config["classifier_pooling"] = pooling
     return config
 
@@ -178,8 +177,7 @@ def build_model(
     torch.manual_seed(seed)  # classifier (and, for scratch, encoder) initialisation
     if is_causal_checkpoint(ckpt):  # pretrain.objective clm: a GPT decoder, last-token pooling
         return _build_gpt(ckpt, config, num_labels, mode, dropout=dropout, source=source, task_type=task_type)
-    head = BertForTokenClassification if task_type == "token_classification" else BertForSequenceClassification
-    model = head(config, num_labels, classifier_dropout=dropout)
+    model = get(task_type).head_class()(config, num_labels, classifier_dropout=dropout)
     if mode != "scratch":
         model.load_pretrained_encoder(ckpt["model"], source=str(source))
     if mode == "frozen":
@@ -203,12 +201,7 @@ def _build_gpt(
     ``frozen``, random (seeded by the caller) for ``scratch``, frozen for ``frozen``."""
     from pipeline.models.gpt import GPTForSequenceClassification
 
-    if task_type == "token_classification":
-        raise BertraceError(
-            f"{source}: a causal (GPT) checkpoint fine-tunes sequence tasks only (classification, "
-            "regression); for token classification pre-train an encoder (pretrain.objective mlm_nsp, "
-            "mlm or electra)"
-        )
+    get(task_type).check_decoder(source)
     model = GPTForSequenceClassification(config, num_labels, classifier_dropout=dropout)
     if mode != "scratch":
         model.load_pretrained_decoder(ckpt["model"], source=str(source))
@@ -299,19 +292,11 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
 def task_loss(
     logits: torch.Tensor, labels: torch.Tensor, task_type: str = "classification", reduction: str = "mean"
 ) -> torch.Tensor:
-    """Cross-entropy (classification; token classification over the positions whose label is not
-    -100, i.e. each word's first sub-token) or mean squared error of the single output
-    (regression: transformers' ``problem_type="regression"``), in float32."""
-    if task_type == "regression":
-        return F.mse_loss(logits.float().squeeze(-1), labels.float(), reduction=reduction)
-    if task_type == "token_classification":
-        return F.cross_entropy(
-            logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction=reduction
-        )
-    return F.cross_entropy(logits.float(), labels, reduction=reduction)
+    """The task type's training loss in float32 (:meth:`~pipeline.finetune.tasks.base.TaskType.loss`:
+    cross-entropy, per word for token classification, or the mean squared error of regression)."""
+    return get(task_type).loss(logits, labels, reduction=reduction)
 
 
-@torch.no_grad()
 def evaluate_split(
     model: torch.nn.Module,
     split: TaskSplit,
@@ -319,137 +304,13 @@ def evaluate_split(
     device: torch.device | str = "cpu",
     label_names: list[str] | None = None,
 ) -> dict[str, float]:
-    """``{"accuracy", "loss", "n"}`` on a labelled split (batches of length-sorted examples).
-    On a GPU under autocast (:func:`pipeline.core.device.amp_dtype`); sums stay on the device until
-    the end (one sync per evaluation, not two per batch).
-
-    Token classification (needs ``label_names``): entity-level ``f1`` / ``precision`` /
-    ``recall`` (seqeval) and word ``accuracy``; regression: ``pearson`` / ``spearman`` / ``mse``
-    (:mod:`pipeline.finetune.task_metrics`); ``loss`` is the training loss on the split."""
+    """The task type's validation metrics on a labelled split (classification ``{"accuracy", "loss",
+    "n"}``; token classification, which needs ``label_names``, entity-level ``f1`` / ``precision`` /
+    ``recall`` and word ``accuracy``; regression ``pearson`` / ``spearman`` / ``mse``), batches of
+    length-sorted examples, on a GPU under autocast (:meth:`~pipeline.finetune.tasks.base.TaskType.evaluate`)."""
     if split.labels is None:
         raise BertraceError(f"{split.source}: the {split.role} split has no labels; accuracy needs a labelled split")
-    if split.task_type != "classification":
-        return _evaluate_task(model, split, batch_size, torch.device(device), label_names)
-    was_training = model.training
-    model.eval()
-    device = torch.device(device)
-    amp = amp_dtype(device)
-    order = sorted(range(len(split)), key=lambda i: len(split.input_ids[i]))
-    correct = torch.zeros((), dtype=torch.long, device=device)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    for s in range(0, len(order), batch_size):
-        batch = {
-            k: v.to(device, non_blocking=True)
-            for k, v in collate_task_batch([split[i] for i in order[s : s + batch_size]]).items()
-        }
-        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
-        loss_sum += F.cross_entropy(logits, batch["labels"], reduction="sum").double()
-        correct += (logits.argmax(-1) == batch["labels"]).sum()
-    model.train(was_training)
-    n = len(order)
-    return {"accuracy": correct.item() / n, "loss": loss_sum.item() / n, "n": n}
-
-
-@torch.no_grad()
-def _evaluate_task(
-    model: torch.nn.Module, split: TaskSplit, batch_size: int, device: torch.device, label_names: list[str] | None
-) -> dict[str, float]:
-    from pipeline.finetune.task_metrics import entity_metrics, regression_metrics
-
-    task_type = split.task_type
-    if task_type == "token_classification" and not label_names:
-        raise ValueError("evaluate: token classification needs label_names")
-    was_training = model.training
-    model.eval()
-    amp = amp_dtype(device)
-    order = sorted(range(len(split)), key=lambda i: len(split.input_ids[i]))
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    count = torch.zeros((), dtype=torch.long, device=device)
-    outputs: list[Any] = [None] * len(split)
-    for s in range(0, len(order), batch_size):
-        idx = order[s : s + batch_size]
-        batch = {k: v.to(device, non_blocking=True) for k, v in collate_task_batch([split[i] for i in idx]).items()}
-        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
-        loss_sum += task_loss(logits, batch["labels"], task_type, reduction="sum").double()
-        if task_type == "regression":
-            count += len(idx)
-            values = logits.squeeze(-1).cpu().tolist()
-        else:
-            count += (batch["labels"] != -100).sum()
-            values = logits.argmax(-1).cpu().tolist()
-        for i, v in zip(idx, values):
-            outputs[i] = v
-    model.train(was_training)
-    n = len(order)
-    loss = loss_sum.item() / max(1, count.item())
-    if task_type == "regression":
-        return {**regression_metrics(outputs, split.labels.tolist()), "loss": loss, "n": n}
-    gold = [[label_names[t] for t in tags] for tags in split.word_labels]
-    pred = [[label_names[row[p]] if p >= 0 else "O" for p in first] for row, first in zip(outputs, split.first)]
-    m = entity_metrics(gold, pred)
-    return {
-        "f1": m["f1"],
-        "precision": m["precision"],
-        "recall": m["recall"],
-        "accuracy": m["accuracy"],
-        "loss": loss,
-        "n": n,
-    }
-
-
-@dataclass
-class SeedResult:
-    seed: int
-    validation_accuracy: float  # at the best check (the weights kept)
-    validation_loss: float
-    best_step: int
-    best_epoch: float
-    steps: int  # optimizer steps run
-    planned_steps: int
-    epochs_run: float
-    stopped_early: bool
-    train_loss: float  # mean over the last epoch's steps
-    history: list[dict[str, float]]  # one entry per validation check
-    cpu_seconds: float  # timings: the run log's (:func:`seed_timings`), never in :meth:`metrics`
-    wall_seconds: float
-    state_dict: dict[str, torch.Tensor] | None = field(default=None, repr=False)  # best weights (CPU)
-    task_type: str = "classification"
-    validation: dict[str, float] = field(default_factory=dict)  # every metric at the best check
-
-    @property
-    def score(self) -> float:
-        """The selection metric at the best check (classification: accuracy; token
-        classification: entity F1; regression: Pearson r), NaN as -inf."""
-        if self.task_type == "classification":
-            return self.validation_accuracy
-        from pipeline.finetune.task_metrics import selection_value
-
-        return selection_value(self.task_type, self.validation)
-
-    def metrics(self) -> dict[str, Any]:
-        """The numbers (no weights, no history, no timings) as a JSON-able dict: a function of the
-        data, params and seed alone."""
-        out = {
-            k: getattr(self, k)
-            for k in (
-                "seed",
-                "validation_accuracy",
-                "validation_loss",
-                "best_step",
-                "best_epoch",
-                "steps",
-                "planned_steps",
-                "epochs_run",
-                "stopped_early",
-                "train_loss",
-            )
-        }
-        if self.task_type != "classification":  # validation_f1 / _precision / ... or _pearson / _spearman / _mse
-            out.pop("validation_accuracy")
-            out.update({f"validation_{k}": v for k, v in self.validation.items() if k not in ("n", "loss")})
-        return out
+    return get(split.task_type).evaluate(model, split, batch_size, torch.device(device), label_names)
 
 
 def train_seed(
@@ -473,15 +334,9 @@ def train_seed(
             "fine-tuning needs the train and validation splits; load them with roles=('train', 'validation')"
         )
     t_wall, t_cpu = time.perf_counter(), time.process_time()
-    device = resolve_device(cfg.device, param="finetune.device")
-    # On a GPU: autocast (bf16; fp16 + GradScaler where bf16 is only emulated), TF32 matmuls and
-    # pinned batches; on the CPU all three are off and results are those of plain fp32.
-    amp = amp_dtype(device)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
-    pin = device.type == "cuda"
-    if pin:
-        torch.set_float32_matmul_precision("high")
+    device, amp, scaler, pin = _precision(cfg)
     task_type = getattr(data, "task_type", "classification")
+    task = get(task_type)
     model = build_model(
         ckpt,
         data.num_labels,
@@ -497,20 +352,7 @@ def train_seed(
     groups = layerwise_lr_groups(model, cfg.lr, cfg.weight_decay, cfg.layer_lr_decay)
     optimizer = build_adamw(groups, device, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
     generator = torch.Generator().manual_seed(seed)
-    if cfg.group_by_length:
-        sampler = LengthGroupedBatches([len(x) for x in train.input_ids], cfg.batch_size, generator)
-        loader = torch.utils.data.DataLoader(
-            train, batch_sampler=sampler, collate_fn=collate_task_batch, pin_memory=pin
-        )
-    else:
-        loader = torch.utils.data.DataLoader(
-            train,
-            batch_size=cfg.batch_size,
-            shuffle=True,
-            collate_fn=collate_task_batch,
-            generator=generator,
-            pin_memory=pin,
-        )
+    loader = _train_loader(train, cfg, generator, task.collate, pin)
     steps_per_epoch = len(loader)
     planned = cfg.epochs * steps_per_epoch
     warmup = int(round(cfg.warmup * planned))
@@ -522,10 +364,8 @@ def train_seed(
     def snapshot() -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
-    history: list[dict[str, float]] = []
-    best = {"accuracy": -1.0, "loss": math.inf, "step": 0, "epoch": 0.0, "score": -math.inf, "metrics": {}}
-    best_state = snapshot()
-    bad_checks, step, stopped = 0, 0, False
+    checks = _Checks(snapshot)
+    step, stopped = 0, False
     # the epoch's loss sum stays on the device (float64, the same sums as Python floats would give)
     epoch_loss, epoch_steps = torch.zeros((), dtype=torch.float64, device=device), 0
     bar = tqdm(total=planned, desc=f"finetune seed {seed}", unit="step", disable=not progress, mininterval=1.0)
@@ -536,14 +376,8 @@ def train_seed(
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
                 logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-                loss = task_loss(logits, batch["labels"], task_type)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if cfg.clip_grad_norm:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(trainable, cfg.clip_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
+                loss = task.loss(logits, batch["labels"])
+            _update(loss, optimizer, scaler, trainable, cfg.clip_grad_norm)
             scheduler.step()
             step += 1
             epoch_loss += loss.detach().double()
@@ -554,46 +388,18 @@ def train_seed(
             if step % eval_every == 0 or step == planned:
                 ev = evaluate_split(model, valid, cfg.eval_batch_size, device, label_names=data.label_names)
                 _set_train_mode(model, cfg.mode)
-                point = (
-                    {
-                        "step": step,
-                        "epoch": round(step / steps_per_epoch, 4),
-                        "validation_accuracy": ev["accuracy"],
-                        "validation_loss": ev["loss"],
-                        "train_loss": epoch_loss.item() / epoch_steps,
-                    }
-                    if task_type == "classification"
-                    else {
-                        "step": step,
-                        "epoch": round(step / steps_per_epoch, 4),
-                        **{f"validation_{k}": v for k, v in ev.items() if k != "n"},
-                        "train_loss": epoch_loss.item() / epoch_steps,
-                    }
-                )
-                history.append(point)
-                score = ev["accuracy"] if task_type == "classification" else selection_value(task_type, ev)
+                point = task.history_point(step, round(step / steps_per_epoch, 4), ev, epoch_loss.item() / epoch_steps)
+                score = checks.add(point, ev, task.selection_value(ev))
                 bar.set_postfix(val=f"{score:.4f}")
                 if log:
                     log({k: v for k, v in point.items() if k not in ("step",)}, step)
-                if score > best["score"] or len(history) == 1:  # the first check, even with a NaN score
-                    best = {
-                        "accuracy": ev.get("accuracy", math.nan),
-                        "loss": ev["loss"],
-                        "step": step,
-                        "epoch": point["epoch"],
-                        "score": score,
-                        "metrics": ev,
-                    }
-                    best_state = snapshot()
-                    bad_checks = 0
-                else:
-                    bad_checks += 1
-                    if cfg.patience and bad_checks >= cfg.patience and step < planned:
-                        stopped = True
-                        break
+                if cfg.patience and checks.bad >= cfg.patience and step < planned:
+                    stopped = True
+                    break
         if stopped:
             break
     bar.close()
+    best = checks.best
     result = SeedResult(
         seed=seed,
         validation_accuracy=best["accuracy"],
@@ -605,133 +411,98 @@ def train_seed(
         epochs_run=round(step / steps_per_epoch, 4),
         stopped_early=stopped,
         train_loss=epoch_loss.item() / max(1, epoch_steps),
-        history=history,
+        history=checks.history,
         cpu_seconds=time.process_time() - t_cpu,
         wall_seconds=time.perf_counter() - t_wall,
-        state_dict=best_state,
+        state_dict=checks.state,
         task_type=task_type,
         validation=dict(best["metrics"]),
     )
     if log:
-        main = "accuracy" if task_type == "classification" else SELECTION[task_type]
-        log(
-            {
-                f"best_validation_{main}": result.score,
-                "best_step": result.best_step,
-                "cpu_seconds": result.cpu_seconds,
-                "wall_seconds": result.wall_seconds,
-            },
-            step,
-        )
+        _log_best(log, task.selection, result, step)
     return result
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (n - 1; 0.0 for a single value)."""
-    if not values:
-        return float("nan"), float("nan")
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+def _precision(cfg: FinetuneConfig) -> tuple[torch.device, torch.dtype | None, torch.amp.GradScaler, bool]:
+    """``(device, autocast dtype, scaler, pin)``. On a GPU: autocast (bf16; fp16 + GradScaler where
+    bf16 is only emulated), TF32 matmuls and pinned batches; on the CPU all three are off and results
+    are those of plain fp32."""
+    device = resolve_device(cfg.device, param="finetune.device")
+    amp = amp_dtype(device)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
+    pin = device.type == "cuda"
+    if pin:
+        torch.set_float32_matmul_precision("high")
+    return device, amp, scaler, pin
 
 
-def best_seed(results: list[SeedResult]) -> SeedResult:
-    """Highest validation accuracy (token classification: entity F1; regression: Pearson r);
-    ties go to the earlier seed in ``seeds``."""
-    return max(results, key=lambda r: (r.score, -results.index(r)))
+def _update(loss: torch.Tensor, optimizer, scaler: torch.amp.GradScaler, trainable: list, clip: float) -> None:
+    """One optimizer step on ``loss``: backward (scaled), global-norm clipping at ``clip`` (0: none), step."""
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    if clip:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(trainable, clip)
+    scaler.step(optimizer)
+    scaler.update()
 
 
-def _summarize_task(results: list[SeedResult]) -> dict[str, Any]:
-    """:func:`summarize` for token classification / regression: ``validation_<metric>`` mean ± std
-    for each metric (min / max too for the selection metric) and ``best_validation_<metric>``."""
-    task_type = results[0].task_type
-    main = SELECTION[task_type]
-    best = best_seed(results)
-    out: dict[str, Any] = {
-        "task_type": task_type,
-        "seeds": [r.seed for r in results],
-        "per_seed": {str(r.seed): r.metrics() for r in results},
-    }
-    keys = [main] + [k for k in results[0].validation if k not in (main, "n", "loss")]
-    for k in keys:
-        values = [float(r.validation.get(k, math.nan)) for r in results]
-        mean, std = mean_std(values)
-        out[f"validation_{k}"] = {"mean": mean, "std": std}
-        if k == main:
-            out[f"validation_{k}"].update(min=min(values), max=max(values))
-    loss_mean, loss_std = mean_std([r.validation_loss for r in results])
-    out["validation_loss"] = {"mean": loss_mean, "std": loss_std}
-    out["best_seed"] = best.seed
-    out[f"best_validation_{main}"] = float(best.validation.get(main, math.nan))
-    out["timings"] = seed_timings(results)
-    return out
+class _Checks:
+    """A seed's validation checks: the history, the best check (the highest selection metric; the
+    first check even with a NaN score) with its weights, and the checks since it (``patience``)."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, torch.Tensor]]):
+        self.snapshot = snapshot
+        self.history: list[dict[str, float]] = []
+        self.best = {"accuracy": -1.0, "loss": math.inf, "step": 0, "epoch": 0.0, "score": -math.inf, "metrics": {}}
+        self.state = snapshot()
+        self.bad = 0
+
+    def add(self, point: dict[str, Any], ev: dict[str, Any], score: float) -> float:
+        """Record the check ``point`` with metrics ``ev`` and selection ``score``; returns the score."""
+        self.history.append(point)
+        if score > self.best["score"] or len(self.history) == 1:
+            self.best = {
+                "accuracy": ev.get("accuracy", math.nan),
+                "loss": ev["loss"],
+                "step": point["step"],
+                "epoch": point["epoch"],
+                "score": score,
+                "metrics": ev,
+            }
+            self.state = self.snapshot()
+            self.bad = 0
+        else:
+            self.bad += 1
+        return score
 
 
-def seed_timings(results: list[SeedResult]) -> dict[str, Any]:
-    """CPU and wall seconds of each seed and their sums: what the stage logs as timings (MLflow and its
-    run log, ``StageRun.log_timings``), never part of a DVC output."""
-    return {
-        "cpu_seconds": round(sum(r.cpu_seconds for r in results), 3),
-        "wall_seconds": round(sum(r.wall_seconds for r in results), 3),
-        "per_seed": {
-            str(r.seed): {"cpu_seconds": round(r.cpu_seconds, 3), "wall_seconds": round(r.wall_seconds, 3)}
-            for r in results
+def _train_loader(train: TaskSplit, cfg: FinetuneConfig, generator: torch.Generator, collate, pin: bool):
+    """The training batches: length-grouped (``group_by_length``) or plainly shuffled, drawn from ``generator``."""
+    if cfg.group_by_length:
+        sampler = LengthGroupedBatches([len(x) for x in train.input_ids], cfg.batch_size, generator)
+        return torch.utils.data.DataLoader(train, batch_sampler=sampler, collate_fn=collate, pin_memory=pin)
+    return torch.utils.data.DataLoader(
+        train,
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        collate_fn=collate,
+        generator=generator,
+        pin_memory=pin,
+    )
+
+
+def _log_best(log: Callable[[dict[str, float], int], None], main: str, result: SeedResult, step: int) -> None:
+    """A seed's best check and timings, to its run."""
+    log(
+        {
+            f"best_validation_{main}": result.score,
+            "best_step": result.best_step,
+            "cpu_seconds": result.cpu_seconds,
+            "wall_seconds": result.wall_seconds,
         },
-    }
-
-
-def headline_metrics(summary: dict[str, Any]) -> dict[str, Any]:
-    """The summary's numbers for ``metrics/finetune.json`` (before per_seed), per task type:
-    classification ``validation_accuracy``, ``validation_loss``, ``best_seed``,
-    ``best_validation_accuracy`` (unchanged); token classification ``validation_f1`` /
-    ``_precision`` / ``_recall`` / ``_accuracy`` (words); regression ``validation_pearson`` /
-    ``_spearman`` / ``_mse``; each with ``best_validation_<selection metric>``. No timings."""
-    skip = ("seeds", "per_seed", "timings")
-    return {k: v for k, v in summary.items() if k not in skip}
-
-
-def checkpoint_metrics(summary: dict[str, Any], best: SeedResult, seeds: list[int]) -> dict[str, Any]:
-    """The ``metrics`` entry of the fine-tuned checkpoint: the best seed's validation numbers and
-    the mean ± std of the selection metric over seeds."""
-    if best.task_type == "classification":
-        return {
-            "validation_accuracy": best.validation_accuracy,
-            "validation_loss": best.validation_loss,
-            "validation_accuracy_mean": summary["validation_accuracy"]["mean"],
-            "validation_accuracy_std": summary["validation_accuracy"]["std"],
-            "seeds": list(seeds),
-        }
-    main = SELECTION[best.task_type]
-    return {
-        "task_type": best.task_type,
-        **{f"validation_{k}": v for k, v in best.validation.items() if k != "n"},
-        f"validation_{main}_mean": summary[f"validation_{main}"]["mean"],
-        f"validation_{main}_std": summary[f"validation_{main}"]["std"],
-        "seeds": list(seeds),
-    }
-
-
-def summarize(results: list[SeedResult]) -> dict[str, Any]:
-    """Per-seed metrics and mean ± std over seeds (validation accuracy and loss; for the other
-    task types see :func:`_summarize_task`); ``timings``: :func:`seed_timings`, kept apart from the
-    numbers (:func:`headline_metrics` and ``per_seed`` leave them out)."""
-    if results and results[0].task_type != "classification":
-        return _summarize_task(results)
-    acc_mean, acc_std = mean_std([r.validation_accuracy for r in results])
-    loss_mean, loss_std = mean_std([r.validation_loss for r in results])
-    best = best_seed(results)
-    return {
-        "seeds": [r.seed for r in results],
-        "per_seed": {str(r.seed): r.metrics() for r in results},
-        "validation_accuracy": {
-            "mean": acc_mean,
-            "std": acc_std,
-            "min": min(r.validation_accuracy for r in results),
-            "max": max(r.validation_accuracy for r in results),
-        },
-        "validation_loss": {"mean": loss_mean, "std": loss_std},
-        "best_seed": best.seed,
-        "best_validation_accuracy": best.validation_accuracy,
-        "timings": seed_timings(results),
-    }
+        step,
+    )
 
 
 def finetune(

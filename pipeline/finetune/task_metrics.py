@@ -19,9 +19,6 @@ import numpy as np
 
 from pipeline.core.errors import BertraceError
 
-# The metric that picks the best check / seed per task type, and whether higher is better.
-SELECTION = {"classification": "accuracy", "token_classification": "f1", "regression": "pearson"}
-
 
 def entity_metrics(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict[str, Any]:
     """``{"n", "words", "entities", "predicted_entities", "precision", "recall", "f1", "accuracy",
@@ -76,12 +73,6 @@ def regression_metrics(pred: Sequence[float], gold: Sequence[float]) -> dict[str
     return {"n": int(g.size), "pearson": pearson, "spearman": spearman, "mse": float(np.mean((p - g) ** 2))}
 
 
-def selection_value(task_type: str, metrics: dict[str, Any]) -> float:
-    """The number that ranks checks and seeds (higher is better; NaN counts as -inf)."""
-    v = float(metrics[SELECTION[task_type]])
-    return -math.inf if math.isnan(v) else v
-
-
 def score_buckets(values: Sequence[float], low: float = 0.0, high: float = 5.0) -> list[int]:
     """Scores rounded to the nearest integer and clipped to ``[low, high]`` (STS-B's 0..5 grades):
     the classes of the regression task's confusion matrix."""
@@ -89,4 +80,4 @@ def score_buckets(values: Sequence[float], low: float = 0.0, high: float = 5.0) 
     return [int(x) for x in v]
 
 
-__all__ = ["entity_metrics", "regression_metrics", "selection_value", "score_buckets", "SELECTION"]
+__all__ = ["entity_metrics", "regression_metrics", "score_buckets"]

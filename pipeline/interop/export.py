@@ -32,6 +32,7 @@ import torch
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file, write_json
 from pipeline.evaluate.inference import Classifier
+from pipeline.finetune.tasks.registry import get as get_task
 from pipeline.interop.export_gpt import export_gpt2, is_causal_checkpoint_file
 from pipeline.interop.export_writer import EXPORT_INFO, SCRIPT_PROBES, hf_normalizer_config, write_export
 from pipeline.interop.pyfunc import PROBE_TEXTS
@@ -306,31 +307,16 @@ def _export_hf(tf, model_pt, out_dir, tokenizer_path, verify) -> dict[str, Any]:
         config, len(loaded["label_names"]) if kind == "classifier" else None
     )
     task_type = loaded.get("task_type") or "classification"
-    if kind == "classifier" and task_type != "classification" and electra:
+    task = get_task(task_type)
+    if kind == "classifier" and not task.electra_export and electra:
         raise BertraceError(
             f"{src}: exporting an ELECTRA {task_type} model is not supported yet; only BERT's "
             "token classification and regression heads export"
         )
-    if kind == "classifier" and task_type == "regression":  # one output, MSE: transformers' problem_type
-        fields.update(num_labels=1, problem_type="regression", architectures=[f"{family}ForSequenceClassification"])
-        hf_cls = getattr(tf, f"{family}ForSequenceClassification")
-    elif kind == "classifier" and task_type == "token_classification":
-        names = loaded["label_names"]
-        fields.update(
-            id2label={i: n for i, n in enumerate(names)},
-            label2id={n: i for i, n in enumerate(names)},
-            architectures=[f"{family}ForTokenClassification"],
-        )
-        hf_cls = getattr(tf, f"{family}ForTokenClassification")
-    elif kind == "classifier":
-        names = loaded["label_names"]
-        fields.update(
-            id2label={i: n for i, n in enumerate(names)},
-            label2id={n: i for i, n in enumerate(names)},
-            problem_type="single_label_classification",
-            architectures=[f"{family}ForSequenceClassification"],
-        )
-        hf_cls = getattr(tf, f"{family}ForSequenceClassification")
+    if kind == "classifier":  # the task type's head: id2label / label2id, problem_type, architectures
+        head_fields, class_name = task.hf_fields(loaded["label_names"], family)
+        fields.update(head_fields)
+        hf_cls = getattr(tf, class_name)
     else:
         fields.update(architectures=[f"{family}ForPreTraining"])
         hf_cls = getattr(tf, f"{family}ForPreTraining")

@@ -31,6 +31,7 @@ from pipeline.core.errors import BertraceError
 from pipeline.core.formats import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID
 from pipeline.core.io import sha256_file, write_json
 from pipeline.data.tokenizer import encode_prompt, find_tokenizer
+from pipeline.finetune.tasks.registry import get as get_task
 from pipeline.interop.export_writer import SCRIPT_PROBES, hf_normalizer_config, write_export
 from pipeline.interop.pyfunc import PROBE_TEXTS
 
@@ -173,12 +174,12 @@ def export_gpt2(
     if kind == "classifier":
         n = loaded["num_labels"]
         names = loaded["label_names"] if len(loaded["label_names"]) == n else [f"LABEL_{i}" for i in range(n)]
-        regression = loaded["task_type"] == "regression"
+        problem_type = get_task(loaded["task_type"]).hf_problem_type
         fields = hf_gpt2_config(config, num_labels=n)
         fields.update(
             id2label=dict(enumerate(names)),
             label2id={name: i for i, name in enumerate(names)},
-            problem_type="regression" if regression else "single_label_classification",
+            problem_type=problem_type,
             architectures=["GPT2ForSequenceClassification"],
         )
         hf_cls = tf.GPT2ForSequenceClassification

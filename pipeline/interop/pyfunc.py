@@ -13,12 +13,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file
-from pipeline.evaluate.inference import Classifier, softmax
+from pipeline.evaluate.inference import Classifier
 
 try:  # the pyfunc wrapper class must live at module level so MLflow can unpickle it by name
     import mlflow.pyfunc as _mlflow_pyfunc
@@ -64,23 +63,7 @@ def predict_frame(clf: Classifier, frame, batch_size: int = 64):
         )
     texts = [frame[c].fillna("").astype(str).tolist() for c in cols]
     inputs = texts[0] if len(cols) == 1 else list(zip(texts[0], texts[1]))
-    if clf.task_type == "regression":  # one column: the predicted score
-        return pd.DataFrame(
-            {"score": clf.logits(inputs, batch_size=batch_size)[:, 0].astype(np.float64)}, index=frame.index
-        )
-    if clf.task_type == "token_classification":  # one column: the entities as JSON ({type, text, start, end})
-        import json
-
-        tagged = clf.tag(inputs, batch_size=batch_size)
-        return pd.DataFrame(
-            {"entities": [json.dumps(t["entities"], ensure_ascii=False) for t in tagged]}, index=frame.index
-        )
-    logits = clf.logits(inputs, batch_size=batch_size)
-    probs = softmax(logits)
-    ids = probs.argmax(axis=1) if len(probs) else np.zeros(0, dtype=np.int64)
-    out = {"label": [clf.label_names[int(i)] for i in ids], "label_id": ids.astype(np.int64)}
-    for k, name in enumerate(clf.label_names):
-        out[f"prob_{name}"] = probs[:, k] if len(probs) else np.zeros(0)
+    out = clf.task.pyfunc_columns(clf, inputs, batch_size)  # e.g. label, label_id, prob_<name>; score; entities
     return pd.DataFrame(out, index=frame.index)
 
 

@@ -26,7 +26,8 @@ from typing import Any, Iterable, Sequence
 
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_json, write_json
-from pipeline.finetune.task_metrics import SELECTION
+from pipeline.finetune.tasks.registry import get as get_task
+from pipeline.finetune.tasks.registry import selection_metrics
 from pipeline.lineage.provenance import STAGE_ORDER, iter_records, read_record
 from pipeline.lineage.runlog import RUN_LOG_DIR, read_run_log
 
@@ -69,7 +70,7 @@ ROW_KEYS = (
 TIMED_KEYS = ("pretrain_minutes", "pretrain_tokens_per_s", "dag_minutes", "git_commit", "git_dirty", "date")
 DAG_STAGES = (*PIPELINE_STAGES, "evaluate")  # whose run logs' seconds make the DAG's minutes, with the variants
 VARIANTS_DIR = Path("reports/variants")  # finetune_variant@<name>: reports/variants/<name>.json
-_SELECTION_KEYS = tuple(f"validation_{m}" for m in SELECTION.values())  # reports/<stage>.json, per task type
+_SELECTION_KEYS = tuple(f"validation_{m}" for m in selection_metrics().values())  # reports/<stage>.json, per task type
 
 
 def read_variants(
@@ -94,7 +95,7 @@ def read_variants(
             raise BertraceError(
                 f"{path}: no {' / '.join(_SELECTION_KEYS)} mean; rerun `dvc repro finetune_variant@{path.stem}`"
             )
-        scale = 1 if key == f"validation_{SELECTION['regression']}" else 100  # a correlation, not a %
+        scale = 1 if key == f"validation_{get_task('regression').selection}" else 100  # a correlation, not a %
         overrides = d.get("overrides") or {}
         out[str(d.get("variant") or path.stem)] = {
             "mode": d.get("mode"),

@@ -86,8 +86,7 @@ def main_predict(argv: list[str] | None = None) -> None:
         else:
             inputs = chunk
         for text, pred in zip(inputs, clf.predict(inputs, batch_size=args.batch_size)):
-            if clf.task_type == "token_classification":  # the spans only: {type, text, start, end} (characters)
-                pred = {"entities": pred["entities"]}
+            pred = clf.task.cli_prediction(pred)  # NER: the spans only, {type, text, start, end} (characters)
             out.write(json.dumps({"text": list(text) if clf.is_pair else text, **pred}, ensure_ascii=False) + "\n")
         out.flush()
 
