@@ -143,7 +143,8 @@ def synth_task(out: Path, n_train: int, n_valid: int) -> tuple[dict, Path]:
     tokenizer trained on it."""
     from tokenizers import trainers
 
-    from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer
+    from pipeline.core.formats import SPECIAL_TOKENS
+    from pipeline.data.tokenizer import build_tokenizer
 
     words = "the a movie film story plot actor scene was is very quite rather this that".split()
     rng = random.Random(0)

@@ -30,7 +30,8 @@ from probe_pretrain import parse_variant  # noqa: E402  (first: it sets params.y
 from pipeline.core.device import apply_arithmetic  # noqa: E402
 from pipeline.core.errors import BertraceError  # noqa: E402
 from pipeline.data.tokenizer import load_tokenizer  # noqa: E402
-from pipeline.finetune.loop import FinetuneConfig, summarize, train_seed  # noqa: E402
+from pipeline.finetune.loop import FinetuneConfig, train_seed  # noqa: E402
+from pipeline.finetune.results import summarize  # noqa: E402
 from pipeline.finetune.task_data import load_task_data  # noqa: E402
 from pipeline.models.checkpoint import check_checkpoint_tokenizer, load_pretrained, resolve_checkpoint  # noqa: E402
 from stages.arithmetic import compute_config  # noqa: E402

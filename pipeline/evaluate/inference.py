@@ -60,7 +60,7 @@ class Classifier:
 
         path = Path(path)
         check_finetuned(ckpt, path)
-        task_type = str((ckpt.get("task") or {}).get("type") or "classification")
+        task_type = str(ckpt["task"]["type"])  # read_checkpoint upgrade()d an older layout
         tokenizer_path = Path(tokenizer_path) if tokenizer_path else path.parent / "tokenizer.json"
         check_tokenizer_hash(tokenizer_path, ckpt["tokenizer_sha256"], path)
         tokenizer = Tokenizer.from_file(str(tokenizer_path))
@@ -72,7 +72,7 @@ class Classifier:
                 f"the model's {config.vocab_size}; use the checkpoint's own tokenizer"
             )
         head = get_task(task_type).head_class()
-        if ckpt.get("architecture", "bert") == "gpt":  # fine-tuned from a clm checkpoint: last-token pooling
+        if ckpt["architecture"] == "gpt":  # fine-tuned from a clm checkpoint: last-token pooling
             from pipeline.models.gpt import GPTForSequenceClassification as head
         model = head(config, int(ckpt["num_labels"]))
         load_weights(model, ckpt["model"], path)
@@ -109,7 +109,7 @@ class Classifier:
     def encode(self, texts: Sequence[str] | Sequence[tuple[str, str]]) -> tuple[list[list[int]], list[list[int]]]:
         """``(input_ids, token_type_ids)`` per text, as fine-tuning encoded its data (a single
         string counts as a list of one)."""
-        from pipeline.finetune.task_data import encode_examples
+        from pipeline.finetune.encoding import encode_examples
 
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts:
@@ -142,7 +142,7 @@ class Classifier:
         """``(indices, logits)`` per batch of length-sorted sequences (little padding; padding is
         masked, so the logits do not depend on the batching), under the device's autocast."""
         from pipeline.core.device import amp_dtype
-        from pipeline.finetune.task_data import collate_task_batch
+        from pipeline.finetune.encoding import collate_task_batch
 
         if batch_size < 1:
             raise BertraceError(f"batch_size must be at least 1, got {batch_size}")

@@ -39,8 +39,7 @@ from pydantic import Field, field_validator
 from pipeline.core.config import Bool, Float, Int, Section, Str
 from pipeline.core.device import amp_dtype, build_adamw, resolve_device
 from pipeline.core.errors import BertraceError
-from pipeline.finetune.results import SeedResult, checkpoint_metrics, headline_metrics, summarize
-from pipeline.finetune.stats import best_seed, mean_std, seed_timings
+from pipeline.finetune.results import SeedResult, summarize
 from pipeline.finetune.task_data import TaskData, TaskParams, TaskSplit
 from pipeline.finetune.tasks.registry import get
 from pipeline.models.bert import BertConfig, BertForSequenceClassification, param_groups
@@ -540,12 +539,7 @@ __all__ = [
     "train_seed",
     "finetune",
     "summarize",
-    "seed_timings",
-    "mean_std",
-    "best_seed",
     "SeedResult",
     "task_loss",
     "backbone",
-    "headline_metrics",
-    "checkpoint_metrics",
 ]

@@ -68,25 +68,13 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pipeline.core.config import Float, Int, Section, Str
 from pipeline.core.errors import BertraceError
 from pipeline.data.hub import entry, resolve_mirror_entries, resolve_revision
-from pipeline.finetune.encoding import (
-    IGNORE_INDEX,
-    TRUNCATIONS,
-    collate_task_batch,
-    cut,
-    encode_examples,
-    head_tail_split,
-    pair_budget,
-)
 from pipeline.finetune.task_files import (
     Rows,
     check_columns,
-    csv_dialect,
     file_rows,
     hub_rows,
     nfc,
     print_warning,
-    read_headerless,
-    read_table,
     row_numbers,
 )
 from pipeline.finetune.tasks.base import TaskType
@@ -496,17 +484,7 @@ __all__ = [
     "TaskData",
     "load_task_data",
     "task_params",
-    "collate_task_batch",
-    "encode_examples",
-    "cut",
-    "head_tail_split",
-    "pair_budget",
-    "read_table",
-    "read_headerless",
-    "csv_dialect",
     "evaluate_roles",
     "TaskParams",
-    "IGNORE_INDEX",
     "ROLES",
-    "TRUNCATIONS",
 ]

@@ -202,7 +202,7 @@ def write_tokenizer_files(tokenizer, tokenizer_json: Path, out_dir: Path, model_
 
 
 def _probe_batch(loaded: dict[str, Any]) -> tuple[list[list[int]], list[list[int]], list[str], list[str] | None]:
-    from pipeline.finetune.task_data import encode_examples
+    from pipeline.finetune.encoding import encode_examples
 
     a = PROBE_TEXTS
     pair = loaded["kind"] == "pretraining" or len(loaded["text_columns"] or []) == 2
@@ -214,7 +214,7 @@ def _probe_batch(loaded: dict[str, Any]) -> tuple[list[list[int]], list[list[int
 
 
 def _pad(ids: list[list[int]], types: list[list[int]]) -> dict[str, torch.Tensor]:
-    from pipeline.finetune.task_data import collate_task_batch
+    from pipeline.finetune.encoding import collate_task_batch
 
     batch = collate_task_batch([(i, t, 0) for i, t in zip(ids, types)])
     batch.pop("labels")

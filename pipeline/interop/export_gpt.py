@@ -102,7 +102,7 @@ def load_causal_for_export(model_pt: str | Path, tokenizer_path: str | Path | No
         "tokenizer_sha256": sha,
         "label_names": [str(n) for n in ckpt["label_names"]],
         "num_labels": int(ckpt["num_labels"]),
-        "task_type": str(task.get("type") or "classification"),
+        "task_type": str(task["type"]),
         "max_len": int(task.get("max_len") or config.max_position),
         "truncation": str(task.get("truncation") or "head"),
         "text_columns": list(task.get("text_columns") or ["text"]),
@@ -151,7 +151,7 @@ def _our_ids(loaded: dict[str, Any], texts: list[str], pairs: list[str] | None =
     """The ids our pipeline gives ``texts``: generate's prompt encoding, or fine-tuning's."""
     if loaded["kind"] == "causal_lm":
         return [encode_prompt(loaded["tokenizer"], t) for t in texts]
-    from pipeline.finetune.task_data import encode_examples
+    from pipeline.finetune.encoding import encode_examples
 
     ids, _, _ = encode_examples(loaded["tokenizer"], texts, pairs, 10**6, "head")  # untruncated
     return ids

@@ -16,7 +16,9 @@ from pipeline.core.config import Bool, Float, Int, Section, Str, format_errors
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import canonical_json
 from pipeline.models.bert import ModelParams
-from pipeline.pretrain.objectives.registry import OBJECTIVES, ElectraParams, MlmNspParams
+from pipeline.pretrain.objectives.bert import MlmNspParams
+from pipeline.pretrain.objectives.electra import ElectraParams
+from pipeline.pretrain.objectives.registry import OBJECTIVES
 from pipeline.pretrain.wordvec import EmbeddingInit
 
 BUDGETS = ("max_steps", "epochs", "time_minutes")

@@ -40,7 +40,7 @@ from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.data import PretrainingData, collate_examples
 from pipeline.pretrain.distributed import broadcast_float
 from pipeline.pretrain.metrics import validation_metrics
-from pipeline.pretrain.objectives.registry import BertPretraining
+from pipeline.pretrain.objectives.bert import BertPretraining
 from tests.conftest import REPO
 from tests.support.examples_data import make_examples
 from tests.support.pretraining import TINY, run, small_examples

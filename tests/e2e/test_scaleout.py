@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from pipeline.core.errors import BertraceError
+from pipeline.core.formats import SPECIAL_IDS
 from pipeline.core.io import sha256_file
 from pipeline.data.engine import Engine
-from pipeline.data.examples import SPECIAL_IDS, ExamplesConfig, _partition_task, code_fingerprint, generate_examples
+from pipeline.data.examples import ExamplesConfig, _partition_task, code_fingerprint, generate_examples
 
 distributed = pytest.importorskip("distributed", reason="pip install 'bertrace[dask]'")
 

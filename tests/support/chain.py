@@ -29,7 +29,8 @@ def train_tiny_tokenizer(path: Path, vocab_size: int = 300) -> Path:
     """WordPiece with the pipeline's normaliser / template; [PAD] [UNK] [CLS] [SEP] [MASK] = 0..4."""
     from tokenizers import trainers
 
-    from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer
+    from pipeline.core.formats import SPECIAL_TOKENS
+    from pipeline.data.tokenizer import build_tokenizer
 
     tok = build_tokenizer(lowercase=True)
     tok.train_from_iterator(
@@ -142,7 +143,7 @@ def make_finetuned(
     model = BertForSequenceClassification(config, len(label_names)).eval()
     # A random encoder maps every text to nearly the same [CLS] vector: scale the classifier up and
     # centre its logits on sample texts so that the predicted class varies.
-    from pipeline.finetune.task_data import collate_task_batch, encode_examples
+    from pipeline.finetune.encoding import collate_task_batch, encode_examples
 
     ids, types, _ = encode_examples(Tokenizer.from_file(str(tok_path)), sentences(64, 99), None, max_len)
     batch = collate_task_batch([(i, t, 0) for i, t in zip(ids, types)])

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import torch
 
+from pipeline.core.formats import SPECIAL_TOKENS
 from pipeline.core.io import sha256_file
-from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
+from pipeline.data.tokenizer import build_tokenizer, load_tokenizer
 from pipeline.models.bert import BertConfig, BertForPreTraining
 from pipeline.models.checkpoint import save_checkpoint
 

@@ -160,3 +160,114 @@ def test_tests_share_helpers_through_support_only():
                     offenders.append(f"{rel.as_posix()}: {name}")
     assert not offenders, f"import helpers from tests/support/ instead: {offenders}"
     assert not misplaced, f"test modules outside tests/unit/<subpackage>/ and tests/e2e/: {misplaced}"
+
+
+# The package DAG: a package imports only packages before it, so each one can be read, tested and
+# changed knowing only what comes before (the pipeline's own order: data, checks on the data, the
+# models, training them, using them, then what records, exports, reports and serves them).
+PACKAGE_ORDER = (
+    "core",
+    "data",
+    "checks",
+    "models",
+    "pretrain",
+    "finetune",
+    "evaluate",
+    "lineage",
+    "interop",
+    "reports",
+    "apps",
+)
+MAX_PIPELINE_FILE_LINES = 700
+MAX_STAGE_FUNCTION_LINES = 80
+
+
+def _package_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """``{(package, imported package): ["module -> module", ...]}`` between pipeline's subpackages."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module, targets in graph.items():
+        for target in targets:
+            a, b = module.split("."), target.split(".")
+            if a[0] == b[0] == "pipeline" and len(a) > 2 and len(b) > 2 and a[1] != b[1]:
+                edges.setdefault((a[1], b[1]), []).append(f"{module} -> {target}")
+    return edges
+
+
+def _upward(edges: dict[tuple[str, str], list[str]], order: tuple[str, ...]) -> list[str]:
+    return sorted(m for (a, b), ms in edges.items() if order.index(b) > order.index(a) for m in ms)
+
+
+def test_every_pipeline_package_has_its_place_in_the_order():
+    packages = {p.name for p in (REPO / "pipeline").iterdir() if (p / "__init__.py").exists()}
+    assert packages == set(PACKAGE_ORDER)
+
+
+def test_packages_import_only_packages_before_them():
+    """No upward edge, hence no package cycle (core -> data -> checks -> models -> pretrain ->
+    finetune -> evaluate -> lineage -> interop -> reports -> apps)."""
+    edges = _package_edges(_graph())
+    assert edges, "no edge between packages found: the test would pass vacuously"
+    assert _upward(edges, PACKAGE_ORDER) == []
+    package_graph = {p: {b for (a, b) in edges if a == p} for p in PACKAGE_ORDER}
+    assert _cycles(package_graph) == []
+
+
+def test_the_upward_edge_finder_finds_one():
+    edges = _package_edges({"pipeline.core.io": {"pipeline.data.clean"}, "pipeline.data.clean": {"pipeline.core.io"}})
+    assert _upward(edges, PACKAGE_ORDER) == ["pipeline.core.io -> pipeline.data.clean"]
+    assert _cycles({"core": {"data"}, "data": {"core"}}) == [["core", "data"]]
+
+
+def test_no_pipeline_file_is_longer_than_the_limit():
+    long = {
+        p.relative_to(REPO).as_posix(): n
+        for p in sorted((REPO / "pipeline").rglob("*.py"))
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_PIPELINE_FILE_LINES
+    }
+    assert long == {}, f"split these files (limit {MAX_PIPELINE_FILE_LINES} lines): {long}"
+
+
+def test_stage_functions_stay_short():
+    """A stage parses params, calls pipeline/ and writes outputs; logic longer than this belongs in pipeline/."""
+    long = []
+    for path in sorted((REPO / "stages").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_STAGE_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(REPO).as_posix()}:{node.name} ({n} lines)")
+    assert long == [], long
+
+
+def _top_level_names(path: Path) -> tuple[set[str], set[str]]:
+    """(names ``path`` defines at module level, names it imports from our packages)."""
+    defined, imported = set(), set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
+            imported |= {a.asname or a.name for a in node.names}
+    return defined, imported - defined
+
+
+def test_names_are_imported_from_the_module_that_defines_them():
+    """No re-export: ``from pipeline.a import x`` only where ``pipeline/a.py`` defines ``x``, so
+    moving ``x`` breaks its importers loudly instead of leaving a second path to it."""
+    modules = _modules()
+    names = {name: _top_level_names(path) for name, path in modules.items()}
+    offenders = []
+    for path in sorted(
+        p for d in ("pipeline", "stages", "tests", "bench", "scripts") for p in (REPO / d).rglob("*.py")
+    ):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module in modules:
+                defined, reexported = names[node.module]
+                offenders += [
+                    f"{path.relative_to(REPO).as_posix()}:{node.lineno} {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name in reexported and f"{node.module}.{a.name}" not in modules
+                ]
+    assert offenders == [], f"import these from the module that defines them: {offenders}"

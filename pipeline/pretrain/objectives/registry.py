@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from pipeline.pretrain.objectives.base import Objective
-from pipeline.pretrain.objectives.bert import BertPretraining, MlmNspParams, MlmPretraining
+from pipeline.pretrain.objectives.bert import BertPretraining, MlmPretraining
 from pipeline.pretrain.objectives.clm import CausalLM
-from pipeline.pretrain.objectives.electra import ElectraParams, ElectraPretraining
+from pipeline.pretrain.objectives.electra import ElectraPretraining
 
 OBJECTIVES: dict[str, type[Objective]] = {
     "mlm_nsp": BertPretraining,
@@ -25,9 +25,7 @@ __all__ = [
     "OBJECTIVES",
     "BertPretraining",
     "CausalLM",
-    "ElectraParams",
     "ElectraPretraining",
-    "MlmNspParams",
     "MlmPretraining",
     "Objective",
     "make_objective",

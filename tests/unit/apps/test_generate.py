@@ -297,7 +297,7 @@ def test_export_loads_with_auto_classes_and_matches_logits(data, tmp_path):
 
 def test_causal_classifier_exports_as_gpt2_for_sequence_classification(data, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from pipeline.finetune.task_data import collate_task_batch, encode_examples
+    from pipeline.finetune.encoding import collate_task_batch, encode_examples
     from pipeline.interop.export import export_hf
     from pipeline.models.checkpoint import save_finetuned
 

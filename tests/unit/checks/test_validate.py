@@ -266,7 +266,8 @@ def test_normalizer_check_fails_when_uncased_stripping_deletes_letters(tmp_path)
     """The tokenizer's normaliser on the corpus: Google's uncased rule deletes Bengali viramas and vowel
     signs (a failure naming the params to change); strip_accents: auto keeps them; English passes."""
     from pipeline.checks.validate import NORMALIZER_CHECK, validate_normalizer
-    from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer
+    from pipeline.core.formats import SPECIAL_TOKENS
+    from pipeline.data.tokenizer import build_tokenizer
 
     corpus = tmp_path / "train.txt"
     corpus.write_text("অক্সিজেন একটি রাসায়নিক মৌল। পৃথিবীর বায়ুমণ্ডলে অক্সিজেন দ্বিতীয় সর্বাধিক গ্যাস।\n" * 5, encoding="utf-8")

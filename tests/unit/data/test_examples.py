@@ -17,13 +17,8 @@ import pytest
 
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file
-from pipeline.data.examples import (
-    SPECIAL_IDS,
-    ExamplesConfig,
-    generate_examples,
-    truncate_pair,
-    truncation_amounts,
-)
+from pipeline.data.examples import ExamplesConfig, generate_examples, truncate_pair, truncation_amounts
+from pipeline.core.formats import SPECIAL_IDS
 from pipeline.data.sentences import split_sentences
 from pipeline.data.shards import document_order, id_dtype, partition_sizes
 

@@ -17,7 +17,8 @@ from pipeline.core.errors import BertraceError
 from pipeline.core.formats import PAD_ID, SEP_ID
 from pipeline.core.io import sha256_file
 from pipeline.data.examples import ExamplesConfig, generate_examples
-from pipeline.data.packing import UNIGRAM_COUNTS, pack_documents, unigram_cross_entropy
+from pipeline.data.packing import pack_documents, unigram_cross_entropy
+from pipeline.core.formats import UNIGRAM_COUNTS
 from pipeline.data.shards import document_order, partition_sizes
 from pipeline.pretrain.data import PretrainingData
 

@@ -12,7 +12,8 @@ import pytest
 
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file
-from pipeline.data.tokenizer import SPECIAL_IDS, SPECIAL_TOKENS, load_tokenizer, read_vocab
+from pipeline.data.tokenizer import load_tokenizer, read_vocab
+from pipeline.core.formats import SPECIAL_IDS, SPECIAL_TOKENS
 from pipeline.data.tokenizer_training import corpus_alphabet, tokenizer_stats, train_wordpiece
 from tests.conftest import REPO
 from tests.support.corpus import WORDS, write_corpus

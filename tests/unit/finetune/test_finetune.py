@@ -18,6 +18,7 @@ import yaml
 
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file
+from pipeline.finetune.encoding import cut, encode_examples, head_tail_split, pair_budget
 from pipeline.finetune.loop import (
     FinetuneConfig,
     LengthGroupedBatches,
@@ -27,7 +28,7 @@ from pipeline.finetune.loop import (
     layerwise_lr_groups,
     train_seed,
 )
-from pipeline.finetune.task_data import cut, encode_examples, head_tail_split, load_task_data, pair_budget
+from pipeline.finetune.task_data import load_task_data
 from pipeline.models.bert import BertConfig, BertForSequenceClassification, param_groups
 from pipeline.models.checkpoint import check_checkpoint_tokenizer, resolve_checkpoint
 from pipeline.models.primitives import Dropout
@@ -249,7 +250,7 @@ def test_csv_delimiter_is_sniffed_or_set_and_recorded(env, tmp_path):
     assert data.source["tables"][tab.as_posix()] == {"delimiter": "\t", "quoting": "none", "sniffed": False}
     assert len(data.splits["train"]) == 10
     # GLUE's .tsv keeps its rule (tab, no quoting) under auto
-    from pipeline.finetune.task_data import csv_dialect
+    from pipeline.finetune.task_files import csv_dialect
 
     assert csv_dialect(shared_file("sst2", "dev.tsv")) == {"delimiter": "\t", "quoting": "none", "sniffed": False}
     with pytest.raises(BertraceError, match="finetune.task.delimiter"):

@@ -16,9 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.core.errors import BertraceError
+from pipeline.core.formats import SPECIAL_TOKENS
 from pipeline.core.io import sha256_file
-from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
-from pipeline.finetune.loop import FinetuneConfig, build_model, checkpoint_metrics, finetune, task_loss
+from pipeline.data.tokenizer import build_tokenizer, load_tokenizer
+from pipeline.finetune.loop import FinetuneConfig, build_model, finetune, task_loss
+from pipeline.finetune.results import checkpoint_metrics
 from pipeline.finetune.task_data import load_task_data, task_params
 from pipeline.finetune.task_metrics import regression_metrics, score_buckets
 from pipeline.models.checkpoint import load_pretrained, save_finetuned

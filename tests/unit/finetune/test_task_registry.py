@@ -16,11 +16,13 @@ import torch.nn.functional as F
 
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file
-from pipeline.finetune.loop import FinetuneConfig, checkpoint_metrics, evaluate_split, finetune, save_finetuned
+from pipeline.finetune.loop import FinetuneConfig, evaluate_split, finetune
+from pipeline.finetune.results import checkpoint_metrics
 from pipeline.finetune.task_data import load_task_data, task_params
 from pipeline.finetune.tasks.base import TaskType
 from pipeline.finetune.tasks.registry import get, names, register, unregister
 from pipeline.finetune.tasks.regression import score_labels
+from pipeline.models.checkpoint import save_finetuned
 
 REPO = Path(__file__).resolve().parents[3]
 TASKS_DIR = REPO / "pipeline" / "finetune" / "tasks"

@@ -13,10 +13,13 @@ import pytest
 import torch
 
 from pipeline.core.errors import BertraceError
+from pipeline.core.formats import SPECIAL_TOKENS
 from pipeline.core.io import sha256_file
-from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer
-from pipeline.finetune.loop import FinetuneConfig, build_model, checkpoint_metrics, finetune
-from pipeline.finetune.task_data import collate_task_batch, load_task_data
+from pipeline.data.tokenizer import build_tokenizer, load_tokenizer
+from pipeline.finetune.encoding import collate_task_batch
+from pipeline.finetune.loop import FinetuneConfig, build_model, finetune
+from pipeline.finetune.results import checkpoint_metrics
+from pipeline.finetune.task_data import load_task_data
 from pipeline.finetune.token_data import (
     bio_violations,
     check_bio,

@@ -51,7 +51,7 @@ def pair_dir(tmp_path_factory, ckpt_dir) -> Path:
 
 
 def _hf_logits(model, ids, types) -> np.ndarray:
-    from pipeline.finetune.task_data import collate_task_batch
+    from pipeline.finetune.encoding import collate_task_batch
 
     batch = collate_task_batch([(i, t, 0) for i, t in zip(ids, types)])
     with torch.no_grad():
@@ -205,7 +205,7 @@ def test_hf_export_classifier_matches_our_logits_and_tokens(ckpt_dir, tmp_path):
 def test_hf_export_pretraining_checkpoint(ckpt_dir, tmp_path):
     from tokenizers import Tokenizer
 
-    from pipeline.finetune.task_data import collate_task_batch, encode_examples
+    from pipeline.finetune.encoding import collate_task_batch, encode_examples
     from pipeline.interop.export import export_hf
     from pipeline.models.bert import BertForPreTraining
     from pipeline.models.checkpoint import save_checkpoint

@@ -29,7 +29,8 @@ from pipeline.models.gpt import GPT, GPTForSequenceClassification, causal_lm_los
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.data import PretrainingData, collate_packed
 from pipeline.pretrain.loop import pretrain
-from pipeline.pretrain.objectives.registry import OBJECTIVES, CausalLM
+from pipeline.pretrain.objectives.clm import CausalLM
+from pipeline.pretrain.objectives.registry import OBJECTIVES
 from tests.conftest import REPO, shared_file
 from tests.support.examples_data import make_examples
 from tests.support.finetuning import synthetic_rows, train_tokenizer, write_csv
@@ -69,7 +70,8 @@ def packed(tmp_path_factory):
 
     from tokenizers import trainers
 
-    from pipeline.data.tokenizer import SPECIAL_TOKENS, build_tokenizer
+    from pipeline.core.formats import SPECIAL_TOKENS
+    from pipeline.data.tokenizer import build_tokenizer
 
     root = tmp_path_factory.mktemp("lm")
     rng = random.Random(0)

@@ -12,8 +12,8 @@ from pipeline.models import checkpoint as ckpt_lib
 from pipeline.models.bert import BertConfig, BertForSequenceClassification
 from pipeline.models.electra import ElectraForPreTraining, generator_config, sample_tokens, uniform_noise
 from pipeline.pretrain.config import PretrainConfig
-from pipeline.pretrain.objectives.electra import electra_losses
-from pipeline.pretrain.objectives.registry import OBJECTIVES, ElectraPretraining
+from pipeline.pretrain.objectives.electra import ElectraPretraining, electra_losses
+from pipeline.pretrain.objectives.registry import OBJECTIVES
 from tests.support.examples_data import make_examples
 from tests.support.pretraining import TINY, run, tiny_cfg, train_logs
 
@@ -345,7 +345,7 @@ def test_hf_export_of_electra_pretraining_and_finetuned(tmp_path):
     from tokenizers import Tokenizer
 
     from pipeline.core.io import sha256_file
-    from pipeline.finetune.task_data import collate_task_batch, encode_examples
+    from pipeline.finetune.encoding import collate_task_batch, encode_examples
     from pipeline.interop.export import export_hf
     from pipeline.models.checkpoint import save_checkpoint, save_finetuned
     from tests.support.chain import fake_chain, sentences

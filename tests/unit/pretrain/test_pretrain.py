@@ -17,7 +17,8 @@ from pipeline.core.io import sha256_file
 from pipeline.models import checkpoint as ckpt_lib
 from pipeline.models.bert import BertConfig, BertForPreTraining, config_from_params, pretraining_loss
 from pipeline.pretrain.config import PretrainConfig
-from pipeline.pretrain.objectives.registry import OBJECTIVES, BertPretraining
+from pipeline.pretrain.objectives.bert import BertPretraining
+from pipeline.pretrain.objectives.registry import OBJECTIVES
 from pipeline.pretrain.schedule import lr_at_progress, lr_at_step, warmup_steps_for
 from pipeline.pretrain.trainer import step_snapshot_path
 from tests.conftest import REPO
