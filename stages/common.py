@@ -65,7 +65,7 @@ class StageRun:
         self.stage = stage
         self.params = params
         self.upstream: dict[str, Any] = {}
-        self.extra: dict[str, Any] = {}
+        self._fields: dict[str, Any] = {}  # the record's fields beyond code, params and files (add_fields)
         self.dvc_lock = prov.dvc_lock_upstream(stage)  # before DVC rewrites this stage's own entry
         self.log = tracking.StageLog(
             stage,
@@ -125,15 +125,26 @@ class StageRun:
         self.log.update_chain_tags(self._partial_record())
         return digest
 
-    def add_upstream(self, stage: str) -> dict[str, Any] | None:
+    def add_upstream(self, stage: str, record: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """Embed ``stage``'s record (data/provenance/) in this one, without its code identity
         (:func:`pipeline.lineage.provenance.without_code`): that stays in the upstream record, so an
-        upstream edit that changes no output changes no downstream record."""
+        upstream edit that changes no output changes no downstream record. ``record``: embed this one
+        as it is instead (a checkpoint's own chain, e.g. one imported from Hugging Face)."""
+        if record is not None:
+            self.upstream[stage] = record
+            self.log.update_chain_tags(self._partial_record())
+            return record
         record = upstream_record(stage)
         if record is not None:
             self.upstream[stage] = prov.without_code(record)
             self.log.update_chain_tags(self._partial_record())
         return record
+
+    def add_fields(self, fields: dict[str, Any]) -> None:
+        """Add fields to the stage's record (``data/provenance/<stage>.json``, a DVC output: values
+        that follow from code, params and data only; run facts go to :meth:`set_tags`)."""
+        self._fields.update(fields)
+        self.log.update_chain_tags(self._partial_record())
 
     def _partial_record(self) -> dict[str, Any]:
         return {
@@ -141,7 +152,7 @@ class StageRun:
             "inputs": self.inputs,
             "outputs": self.outputs,
             "upstream": self.upstream,
-            **self.extra,
+            **self._fields,
         }
 
     def provenance(self) -> dict[str, Any]:
@@ -154,14 +165,16 @@ class StageRun:
             upstream=self.upstream,
             dvc_lock=self.dvc_lock,
             code=prov.code_hashes(self.stage),
-            extra=self.extra or None,
+            extra=self._fields or None,
         )
 
-    def checkpoint_provenance(self) -> dict[str, Any]:
+    def checkpoint_provenance(self, without: tuple[str, ...] = (), **fields: Any) -> dict[str, Any]:
         """The record as a checkpoint embeds it: without the code identity of this or any upstream
         stage (:func:`pipeline.lineage.provenance.without_code`), so the checkpoint's bytes change only
-        when its data, params or libraries do; ``data/provenance/<stage>.json`` keeps the code hashes."""
-        return prov.without_code(self.provenance())
+        when its data, params or libraries do; ``data/provenance/<stage>.json`` keeps the code hashes.
+        ``without``: keys to leave out; ``fields``: keys to add (the fine-tuned checkpoint's own)."""
+        record = {k: v for k, v in prov.without_code(self.provenance()).items() if k not in without}
+        return {**record, **fields}
 
     # -- reporting (MLflow and the run log; never a DVC output) --------------------------
     def set_tags(self, tags: dict[str, Any]) -> None:

@@ -17,8 +17,8 @@ def main() -> None:
         for f in manifest.get("source", {}).get("files", []) or []:
             run.add_input(f["path"], f["sha256"])
         if mirror:
-            run.extra["mirror"] = str(mirror)
-        run.extra["source"] = manifest.get("source")  # hub id + resolved revision, or the local files
+            run.add_fields({"mirror": str(mirror)})
+        run.add_fields({"source": manifest.get("source")})  # hub id + resolved revision, or the local files
         run.add_output(OUT)
         run.set_tags({"bertrace.corpus_format": manifest.get("format")})
         run.write_details({"rows": manifest.get("total_rows")})  # no DVC metrics

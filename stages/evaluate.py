@@ -213,7 +213,7 @@ def _finish(run: StageRun, cfg: EvaluateConfig, model_path: Path, chain: list[di
 
         info = log_pyfunc(model_path, "model", registered_model_name=cfg.registered_model_name or None)
         run.set_tags({"bertrace.pyfunc_model_uri": info.model_uri})
-    run.extra["chain"] = [e["stage"] for e in chain]
+    run.add_fields({"chain": [e["stage"] for e in chain]})
     run.write_provenance()
 
 

@@ -123,13 +123,13 @@ def _checkpoint_inputs(
             if ckpt_path.exists()
             else run.add_input(ckpt_path, sha256_bytes(repr(ckpt["provenance"]["inputs"]).encode()))
         )
-        run.upstream["imported"] = ckpt["provenance"]
+        run.add_upstream("imported", ckpt["provenance"])
         run.set_tags({"bertrace.imported_from": describe(ckpt["provenance"])})
         return ckpt_sha
     ckpt_sha = run.add_input(ckpt_path)
     run.add_input(tokenizer_path, tokenizer_sha)
     if run.add_upstream("pretrain") is None and ckpt.get("provenance"):
-        run.upstream["pretrain"] = ckpt["provenance"]
+        run.add_upstream("pretrain", ckpt["provenance"])
     return ckpt_sha
 
 
@@ -178,18 +178,15 @@ def _details(summary: dict, data, n_seeds: int, seq_len: int | None, warnings: l
 def _provenance(run: StageRun, data, tokenizer_sha: str, ckpt: dict, ckpt_path: Path, ckpt_sha: str, mode: str) -> dict:
     """The record the fine-tuned checkpoint embeds: this run's, with the task files and the
     pre-trained checkpoint it started from (docs/formats.md)."""
-    provenance = {k: v for k, v in run.checkpoint_provenance().items() if k not in ("outputs", "upstream")}
-    provenance.update(
-        {
-            "task_files": data.files,
-            "tokenizer_sha256": tokenizer_sha,
-            "pretrain_checkpoint": ckpt_path.as_posix(),
-            "pretrain_checkpoint_sha256": ckpt_sha,
-            # docs/formats.md: None for scratch (only the architecture came from the checkpoint).
-            "pretrain": None if mode == "scratch" else ckpt.get("provenance"),
-        }
+    return run.checkpoint_provenance(
+        without=("outputs", "upstream"),
+        task_files=data.files,
+        tokenizer_sha256=tokenizer_sha,
+        pretrain_checkpoint=ckpt_path.as_posix(),
+        pretrain_checkpoint_sha256=ckpt_sha,
+        # docs/formats.md: None for scratch (only the architecture came from the checkpoint).
+        pretrain=None if mode == "scratch" else ckpt.get("provenance"),
     )
-    return provenance
 
 
 def _save(
@@ -278,7 +275,7 @@ def main(progress: bool = True, variant: str | None = None) -> dict:
         for path, digest in data.files.items():
             run.add_input(path, digest)
         if mirror:
-            run.extra["mirror"] = str(mirror)
+            run.add_fields({"mirror": str(mirror)})
         common_tags = {
             "bertrace.stage": stage,
             "bertrace.mode": cfg.mode,

@@ -129,7 +129,7 @@ def record_inputs(run: StageRun, cfg: PretrainConfig, rank: int, world: int) -> 
     run.add_upstream("examples")
     check_examples_tokenizer(manifest)
     verified = check_shards(cfg, manifest, rank, world)
-    run.extra.update(
+    run.add_fields(
         {
             "tokenizer_sha256": manifest["tokenizer_sha256"],
             "examples_manifest_sha256": manifest_sha,
@@ -157,7 +157,7 @@ def publish(run: StageRun, metrics: dict, timings: dict) -> None:
             run.add_output(OUT / name)
     run.checkpoint_written(load_checkpoint(OUT / "last.pt")["provenance"])  # what trace finds the run by
     run.set_tags({"bertrace.model_sha256": metrics["model_sha256"]})
-    run.extra.update({k: metrics[k] for k in ("budget", "deterministic", "num_threads") if k in metrics})
+    run.add_fields({k: metrics[k] for k in ("budget", "deterministic", "num_threads") if k in metrics})
     write_json(DETAILS_DIR / "pretrain.json", metrics)  # every number but the timings
     run.log_timings(timings)  # the run log and MLflow: they differ on every rebuild
     write_json(METRICS_DIR / "pretrain.json", metrics_summary(metrics))  # the DVC metrics file: the few compared

@@ -41,7 +41,7 @@ def main() -> None:
         run.add_output(OUT / "tokenizer.json", info["tokenizer_sha256"])
         run.add_output(OUT / "vocab.txt", info["vocab_sha256"])
         run.set_tags({"bertrace.tokenizer_sha256": info["tokenizer_sha256"]})
-        run.extra["normalizer"] = {"lowercase": cfg.lowercase, "strip_accents": cfg.strip_accents, **norm}
+        run.add_fields({"normalizer": {"lowercase": cfg.lowercase, "strip_accents": cfg.strip_accents, **norm}})
         numbers = {
             k: norm[k] for k in ("chars_altered", "chars_removed", "chars_changed", "words_altered") if k in norm
         }

@@ -102,7 +102,9 @@ def main(argv: list[str] | None = None) -> None:
         if report_path:
             run.log_artifact(report_path)
         if not standalone:  # data/provenance/validate.json: what was checked, so later runs link this one
-            run.extra["validation"] = {"passed": report.success, "checks": full["checks"], "failed": full["failures"]}
+            run.add_fields(
+                {"validation": {"passed": report.success, "checks": full["checks"], "failed": full["failures"]}}
+            )
             for path in (REPORT, METRICS_DIR / "validate.json"):
                 run.add_output(path)
             run.write_provenance()
