@@ -56,4 +56,4 @@ register(Classification())
 register(TokenClassification())
 register(Regression())
 
-__all__ = ["TASK_TYPES", "TaskType", "choices", "get", "names", "register", "selection_metrics", "unregister"]
+__all__ = ["TASK_TYPES", "choices", "get", "names", "register", "selection_metrics", "unregister"]
