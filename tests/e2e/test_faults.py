@@ -361,7 +361,7 @@ def test_bad_params_are_one_line_errors(tmp_path, stage, params, needles):
 def test_an_unreadable_csv_names_the_file_and_the_delimiter_params(tmp_path):
     (tmp_path / "train.csv").write_text('text;label\n"an unclosed quote;1\nfine;0\n', encoding="utf-8")
     code = (
-        "from pathlib import Path\nfrom stages.common import run_stage\nfrom pipeline.finetune.task_data import read_table\n"
+        "from pathlib import Path\nfrom stages.common import run_stage\nfrom pipeline.finetune.task_files import read_table\n"
         "run_stage(lambda: read_table(Path('train.csv')))\n"
     )
     proc = subprocess.run(
