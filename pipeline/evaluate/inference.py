@@ -1,6 +1,6 @@
 """Inference with a fine-tuned checkpoint (``data/finetune/model.pt``): texts in, labels out.
 
-Texts are encoded exactly as fine-tuning encoded them (:func:`pipeline.finetune.task_data.encode_examples`
+Texts are encoded exactly as fine-tuning encoded them (:func:`pipeline.finetune.encoding.encode_examples`
 with the checkpoint's ``max_len`` and ``truncation``), with the tokenizer the checkpoint was
 trained with: ``tokenizer.json`` next to the checkpoint, whose sha256 must equal the one the
 checkpoint records.

@@ -155,7 +155,7 @@ def render_task_report(
     notes: Sequence[str] = (),
 ) -> str:
     """The evaluation report of a token-classification or regression model as markdown
-    (``figures``: ``(caption, file)`` pairs; ``chain``: :func:`pipeline.evaluate.report.provenance_chain`)."""
+    (``figures``: ``(caption, file)`` pairs; ``chain``: :func:`pipeline.lineage.chain.provenance_chain`)."""
     title = f"Evaluation: {task_name}" if task_name else "Evaluation"
     task = get_task(task_type)
     kind = task.title

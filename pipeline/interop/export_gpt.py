@@ -14,7 +14,7 @@ the generic ``PreTrainedTokenizerFast`` with the special tokens named in ``token
 template is ``[SEP] $A`` (what ``bertrace generate`` feeds the model: a prompt at the start of a
 document, no trailing separator), so ``model.generate(**tokenizer(text, return_tensors="pt"))``
 continues the text as ours does. The classifier keeps the fine-tuning template
-(``[CLS] A [SEP]``, ``pipeline.finetune.task_data.encode_examples``). Neither returns ``token_type_ids``:
+(``[CLS] A [SEP]``, ``pipeline.finetune.encoding.encode_examples``). Neither returns ``token_type_ids``:
 GPT-2 would add them as token embeddings.
 """
 
