@@ -26,8 +26,6 @@ from typing import Any, Iterable, Sequence
 
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_json, write_json
-from pipeline.finetune.tasks.registry import get as get_task
-from pipeline.finetune.tasks.registry import selection_metrics
 from pipeline.lineage.provenance import STAGE_ORDER, iter_records, read_record
 from pipeline.lineage.runlog import RUN_LOG_DIR, read_run_log
 
@@ -70,7 +68,20 @@ ROW_KEYS = (
 TIMED_KEYS = ("pretrain_minutes", "pretrain_tokens_per_s", "dag_minutes", "git_commit", "git_dirty", "date")
 DAG_STAGES = (*PIPELINE_STAGES, "evaluate")  # whose run logs' seconds make the DAG's minutes, with the variants
 VARIANTS_DIR = Path("reports/variants")  # finetune_variant@<name>: reports/variants/<name>.json
-_SELECTION_KEYS = tuple(f"validation_{m}" for m in selection_metrics().values())  # reports/<stage>.json, per task type
+CORRELATIONS = ("pearson", "spearman")  # selection metrics shown as they are; the others (accuracy, F1) in %
+
+
+def selection_key(report: dict[str, Any]) -> str | None:
+    """``validation_<metric>`` of the metric that picked the best seed: every task type's report
+    names it as ``best_validation_<metric>`` (pipeline/finetune/tasks/base.py); None without one."""
+    return next(
+        (
+            k.removeprefix("best_")
+            for k in report
+            if k.startswith("best_validation_") and isinstance(report.get(k.removeprefix("best_")), dict)
+        ),
+        None,
+    )
 
 
 def read_variants(
@@ -90,12 +101,13 @@ def read_variants(
             d = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise BertraceError(f"{path}: unreadable ({e}); rerun `dvc repro finetune_variant@{path.stem}`") from None
-        key = next((k for k in _SELECTION_KEYS if isinstance(d.get(k), dict)), None)
+        key = selection_key(d)
         if key is None:
             raise BertraceError(
-                f"{path}: no {' / '.join(_SELECTION_KEYS)} mean; rerun `dvc repro finetune_variant@{path.stem}`"
+                f"{path}: no best_validation_<metric> with its validation_<metric> mean; "
+                f"rerun `dvc repro finetune_variant@{path.stem}`"
             )
-        scale = 1 if key == f"validation_{get_task('regression').selection}" else 100  # a correlation, not a %
+        scale = 1 if key.removeprefix("validation_") in CORRELATIONS else 100
         overrides = d.get("overrides") or {}
         out[str(d.get("variant") or path.stem)] = {
             "mode": d.get("mode"),

@@ -159,7 +159,7 @@ def test_b_a_comment_and_a_renamed_local_in_the_pretraining_loop_rerun_pretraini
     lock_before = yaml.safe_load((d / "dvc.lock").read_text())["stages"]
     loop = d / "pipeline/pretrain/metrics.py"  # the module of write_curves
     text = loop.read_text(encoding="utf-8")
-    m = re.search(r"^def write_curves\(.*?\n(?=\S)", text, re.S | re.M)  # to the next top-level line
+    m = re.search(r"^def write_curves\(.*?\n(?=\S|\Z)", text, re.S | re.M)  # to the next top-level line or the end
     assert m and "csv_writer" not in m.group(0) and " w = " in m.group(0), "write_curves changed: pick another local"
     body = re.sub(r"\bw(?=\.| = )", "csv_writer", m.group(0))  # the csv writer `w`, not the file mode "w"
     edited = text.replace(m.group(0), "# Curves are written whole on every checkpoint.\n" + body)

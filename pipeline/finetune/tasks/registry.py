@@ -47,13 +47,8 @@ def get(name: str) -> TaskType:
     return task
 
 
-def selection_metrics() -> dict[str, str]:
-    """Each task type's selection metric (``validation_<metric>`` in reports/finetune.json)."""
-    return {name: task.selection for name, task in TASK_TYPES.items()}
-
-
 register(Classification())
 register(TokenClassification())
 register(Regression())
 
-__all__ = ["TASK_TYPES", "choices", "get", "names", "register", "selection_metrics", "unregister"]
+__all__ = ["TASK_TYPES", "choices", "get", "names", "register", "unregister"]

@@ -327,6 +327,7 @@ def _variant_report(path, name, overrides, mean, std):
                 "variant": name,
                 "overrides": overrides,
                 "mode": overrides.get("mode", "full"),
+                "best_validation_accuracy": mean + std,  # the best seed's (every task type writes it)
                 "validation_accuracy": {"mean": mean, "std": std},
                 "n_seeds": 3,
             }
@@ -382,11 +383,21 @@ def test_variants_table_from_the_variant_stages_and_recorded_rows(tmp_path, monk
     capsys.readouterr()
 
 
+def test_a_regression_variant_shows_its_correlation_as_it_is(tmp_path):
+    from pipeline.reports.scorecard import read_variants
+
+    report = {"best_validation_pearson": 0.19, "validation_pearson": {"mean": 0.1771, "std": 0.0102}, "n_seeds": 3}
+    (tmp_path / "stsb.json").write_text(json.dumps({"variant": "stsb", **report}))
+    assert read_variants(tmp_path)["stsb"]["dev_mean"] == 0.1771  # a correlation, not a %
+    (tmp_path / "stsb.json").write_text(json.dumps({"variant": "stsb", **report, "best_validation_pearson": None}))
+    assert read_variants(tmp_path)["stsb"]["dev_std"] == 0.0102
+
+
 def test_a_broken_variant_report_names_its_stage(tmp_path):
     from pipeline.reports.scorecard import read_variants
 
     (tmp_path / "frozen.json").write_text(json.dumps({"variant": "frozen", "per_seed": {}}))
-    with pytest.raises(BertraceError, match=r"frozen.json: no validation_accuracy .*dvc repro finetune_variant@frozen"):
+    with pytest.raises(BertraceError, match=r"frozen.json: no best_validation_<metric> .*dvc repro finetune_variant@frozen"):
         read_variants(tmp_path)
 
 
