@@ -15,7 +15,8 @@ OUT = Path("data/examples")
 def main() -> None:
     params = load_params("examples")
     cfg = ExamplesConfig.from_params(params)
-    with StageRun("examples", params) as run:
+    recipe = {k: v for k, v in params.items() if k in ExamplesConfig.recipe_keys()}  # the record: what dvc.yaml tracks
+    with StageRun("examples", recipe) as run:
         run.add_upstream("clean")
         run.add_upstream("tokenizer")
         manifest = generate_examples(

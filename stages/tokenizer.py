@@ -6,9 +6,12 @@ corpus's letters (``normalizer``: the share removed or changed, case folding asi
 uncased BERT's accent stripping deletes letters in scripts whose combining marks are letters.
 """
 
+import os
 import sys
 from pathlib import Path
 
+from pipeline.core.errors import BertraceError
+from pipeline.data.sampling import document_sample
 from pipeline.data.tokenizer import describe_alterations, words_altered
 from pipeline.data.tokenizer_training import TokenizerConfig, tokenizer_stats, train_wordpiece
 from stages.common import StageRun, load_params, run_stage
@@ -20,12 +23,23 @@ OUT = Path("data/tokenizer")
 def main() -> None:
     params = load_params("tokenizer")
     cfg = TokenizerConfig.from_params(params)
-    with StageRun("tokenizer", params) as run:
+    if cfg.workers:  # the trainer's and encoder's rayon thread pool, read when first used
+        os.environ["RAYON_NUM_THREADS"] = str(cfg.workers)
+    with (
+        StageRun("tokenizer", {k: v for k, v in params.items() if k in cfg.recipe_keys()}) as run,
+        document_sample(CLEAN / "train.txt", max_bytes=cfg.sample_bytes, seed=cfg.seed) as train,
+        document_sample(CLEAN / "valid.txt", max_bytes=cfg.valid_sample_bytes(), seed=cfg.seed) as valid,
+    ):
+        if train["of_documents"] and not train["documents"]:
+            raise BertraceError(
+                f"params.yaml: tokenizer.sample_bytes={cfg.sample_bytes} is smaller than every document of "
+                f"{CLEAN / 'train.txt'}; raise it (default 100000000)"
+            )
         run.add_input(CLEAN / "train.txt")
         run.add_input(CLEAN / "valid.txt")
         run.add_upstream("clean")
         info = train_wordpiece(
-            CLEAN / "train.txt",
+            train["path"],
             OUT,
             vocab_size=cfg.vocab_size,
             lowercase=cfg.lowercase,
@@ -33,11 +47,12 @@ def main() -> None:
             min_frequency=cfg.min_frequency,
             limit_alphabet=cfg.limit_alphabet,
         )
-        stats = tokenizer_stats(OUT / "tokenizer.json", CLEAN / "valid.txt")
+        stats = tokenizer_stats(OUT / "tokenizer.json", valid["path"])
         norm = {
             **info["normalizer"],  # letters altered: counted on train; words: on valid
-            **words_altered(OUT / "tokenizer.json", CLEAN / "valid.txt", info["normalizer"]["altered_chars"]),
+            **words_altered(OUT / "tokenizer.json", valid["path"], info["normalizer"]["altered_chars"]),
         }
+        run.add_fields({"sample": {split: _described(s) for split, s in (("train", train), ("valid", valid))}})
         run.add_output(OUT / "tokenizer.json", info["tokenizer_sha256"])
         run.add_output(OUT / "vocab.txt", info["vocab_sha256"])
         run.set_tags({"bertrace.tokenizer_sha256": info["tokenizer_sha256"]})
@@ -62,6 +77,11 @@ def main() -> None:
                 "fails above validate.max_chars_altered",
                 file=sys.stderr,
             )
+
+
+def _described(sample: dict) -> dict:
+    """A sample's record fields (its temporary path left out: the record holds no host paths)."""
+    return {k: v for k, v in sample.items() if k != "path"}
 
 
 if __name__ == "__main__":

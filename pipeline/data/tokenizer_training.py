@@ -40,6 +40,18 @@ class TokenizerConfig(Section):
     min_frequency: Annotated[Int, Field(ge=1)] = 2
     limit_alphabet: Annotated[Int, Field(ge=1)] = 1000
     warn_chars_altered: Annotated[Float, Field(ge=0, le=1)] = 0.01  # warn when the normaliser alters more letters
+    sample_bytes: Annotated[Int, Field(ge=1)] = 100_000_000  # train on a seeded sample of documents this large
+    seed: Int = 0  # keys the sample
+    workers: Annotated[Int, Field(ge=0)] = 0  # trainer threads; 0 = all cores (never changes the bytes)
+
+    @classmethod
+    def recipe_keys(cls) -> tuple[str, ...]:
+        """The keys that determine the output bytes (dvc.yaml tracks exactly these)."""
+        return tuple(k for k in cls.model_fields if k != "workers")
+
+    def valid_sample_bytes(self) -> int:
+        """The valid split's measurements (UNK rate, words altered) read a sample a tenth the size."""
+        return max(1, self.sample_bytes // 10)
 
 
 def _pieces(batches: Iterator[list[str]], max_chars: int = _PIECE_CHARS) -> Iterator[list[str]]:

@@ -96,7 +96,7 @@ def test_unknown_keys_list_the_valid_ones():
     with pytest.raises(
         BertraceError,
         match=r"tokenizer.vocab: unknown key; valid keys: limit_alphabet, lowercase, "
-        r"min_frequency, strip_accents, vocab_size, warn_chars_altered",
+        r"min_frequency, sample_bytes, seed, strip_accents, vocab_size, warn_chars_altered, workers",
     ):
         TokenizerConfig.from_params({"vocab": 100})
 
