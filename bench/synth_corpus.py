@@ -8,9 +8,9 @@ discount ``d``, concentration ``theta``): the next token is a new type with prob
 with probability proportional to ``count_k − d``. Frequencies then follow Zipf's law (rank-
 frequency slope about −0.9 over the top 1000 types, −1/d further down) and the number of
 distinct words Heaps' law ``E[K_n] ≈ theta^(1−d) / d · n^d``. The defaults (d = 0.7,
-theta = 163) give about 0.7 M distinct words at 0.1 GB and 6 M at 2 GB.
+theta = 230) give about 0.76 M distinct words at 0.1 GB (15 M tokens) and 6 M at 2 GB.
 
-The process is simulated in blocks of tokens (at most 1/64 of the tokens so far, at most 2^20),
+The process is simulated in blocks of tokens (at most 1/32 of the tokens so far, at most 2^21),
 vectorised with numpy, not token by token: within a block the new-type probability is taken at
 the block's midpoint, existing types are drawn from the counts at the block's start, and a
 type first seen in a block is not reused inside it. Because a block is small next to ``n`` the
