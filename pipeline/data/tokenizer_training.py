@@ -207,21 +207,41 @@ def continuation_pieces(
 ) -> list[str]:
     """The ``##x`` pieces the trainer creates (``x`` in ``alphabet`` seen inside a word), sorted.
 
-    Found by a no-merge training pass over the distinct space-separated chunks of the corpus:
-    normalisation and pre-tokenisation work within a chunk, so the chunks give the same set of
-    words as the full text at a fraction of the cost.
+    The trainer makes ``##x`` for every character ``x`` of ``alphabet`` that follows another
+    character of the same pre-tokenised word. Normalisation works character by character, so each
+    distinct character is normalised once (as :func:`corpus_alphabet` does) and the text is read
+    as pairs of neighbouring kept characters (numpy): ``x`` continues a word when it and the kept
+    character before it are word characters, i.e. neither a space nor a character the
+    pre-tokeniser splits off (tested against a no-merge training pass on Unicode stress text).
     """
-    chunks: set[str] = set()
-    with open(train_txt, encoding="utf-8") as f:
-        for line in f:
-            chunks.update(line.rstrip("\n").replace("\t", " ").replace("\r", " ").split(" "))
-    chunks.discard("")
-    words = sorted(chunks)
-    del chunks
-    step = 10_000
-    batches = ([" ".join(words[i : i + step])] for i in range(0, len(words), step))
-    first = _train(batches, None, lowercase, 0, 0, alphabet, [], False, strip_accents)
-    return sorted(t for t in first.get_vocab(with_added_tokens=False) if t.startswith("##") and len(t) == 3)
+    import numpy as np
+
+    tok = build_tokenizer(lowercase=lowercase, strip_accents=strip_accents)
+    in_word: dict[str, bool] = {}
+
+    def word_char(ch: str) -> bool:  # the pre-tokeniser's own verdict: "a" + ch + "a" stays one word
+        if ch not in in_word:
+            in_word[ch] = len(tok.pre_tokenizer.pre_tokenize_str("a" + ch + "a")) == 1
+        return in_word[ch]
+
+    seen, kept = np.zeros(0x110000, bool), np.zeros(0x110000, bool)  # normalised yet; to something
+    starts, ends = np.zeros(0x110000, bool), np.zeros(0x110000, bool)  # its first / last char is a word char
+    first = np.zeros(0x110000, np.int32)  # the first char it normalises to
+    found: set[str] = set()
+    for batch in line_batches(Path(train_txt)):
+        cps = np.frombuffer("\n".join(batch).encode("utf-32-le"), dtype=np.uint32)
+        for cp in np.unique(cps[~seen[cps]]).tolist():
+            seen[cp] = True
+            out = tok.normalizer.normalize_str(chr(cp))
+            if out:
+                flags = [word_char(c) for c in out]
+                kept[cp], starts[cp], ends[cp], first[cp] = True, flags[0], flags[-1], ord(out[0])
+                found.update(out[j] for j in range(1, len(out)) if flags[j - 1] and flags[j])
+        chars = cps[kept[cps]]
+        inside = ends[chars[:-1]] & starts[chars[1:]]
+        found.update(map(chr, np.unique(first[chars[1:][inside]]).tolist()))
+    allowed = set(alphabet)
+    return sorted("##" + c for c in found if c in allowed)
 
 
 def corpus_alphabet(

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.core.errors import BertraceError
@@ -262,3 +263,27 @@ def test_cutting_documents_for_the_trainer_changes_no_token(tmp_path):
     for max_chars in (7, 64):
         cut = _train(_pieces(line_batches(path), max_chars), None, True, 300, 2, alphabet, pinned, False)
         assert cut.to_str() == whole.to_str()
+
+
+@pytest.mark.parametrize("lowercase, strip_accents", [(True, "auto"), (True, True), (False, False)])
+def test_continuation_pieces_are_the_ones_a_no_merge_training_pass_creates(tmp_path, lowercase, strip_accents):
+    """Unicode stress text (combining marks, controls, CJK, emoji, Bengali signs newer than the
+    pre-tokeniser's tables, İ that lowercases to two characters, zero-width and other spaces): the
+    vectorised pair reading finds exactly the ##x pieces the trainer itself makes."""
+    from pipeline.data.tokenizer import line_batches
+    from pipeline.data.tokenizer_training import _train, continuation_pieces
+
+    rng = np.random.default_rng(7)
+    ranges = [(0x20, 0x7F), (0x80, 0x250), (0x300, 0x370), (0x980, 0xA00), (0x4E00, 0x4E40), (0x1F600, 0x1F640)]
+    ranges += [(0x2000, 0x2070), (0x1, 0x20), (0xFB00, 0xFB07), (0x130, 0x132), (0x200B, 0x2010), (0x3000, 0x3010)]
+    lines = []
+    for _ in range(3000):
+        cps = [int(rng.integers(*ranges[rng.integers(len(ranges))])) for _ in range(int(rng.integers(5, 120)))]
+        lines.append("".join(chr(c) for c in cps if c not in (10, 13)))
+    path = tmp_path / "stress.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    alphabet = corpus_alphabet(path, lowercase=lowercase, limit=1000, strip_accents=strip_accents)
+    trained = _train(line_batches(path), None, lowercase, 0, 0, alphabet, [], False, strip_accents)
+    expected = sorted(t for t in trained.get_vocab(with_added_tokens=False) if t.startswith("##") and len(t) == 3)
+    got = continuation_pieces(path, lowercase=lowercase, alphabet=alphabet, strip_accents=strip_accents)
+    assert len(expected) > 300 and got == expected
