@@ -57,12 +57,13 @@ def check_cache_and_fresh(out: Path, cache: Path) -> None:
 
 
 def test_the_repository_links_outputs_into_the_cache():
-    """Reflink where the filesystem can, else a hard link, else a symlink (a cache on another
-    filesystem), copy last: DVC takes the first that works."""
+    """A hard link, else a symlink (a cache on another filesystem), copy last: DVC takes the first
+    that works. Not reflink first: DVC cannot tell a reflink from a copy, so on a filesystem without
+    reflinks (ext4) it leaves the files of a directory output as copies after `dvc repro` (x2 disk)."""
     from dvc.config import Config
 
     repo = Config.validate(Config(dvc_dir=REPO / ".dvc").load_one("repo"))
-    assert repo["cache"]["type"] == ["reflink", "hardlink", "symlink", "copy"]
+    assert repo["cache"]["type"] == ["hardlink", "symlink", "copy"]
 
 
 @pytest.fixture(scope="module")
