@@ -388,9 +388,10 @@ def repository_root(target: str | os.PathLike) -> Path:
     the current directory for anything else (a run id, a file outside any repository)."""
     path = Path(target)
     if path.exists():
-        for folder in path.resolve().parents:
+        # the link's own folders first: a DVC output symlinked into a cache elsewhere resolves out of the repo
+        for folder in [*Path(os.path.abspath(path)).parents, *path.resolve().parents]:
             if (folder / "dvc.yaml").is_file() or (folder / ".dvc").is_dir():
-                return folder
+                return folder.resolve()
     return Path(".")
 
 

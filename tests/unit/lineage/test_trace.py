@@ -683,3 +683,18 @@ def test_trace_from_another_directory_finds_the_repositorys_run_logs(
     else:
         assert re.search(r"commit \?  params \w+  finished \?$", line.split("  (")[0]), line
         assert line.endswith("  (no run log of this record here: made in another copy, or restored by DVC)"), line
+
+
+def test_the_repository_of_an_output_symlinked_into_a_cache_elsewhere(tmp_path, monkeypatch):
+    """DVC's cache.type symlink with the cache on another filesystem: the output's own folders
+    name its repository, not the cache object the link resolves to."""
+    repo, cache = tmp_path / "repo", tmp_path / "cache" / "files" / "md5" / "ab"
+    (repo / ".dvc").mkdir(parents=True)
+    (repo / "dvc.yaml").write_text("stages: {}\n")
+    cache.mkdir(parents=True)
+    (cache / "cdef").write_bytes(b"weights")
+    (repo / "data").mkdir()
+    (repo / "data" / "model.pt").symlink_to(cache / "cdef")
+    monkeypatch.chdir(tmp_path)
+    assert trace.repository_root(repo / "data" / "model.pt") == repo.resolve()
+    assert trace.repository_root(cache / "cdef") == Path(".")
