@@ -11,7 +11,7 @@ ifneq ($(wildcard ../shared/data/README.md),)
 export BERTRACE_HUB_MIRROR ?= mirrors/shared-data.yaml
 endif
 
-.PHONY: install repro exps test test-fast lint bench learning-curve team-up team-down clean-venv
+.PHONY: install repro exps test test-fast lint bench bench-data learning-curve team-up team-down clean-venv
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,12 @@ GOOGLE_BERT ?= ../peer/bert
 PEER_PYTHON ?= ../bench-venv/bin/python
 bench: install
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python bench/run_all.py --google-bert $(GOOGLE_BERT) --peer-python $(PEER_PYTHON)
+
+# The data half at Wikipedia scale (BENCHMARKS.md "Wikipedia scale"): 0.1 and 1 GB of synthetic Wikipedia, ~15 min
+# on 2 cores; SIZES="2" for the memory check at 2 GB.
+SIZES ?= 0.1 1
+bench-data: install
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python bench/bench_data_half.py --sizes $(SIZES)
 
 # A team's servers on 127.0.0.1 for a laptop trial (docs/team.md): SeaweedFS (S3: the DVC remote and
 # MLflow's artifacts), PostgreSQL and an MLflow tracking server. Prints the variables to export.

@@ -91,7 +91,7 @@ def dvc_disk(repo: Path, work: Path) -> dict:
     if config.exists():
         for line in config.read_text().splitlines():
             if line.strip().startswith("type ="):
-                cache_type = line.split("=", 1)[1].strip().strip("\"")
+                cache_type = line.split("=", 1)[1].strip().strip('"')
     env = dict(os.environ, DVC_NO_ANALYTICS="1")
     for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "cache.type", cache_type]):
         subprocess.run(cmd, cwd=work, env=env, check=True, capture_output=True)
