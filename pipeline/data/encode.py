@@ -3,8 +3,8 @@
 BERT's normalizer works character by character and its pre-tokenizer always splits at a
 space, so the ids of a sentence are the ids of its space-separated chunks, concatenated:
 ``ids("The cat, sat.") == ids("The") + ids("cat,") + ids("sat.")``. Natural text repeats
-its chunks (Zipf), so :class:`SentenceEncoder` tokenizes each *distinct* chunk once and
-assembles sentences with numpy gathers. Distinct chunks that are printable ASCII go through
+its chunks (Zipf), so :class:`SentenceEncoder` splits and factorises the chunks in Arrow,
+tokenizes each *distinct* chunk once and assembles sentences with numpy gathers. Distinct chunks that are printable ASCII go through
 a Python copy of the WordPiece algorithm (Google's ``tokenization.WordpieceTokenizer``:
 greedy longest-match-first with ``##`` continuations, ``[UNK]`` for a word that cannot be
 covered or is longer than ``max_input_chars_per_word``); the others through the tokenizer
@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import json
 import re
-from itertools import chain, repeat
+from itertools import chain
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 # BERT's pre-tokenizer on printable ASCII: runs of letters/digits, every punctuation mark alone.
 _ASCII_WORDS = re.compile(r"[0-9A-Za-z]+|[!-/:-@\[-`{-~]")
@@ -88,10 +90,13 @@ class SentenceEncoder:
             return self._encode_direct(sentences)
         if len(self.index) > self.max_cache:
             self._reset()
-        # All chunks of all sentences in one C-level pass; sentence i has count(" ") + 1 of them.
-        chunks = " ".join(sentences).split(" ")
-        n_chunks = np.fromiter(map(str.count, sentences, repeat(" ")), dtype=np.int64, count=len(sentences)) + 1
+        # Split and factorise all chunks in Arrow (C++); Python looks up each distinct chunk once.
+        parts = pc.split_pattern(pa.array(sentences, pa.large_string()), " ")
+        n_chunks = pc.list_value_length(parts).to_numpy().astype(np.int64)
+        distinct = pc.dictionary_encode(pc.list_flatten(parts))
+        chunks = distinct.dictionary.to_pylist()
         rows = np.fromiter(map(self.index.__getitem__, chunks), dtype=np.int64, count=len(chunks))
+        rows = rows[distinct.indices.to_numpy()]
         self._add_chunks()
         counts = self.piece_count[rows]
         ids = _gather_runs(self.piece_ids, self.piece_start[rows], counts)
