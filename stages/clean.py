@@ -13,7 +13,7 @@ OUT = Path("data/clean")
 def main() -> None:
     params = load_params("clean")
     cfg = CleanConfig.from_params(params)
-    with StageRun("clean", params) as run:
+    with StageRun("clean", {k: v for k, v in params.items() if k in cfg.recipe_keys()}) as run:
         run.add_input(RAW)
         run.add_upstream("download")
         stats = clean_corpus(

@@ -15,8 +15,7 @@ OUT = Path("data/examples")
 def main() -> None:
     params = load_params("examples")
     cfg = ExamplesConfig.from_params(params)
-    recipe = {k: v for k, v in params.items() if k in ExamplesConfig.recipe_keys()}  # the record: what dvc.yaml tracks
-    with StageRun("examples", recipe) as run:
+    with StageRun("examples", {k: v for k, v in params.items() if k in cfg.recipe_keys()}) as run:
         run.add_upstream("clean")
         run.add_upstream("tokenizer")
         manifest = generate_examples(

@@ -45,6 +45,12 @@ class EngineParams(Section):
     engine: Literal["local", "dask"] = "local"  # env BERTRACE_ENGINE wins
     dask_scheduler: Str = ""  # env BERTRACE_DASK_SCHEDULER wins; empty = a LocalCluster
 
+    @classmethod
+    def recipe_keys(cls) -> tuple[str, ...]:
+        """The section's keys that determine the output bytes: dvc.yaml tracks exactly these, and
+        the stage's record holds only these (so the worker count changes no output)."""
+        return tuple(k for k in cls.model_fields if k not in EngineParams.model_fields)
+
 
 @dataclass(frozen=True)
 class Engine:

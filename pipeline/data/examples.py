@@ -148,11 +148,6 @@ class ExamplesConfig(EngineParams):
             )
         return self
 
-    @classmethod
-    def recipe_keys(cls) -> tuple[str, ...]:
-        """The keys that determine the output bytes (dvc.yaml tracks exactly these)."""
-        return tuple(k for k in cls.model_fields if k not in ENGINE_KEYS)
-
     def recipe(self) -> dict:
         """The params that determine the output bytes (the engine keys left out)."""
         return self.model_dump(include=set(self.recipe_keys()))

@@ -153,18 +153,20 @@ def verify(lin: dict[str, Any], root: str | os.PathLike = Path(".")) -> list[dic
                     break
         section = (params_file or {}).get(node["stage"])
         recorded_params = node.get("params")
-        if isinstance(section, dict) and isinstance(recorded_params, dict) and set(section) == set(recorded_params):
+        # The record holds the keys that shape the output (a data stage's worker keys left out).
+        if isinstance(section, dict) and isinstance(recorded_params, dict) and set(recorded_params) <= set(section):
+            current = {k: section[k] for k in recorded_params}
             detail = [
-                f"{k}: {recorded_params[k]!r} -> {section[k]!r}"
-                for k in sorted(section)
-                if params_hash(section[k]) != params_hash(recorded_params[k])
+                f"{k}: {recorded_params[k]!r} -> {current[k]!r}"
+                for k in sorted(current)
+                if params_hash(current[k]) != params_hash(recorded_params[k])
             ]
             add(
                 node["stage"],
                 "params",
                 f"params.yaml:{node['stage']}",
                 node.get("params_hash"),
-                params_hash(section),
+                params_hash(current),
                 detail=detail,
             )
         for path, md5 in (node.get("dvc_outs") or {}).items():

@@ -111,6 +111,12 @@ def test_provenance_chains_back_to_the_source(repo):
     assert examples["inputs"]["data/tokenizer/tokenizer.json"] == tokenizer["outputs"]["data/tokenizer/tokenizer.json"]
     assert examples["inputs"]["data/clean/train.txt"] == clean["outputs"]["data/clean/train.txt"]
     assert examples["upstream"]["tokenizer"]["upstream"]["clean"]["upstream"]["download"]["stage"] == "download"
+    # a data stage records the keys dvc.yaml tracks: the worker and engine keys change no output
+    lock_params = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
+    for record in (examples, tokenizer, clean):
+        assert not {"workers", "engine", "dask_scheduler"} & set(record["params"])
+        tracked = lock_params[record["stage"]]["params"]["params.yaml"]
+        assert {f"{record['stage']}.{k}" for k in record["params"]} == set(tracked)
     download = examples["upstream"]["clean"]["upstream"]["download"]
     assert (
         download["inputs"]["data/sources/wiki.raw"]

@@ -406,6 +406,20 @@ def test_changed_params_yaml_is_reported_with_the_keys(chain, capsys):
     assert "CHANGED params.yaml:examples  (params of examples)" in text and "seq: 32 -> 64" in text
 
 
+def test_params_yaml_keys_the_record_leaves_out_are_not_compared(chain):
+    """A data stage records its recipe keys only (workers, engine ... change no byte): extra keys in
+    params.yaml leave the check ok, a recorded key that changed is still caught."""
+    lin = trace.lineage(chain / "data/finetune/model.pt")
+    params = {n["stage"]: dict(n["params"], workers=4, engine="dask") for n in lin["chain"]}
+    (chain / "params.yaml").write_text(yaml.safe_dump(params))
+    checks = [r for r in trace_verify.verify(lin, chain) if r["role"] == "params"]
+    assert sorted(r["stage"] for r in checks if r["status"] == "ok") == sorted(STAGES)
+    params["examples"]["seq"] = 64
+    (chain / "params.yaml").write_text(yaml.safe_dump(params))
+    (bad,) = [r for r in trace_verify.verify(lin, chain) if r["role"] == "params" and r["status"] != "ok"]
+    assert bad["stage"] == "examples" and bad["detail"] == ["seq: 32 -> 64"]
+
+
 def test_dvc_cache_object_gone_is_reported_not_failed(chain, capsys):
     shutil.rmtree(chain / ".dvc/cache/files/md5")
     assert trace_cli.main([str(chain / "data/finetune/model.pt"), "--verify", "--root", str(chain)]) == 0
