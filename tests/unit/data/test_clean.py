@@ -385,7 +385,7 @@ def test_bad_workers_or_engine_error(tmp_path):
 
 @pytest.mark.parametrize("engine, size", [("local", CHUNK_CHARS), ("dask", DASK_CHUNK_CHARS)])
 def test_dask_tasks_take_bigger_chunks(tmp_path, monkeypatch, engine, size):
-    """A Dask task costs the cluster ~10 ms of CPU: its chunks are 16x the local engine's."""
+    """A Dask task costs the cluster ~10 ms of CPU: its chunks are 32x the local engine's."""
     import pipeline.data.clean as clean
 
     src = tmp_path / "src"
