@@ -257,7 +257,7 @@ def clean_corpus(
     if chunk_chars is None:
         chunk_chars = DASK_CHUNK_CHARS if engine.kind == "dask" else CHUNK_CHARS
     chunks = row_chunks(_iter_raw_rows(raw_dir, manifest, progress), fmt, chunk_chars)
-    first = list(islice(chunks, MIN_PARALLEL_CHUNKS))
+    first = list(islice(chunks, MIN_PARALLEL_CHUNKS)) if engine.kind == "local" else []
     if engine.kind == "local" and len(first) < MIN_PARALLEL_CHUNKS:
         engine = Engine("local", 1)
     results = run_tasks(
