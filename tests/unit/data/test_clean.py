@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file
-from pipeline.data.clean import clean_corpus, split_score, wikitext_heading
+from pipeline.data.clean import CHUNK_CHARS, DASK_CHUNK_CHARS, clean_corpus, split_score, wikitext_heading
 from pipeline.data.download import download_corpus
 from tests.conftest import REPO, shared_file
 
@@ -381,3 +381,28 @@ def test_bad_workers_or_engine_error(tmp_path):
         clean_corpus(raw, tmp_path / "clean", min_chars=0, valid_fraction=0.1, seed=0, workers=-1, progress=False)
     with pytest.raises(BertraceError, match=r"clean\.engine = 'spark'"):
         clean_corpus(raw, tmp_path / "clean", min_chars=0, valid_fraction=0.1, seed=0, engine="spark", progress=False)
+
+
+@pytest.mark.parametrize("engine, size", [("local", CHUNK_CHARS), ("dask", DASK_CHUNK_CHARS)])
+def test_dask_tasks_take_bigger_chunks(tmp_path, monkeypatch, engine, size):
+    """A Dask task costs the cluster ~10 ms of CPU: its chunks are 32x the local engine's."""
+    import pipeline.data.clean as clean
+
+    src = tmp_path / "src"
+    src.mkdir()
+    article = "<doc id='{i}'>\nTitle {i}\n" + "word " * 2000 + "{i}\n</doc>\n"
+    (src / "wiki_00").write_text("".join(article.format(i=i) for i in range(4000)), encoding="utf-8")
+    download_corpus({"source": "local", "local": {"path": str(src)}}, tmp_path / "raw", progress=False)
+    sizes = []
+
+    def run_here(fn, shared, tasks, engine, **kw):  # in this process, recording each chunk's size
+        for (rows,) in tasks:
+            sizes.append(sum(len(text) for text, _ in rows))
+            yield (rows,), fn(shared, rows)
+
+    monkeypatch.setattr(clean, "run_tasks", run_here)
+    stats = clean_corpus(
+        tmp_path / "raw", tmp_path / "out", min_chars=200, valid_fraction=0.1, seed=0, engine=engine, progress=False
+    )
+    assert stats["documents"] == 4000
+    assert size <= max(sizes) < size + 10_100 and len(sizes) == -(-sum(sizes) // max(sizes))
