@@ -62,7 +62,7 @@ def du(paths: list[Path]) -> int:
     return total
 
 
-def write_params(repo: Path, work: Path, workers: int) -> None:
+def write_params(repo: Path, work: Path, workers: int, engine: str = "local") -> None:
     """The repository's params.yaml for a local WikiExtractor corpus, every data stage on ``workers``
     (keys the code under test lacks are left out)."""
     params = yaml.safe_load((repo / "params.yaml").read_text())
@@ -71,6 +71,8 @@ def write_params(repo: Path, work: Path, workers: int) -> None:
     for section in ("clean", "tokenizer", "examples", "validate"):
         if "workers" in params.get(section, {}):
             params[section]["workers"] = workers
+        if "engine" in params.get(section, {}):
+            params[section]["engine"] = engine
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
@@ -107,7 +109,9 @@ def dvc_disk(repo: Path, work: Path) -> dict:
     }
 
 
-def bench_size(repo: Path, work: Path, gb: float, workers: int, *, scaling: bool, dvc: bool, seed: int) -> dict:
+def bench_size(
+    repo: Path, work: Path, gb: float, workers: int, *, scaling: bool, dvc: bool, seed: int, dask: bool = False
+) -> dict:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -132,6 +136,11 @@ def bench_size(repo: Path, work: Path, gb: float, workers: int, *, scaling: bool
         for stage in SCALED:
             r = run_stage(repo, work, stage)
             result["one_worker"][stage] = {"wall_s": r.wall_s, "cpu_s": r.cpu_s}
+        write_params(repo, work, workers)
+    if dask:  # clean again on a LocalCluster of as many workers (the same bytes; its CPU vs the local engine's)
+        write_params(repo, work, workers, engine="dask")
+        r = run_stage(repo, work, "clean")
+        result["clean_dask"] = {"wall_s": r.wall_s, "cpu_s": r.cpu_s, "peak_tree_rss_mb": r.peak_tree_mb}
         write_params(repo, work, workers)
     if dvc:
         result["disk"] = dvc_disk(repo, work)
@@ -190,6 +199,12 @@ def report(results: list[dict], cores: list[int]) -> None:
             for stage, one in r["one_worker"].items():
                 s = one["wall_s"] / r["stages"][stage]["wall_s"]
                 print(f"{stage:10s} 1 -> {r['workers']} workers: {s:.2f}x faster (goal >= 1.6x)")
+        if "clean_dask" in r:
+            d, local = r["clean_dask"], r["stages"]["clean"]
+            print(
+                f"clean on a Dask LocalCluster: {d['cpu_s']:.1f} CPU s, {d['wall_s']:.1f} s wall = "
+                f"{d['cpu_s'] / local['cpu_s']:.2f}x the local engine's CPU (goal <= 1.2x)"
+            )
         if "disk" in r:
             d = r["disk"]
             print(
@@ -209,6 +224,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--scaling-size", type=float, default=0.1, help="rerun the costly stages with 1 worker at this size")
     p.add_argument("--no-scaling", action="store_true")
     p.add_argument("--no-dvc", action="store_true", help="skip the dvc add disk measurement")
+    p.add_argument("--dask-size", type=float, default=None, help="also run clean on a Dask LocalCluster at this size")
     p.add_argument("--repo", type=Path, default=BENCH.parent, help="the code to run (a checkout)")
     p.add_argument("--cores", type=int, nargs="+", default=[2, 8], help="project 20 GB on these core counts")
     p.add_argument("--seed", type=int, default=0)
@@ -220,9 +236,17 @@ def main(argv=None) -> list[dict]:
     for gb in args.sizes:
         work = args.work / f"{gb:g}gb"
         scaling = not args.no_scaling and abs(gb - args.scaling_size) < 1e-9
+        dask = args.dask_size is not None and abs(gb - args.dask_size) < 1e-9
         results.append(
             bench_size(
-                args.repo.resolve(), work, gb, args.workers, scaling=scaling, dvc=not args.no_dvc, seed=args.seed
+                args.repo.resolve(),
+                work,
+                gb,
+                args.workers,
+                scaling=scaling,
+                dvc=not args.no_dvc,
+                seed=args.seed,
+                dask=dask,
             )
         )
         if not args.keep:
