@@ -421,6 +421,9 @@ def _run_batch(suites: _Suites, batch: list, out: list, pending: list, spec: _Sh
         }
     )
     frame = pd.concat([f for _, f in pending], ignore_index=True)
+    for name in frame.columns:  # GX compares nullable ints one by one in Python; floats (NaN = missing) vectorised
+        if isinstance(frame[name].dtype, pd.Int64Dtype):
+            frame[name] = frame[name].astype(np.float64)
     starts = np.concatenate([[0], np.cumsum(rows)])
     bad = np.zeros(len(pending), dtype=bool)
     for res, first_row in (
