@@ -41,7 +41,8 @@ from pipeline.data.engine import Engine, run_tasks
 
 _PREVIEW_TOKENS = 40
 MAX_BATCH_ROWS = 200_000  # rows per GX run (~25 MB of per-row facts); GX costs ~0.2 s a run + ~1.5 µs a row
-MIN_BATCH_ROWS = 20_000  # smaller batches (to feed more workers) would spend most of their time in GX's fixed cost
+MIN_BATCH_ROWS = 50_000  # smaller batches (to feed more workers) would spend much of their time in GX's fixed cost
+ROWS_PER_WORKER = 400_000  # ~5 CPU-s of checks: below this a local worker costs more than it saves
 MAX_BATCH_SHARDS = 512
 
 
@@ -112,9 +113,10 @@ def validate_shards(
 ) -> ValidationReport:
     """Check every shard listed in ``examples_dir/manifest.json`` (and flag unlisted ones).
 
-    Shards are checked in batches of about ``batch_rows`` rows (default: from the number of
-    workers), one Great Expectations run per batch, by ``engine`` (default: this process);
-    the report is the same for any batch size, number of workers and engine."""
+    Shards are checked in batches of about ``batch_rows`` rows, one Great Expectations run per
+    batch, by ``engine`` (default: this process); by default (``batch_rows`` None) both are sized
+    from the manifest's rows (:func:`_sized`: a small directory is checked in this process). The
+    report is the same for any batch size, number of workers and engine."""
     from tqdm import tqdm
 
     examples_dir = Path(examples_dir)
@@ -135,9 +137,9 @@ def validate_shards(
     entries = [
         (split, str(examples_dir / s["path"]), s) for split, info in manifest["splits"].items() for s in info["shards"]
     ]
-    batches = _batches(entries, batch_rows or _default_batch_rows(entries, engine))
-    if engine.kind == "local" and len(batches) < 2:
-        engine = Engine("local", 1)
+    if batch_rows is None:
+        engine, batch_rows = _sized(entries, engine)
+    batches = _batches(entries, batch_rows)
 
     results: list[CheckResult] = []
     listed: set[Path] = set()
@@ -198,13 +200,16 @@ def validate_shards(
     return ValidationReport(results, kept["columns"] + kept["rows"] + gx.kept())
 
 
-def _default_batch_rows(entries: list, engine: Engine) -> int:
-    """Rows per batch: few GX runs in one process; about four batches per worker otherwise."""
-    workers = engine.local_workers
-    if engine.kind == "local" and workers == 1:
-        return MAX_BATCH_ROWS
+def _sized(entries: list, engine: Engine) -> tuple[Engine, int]:
+    """The engine and rows per batch for these shards: local workers only as many as have
+    ROWS_PER_WORKER rows each (a worker first spends ~4 CPU-s importing Great Expectations);
+    one process checks batches of MAX_BATCH_ROWS, workers about four batches each."""
     total = sum(_manifest_rows(e) for _, _, e in entries)
-    return min(MAX_BATCH_ROWS, max(MIN_BATCH_ROWS, -(-total // (4 * workers))))
+    if engine.kind == "local":
+        engine = Engine("local", max(1, min(engine.local_workers, total // ROWS_PER_WORKER)))
+        if engine.workers == 1:
+            return engine, MAX_BATCH_ROWS
+    return engine, min(MAX_BATCH_ROWS, max(MIN_BATCH_ROWS, -(-total // (4 * engine.local_workers))))
 
 
 def _manifest_rows(entry: dict) -> int:

@@ -146,3 +146,11 @@ def test_engine_keys_set_speed_only_and_dvc_tracks_the_check_keys():
     assert sorted(listed) == sorted([f"validate.{k}" for k in checks] + ["clean.min_chars"])
     with pytest.raises(BertraceError, match="validate.workers"):
         ValidateConfig.from_params({"workers": -1})
+
+
+def test_local_workers_only_for_enough_rows_and_batches_sized_from_them():
+    small = [("train", f"s{i}", {"rows": 2000}) for i in range(100)]  # 200k rows: one process
+    assert vs._sized(small, Engine("local", 2)) == (Engine("local", 1), vs.MAX_BATCH_ROWS)
+    big = [("train", f"s{i}", {"rows": 2500}) for i in range(400)]  # 1M rows: 2 workers, ~4 batches each
+    assert vs._sized(big, Engine("local", 2)) == (Engine("local", 2), 125_000)
+    assert vs._sized(small, Engine("dask", 2)) == (Engine("dask", 2), vs.MIN_BATCH_ROWS)  # a cluster: as asked
