@@ -439,6 +439,7 @@ def _run_batch(suites: _Suites, batch: list, out: list, pending: list, spec: _Sh
             if r.success:
                 continue
             index = np.asarray((r.result or {}).get("unexpected_index_list") or [], dtype=np.int64)
+            # the shards of the unexpected rows; none listed (GX raised): every shard, each on its own
             bad[np.searchsorted(first_row, index, side="right") - 1 if len(index) else slice(None)] = True
     del frame
     configs = suites.rows.configurations
