@@ -23,6 +23,7 @@ from pipeline.checks.validate_corpus import validate_corpus
 from pipeline.checks.validate_shards import validate_shards
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import write_json
+from pipeline.data.engine import Engine, EngineParams
 from stages.common import METRICS_DIR, StageRun, load_params, run_stage
 
 CLEAN = Path("data/clean")
@@ -39,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-chars", type=int, default=None, help="corpus: minimum article length")
     p.add_argument("--nsp-tolerance", type=float, default=None)
     p.add_argument("--mask-rate-tolerance", type=float, default=None)
+    p.add_argument("--workers", type=int, default=None, help="shard checks: processes (0 = all cores; default 0)")
+    p.add_argument("--engine", choices=["local", "dask"], default=None, help="shard checks: where they run")
     p.add_argument("--report", type=Path, default=None, help="write the JSON report here")
     p.add_argument(
         "--data-docs",
@@ -54,6 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     standalone = bool(args.shards or args.corpus)
     params = {} if standalone else load_params("validate")
     cfg = ValidateConfig.from_params(params)  # standalone: the defaults (= params.yaml's)
+    overrides = {k: v for k, v in (("workers", args.workers), ("engine", args.engine)) if v is not None}
+    engine = Engine.from_params({**cfg.model_dump(), **overrides}, "validate")  # speed only, never the report
+    checks = {k: v for k, v in params.items() if k not in EngineParams.model_fields}  # what the record names
     min_chars = (
         args.min_chars if args.min_chars is not None else (0 if standalone else load_params("clean")["min_chars"])
     )  # checked by the clean stage, which ran first
@@ -62,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     corpus_files = args.corpus if standalone else [CLEAN / "train.txt", CLEAN / "valid.txt"]
     shards_dir = args.shards if standalone else EXAMPLES
 
-    with StageRun("validate", {**params, "min_chars": min_chars}, log_mlflow=not standalone) as run:
+    with StageRun("validate", {**checks, "min_chars": min_chars}, log_mlflow=not standalone) as run:
         results, gx_results = [], []
         if corpus_files:
             for f in corpus_files:
@@ -74,7 +80,9 @@ def main(argv: list[str] | None = None) -> None:
         if shards_dir:
             if (shards_dir / "manifest.json").exists():
                 run.add_input(shards_dir / "manifest.json")
-            shards_report = validate_shards(shards_dir, nsp_tolerance=nsp_tol, mask_rate_tolerance=mask_tol)
+            shards_report = validate_shards(
+                shards_dir, nsp_tolerance=nsp_tol, mask_rate_tolerance=mask_tol, engine=engine
+            )
             results += shards_report.results
             gx_results += shards_report.gx_results
         normalizer = None

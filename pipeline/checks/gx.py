@@ -77,23 +77,49 @@ class SuiteRun:
     ) -> list:
         """Validate ``frame`` (``run_name``: the file or split it came from, the Data Docs page's
         title); the GX results in suite order."""
+        res = self.validate(frame, params=params, samples=samples, complete=complete, run_name=run_name)
+        if not res.success or not self.kept:
+            self.kept.append(res)
+        return self.ordered(res)
+
+    def validate(
+        self,
+        frame,
+        *,
+        params: dict | None = None,
+        samples: int = 5,
+        complete: bool = False,
+        run_name: str | None = None,
+        result_format: dict | None = None,
+    ):
+        """One GX run of the suite on ``frame``: the suite result, not kept (``result_format``
+        replaces the SUMMARY / COMPLETE one that ``samples`` and ``complete`` make)."""
         import warnings
 
         from great_expectations.core.run_identifier import RunIdentifier
 
-        fmt = {"result_format": "COMPLETE" if complete else "SUMMARY", "partial_unexpected_count": samples}
+        fmt = result_format or {
+            "result_format": "COMPLETE" if complete else "SUMMARY",
+            "partial_unexpected_count": samples,
+        }
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            res = self.vd.run(
+            return self.vd.run(
                 batch_parameters={"dataframe": frame},
                 expectation_parameters=params or {},
                 result_format=fmt,
                 run_id=RunIdentifier(run_name=_page_name(run_name)) if run_name else None,
             )
-        if not res.success or not self.kept:
-            self.kept.append(res)
+
+    def ordered(self, res) -> list:
+        """The expectation results of a suite result, in suite order."""
         pos = {eid: i for i, eid in enumerate(self.order)}
         return sorted(res.results, key=lambda r: pos.get(r.expectation_config.id, len(pos)))
+
+    @property
+    def configurations(self) -> list:
+        """The suite's expectation configurations, in suite order."""
+        return [e.configuration for e in self.vd.suite.expectations]
 
 
 _EPOCH = __import__("datetime").datetime(1970, 1, 1, tzinfo=__import__("datetime").timezone.utc)

@@ -134,7 +134,9 @@ def list_column_arrays(column) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     offsets = np.asarray(arr.offsets, dtype=np.int64)
     values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
     offsets = offsets - offsets[0]
-    nulls = segment_sum(np.asarray(values.is_null()), offsets) + np.asarray(arr.is_null(), dtype=np.int64)
+    nulls = np.asarray(arr.is_null(), dtype=np.int64)
+    if values.null_count:
+        nulls = nulls + segment_sum(np.asarray(values.is_null()), offsets)
     if values.null_count:
         values = values.fill_null(0)
     return offsets, values.to_numpy(zero_copy_only=False), nulls

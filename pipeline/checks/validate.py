@@ -13,12 +13,15 @@ from typing import Annotated, ClassVar
 from pydantic import Field
 
 from pipeline.checks.report import CheckResult, failed_check
-from pipeline.core.config import Float, Int, Section
+from pipeline.core.config import Float, Int
 from pipeline.core.errors import BertraceError
+from pipeline.data.engine import EngineParams
 
 
-class ValidateConfig(Section):
-    """The ``validate`` section of params.yaml (defaults equal params.yaml; tests/unit/core/test_config.py)."""
+class ValidateConfig(EngineParams):
+    """The ``validate`` section of params.yaml (defaults equal params.yaml; tests/unit/core/test_config.py).
+    The engine keys (``workers``, ``engine``, ``dask_scheduler``) set where the shard checks run, never
+    the report; dvc.yaml does not track them."""
 
     SECTION: ClassVar[str] = "validate"
 

@@ -1,11 +1,16 @@
 """Data checks of the examples shards against their ``manifest.json``, evaluated by Great
 Expectations: sha256 and row counts, then per-row invariants of Google's
 ``create_pretraining_data.py`` format (``[CLS] A [SEP] B [SEP]``, segment ids, NSP labels,
-masked-LM positions), and per split the NSP balance and the masked share of tokens.
+masked-LM positions), and per split the NSP balance and the masked share of tokens
+(:mod:`pipeline.checks.split_totals`).
 
 Per-row facts (first token, number of [SEP], ...) are computed vectorised from the Arrow list
-offsets/values of one shard at a time, so memory stays bounded by the largest shard; GX then
-evaluates the expectations on that small per-row frame and supplies the unexpected rows.
+offsets/values of one shard at a time. Shards are checked in batches (tasks of
+:func:`pipeline.data.engine.run_tasks`: this process, local workers or a Dask cluster, merged in
+manifest order): GX evaluates the row expectations once on the facts of a whole batch (GX's fixed
+cost per run is ~0.2 s, its cost per row ~1.5 µs), and a shard with unexpected rows is checked
+again on its own, so the report names the shard and its rows exactly as a per-shard run does.
+Memory: one batch's facts per worker, and a few bytes per row for the split totals.
 Bad input (missing manifest, unreadable Parquet, missing columns) becomes a failed
 ``CheckResult`` that names the file, never a traceback. Packed causal-LM shards have their own
 suite (:mod:`pipeline.checks.validate_packed`).
@@ -28,12 +33,17 @@ from pipeline.checks.shard_columns import (
     segment_max,
     segment_sum,
 )
+from pipeline.checks.split_totals import check_split, split_expectations
 from pipeline.checks.validate_packed import validate_packed_shards
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import read_json
+from pipeline.data.engine import Engine, run_tasks
 
-NSP_MIN_ROWS = 200  # below this the NSP mean is too noisy to judge (sd of the mean ≈ 0.035)
 _PREVIEW_TOKENS = 40
+MAX_BATCH_ROWS = 200_000  # rows per GX run (~25 MB of per-row facts); GX costs ~0.2 s a run + ~1.5 µs a row
+MIN_BATCH_ROWS = 50_000  # smaller batches (to feed more workers) would spend much of their time in GX's fixed cost
+ROWS_PER_WORKER = 400_000  # ~5 CPU-s of checks: below this a local worker costs more than it saves
+MAX_BATCH_SHARDS = 512
 
 
 @dataclass(frozen=True)
@@ -98,8 +108,15 @@ def validate_shards(
     mask_rate_tolerance: float = 0.03,
     max_sample_rows: int = 5,
     progress: bool = False,
+    engine: Engine | None = None,
+    batch_rows: int | None = None,
 ) -> ValidationReport:
-    """Check every shard listed in ``examples_dir/manifest.json`` (and flag unlisted ones)."""
+    """Check every shard listed in ``examples_dir/manifest.json`` (and flag unlisted ones).
+
+    Shards are checked in batches of about ``batch_rows`` rows, one Great Expectations run per
+    batch, by ``engine`` (default: this process); by default (``batch_rows`` None) both are sized
+    from the manifest's rows (:func:`_sized`: a small directory is checked in this process). The
+    report is the same for any batch size, number of workers and engine."""
     from tqdm import tqdm
 
     examples_dir = Path(examples_dir)
@@ -115,34 +132,40 @@ def validate_shards(
         return ValidationReport([failed_check(manifest_path, "manifest_readable", str(e))])
 
     gx = GX()
-    E = gx.gxe
-    columns_suite = gx.definition(
-        "shard columns",
-        [
-            E.ExpectTableColumnsToMatchSet(
-                column_set=spec.columns,
-                exact_match=True,
-                description=f"columns are exactly {spec.columns} ({'static' if spec.static else 'dynamic'} masking)",
-            ),
-        ],
-    )
-    row_suite = gx.definition("shard rows", _row_expectations(E, spec))
-    split_suite = gx.definition("split totals", _split_expectations(E, spec, nsp_tolerance))
+    split_suite = gx.definition("split totals", split_expectations(gx.gxe, spec, nsp_tolerance))
+    engine = engine or Engine("local", 1)
+    entries = [
+        (split, str(examples_dir / s["path"]), s) for split, info in manifest["splits"].items() for s in info["shards"]
+    ]
+    if batch_rows is None:
+        engine, batch_rows = _sized(entries, engine)
+    batches = _batches(entries, batch_rows)
 
     results: list[CheckResult] = []
     listed: set[Path] = set()
-    entries = [(split, s) for split, info in manifest["splits"].items() for s in info["shards"]]
     parts: dict[str, list] = {split: [] for split in manifest["splits"]}
     incomplete: dict[str, list[str]] = {split: [] for split in manifest["splits"]}
-    for split, entry in tqdm(entries, desc="validate shards", unit="shard", disable=not progress):
-        path = examples_dir / entry["path"]
-        listed.add(path.resolve())
-        checks, part = _check_shard(path, entry, spec, columns_suite, row_suite, max_sample_rows)
-        results += checks
-        if part is None:
-            incomplete[split].append(str(path))
-        else:
-            parts[split].append((str(path), *part))
+    kept: dict[str, list] = {"columns": [], "rows": []}  # Data Docs: each suite's first run, then failed ones
+    tasks = ((batch, i == 0) for i, batch in enumerate(batches))
+    shared = (spec, max_sample_rows)
+    try:
+        with tqdm(total=len(entries), desc="validate shards", unit="shard", disable=not progress) as bar:
+            for (batch, _), outcomes in run_tasks(_check_batch, shared, tasks, engine, what="validate", ordered=True):
+                for (split, target, entry), (checks, part, runs) in zip(batch, outcomes):
+                    listed.add(Path(target).resolve())
+                    results += checks
+                    if part is None:
+                        incomplete[split].append(target)
+                    else:
+                        parts[split].append((target, *part))
+                    for suite, res in runs.items():
+                        if not kept[suite]:  # the first shard this suite ran on (a later batch's: rerun here)
+                            kept[suite].append(res or _check_batch(shared, [(split, target, entry)], True)[0][2][suite])
+                        elif res is not None and not res.success:
+                            kept[suite].append(res)
+                bar.update(len(batch))
+    finally:
+        _SUITES.clear()
 
     for split, info in manifest["splits"].items():
         target = str(examples_dir / split)
@@ -160,7 +183,7 @@ def validate_shards(
                 )
             )
             continue
-        results += _check_split(
+        results += check_split(
             target, info, parts[split], spec, split_suite, nsp_tolerance, mask_rate_tolerance, max_sample_rows
         )
 
@@ -174,7 +197,38 @@ def validate_shards(
                     "delete it or rerun the examples stage",
                 )
             )
-    return ValidationReport(results, gx.kept())
+    return ValidationReport(results, kept["columns"] + kept["rows"] + gx.kept())
+
+
+def _sized(entries: list, engine: Engine) -> tuple[Engine, int]:
+    """The engine and rows per batch for these shards: local workers only as many as have
+    ROWS_PER_WORKER rows each (a worker first spends ~4 CPU-s importing Great Expectations);
+    one process checks batches of MAX_BATCH_ROWS, workers about four batches each."""
+    total = sum(_manifest_rows(e) for _, _, e in entries)
+    if engine.kind == "local":
+        engine = Engine("local", max(1, min(engine.local_workers, total // ROWS_PER_WORKER)))
+        if engine.workers == 1:
+            return engine, MAX_BATCH_ROWS
+    return engine, min(MAX_BATCH_ROWS, max(MIN_BATCH_ROWS, -(-total // (4 * engine.local_workers))))
+
+
+def _manifest_rows(entry: dict) -> int:
+    try:
+        return max(0, int(entry["rows"]))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _batches(entries: list, rows: int) -> list[list]:
+    """Consecutive manifest entries cut into batches of about ``rows`` rows (at most MAX_BATCH_SHARDS shards)."""
+    batches, current, n = [], [], 0
+    for e in entries:
+        current.append(e)
+        n += _manifest_rows(e[2])
+        if n >= rows or len(current) >= MAX_BATCH_SHARDS:
+            batches.append(current)
+            current, n = [], 0
+    return batches + ([current] if current else [])
 
 
 def _row_expectations(E, spec: _ShardSpec) -> list:
@@ -269,41 +323,176 @@ def _row_expectations(E, spec: _ShardSpec) -> list:
     return ex
 
 
-def _split_expectations(E, spec: _ShardSpec, nsp_tolerance: float) -> list:
-    ex = [
-        E.ExpectTableRowCountToEqual(value={"$PARAMETER": "rows"}, description="split row count matches manifest.json"),
-        E.ExpectColumnSumToBeBetween(
-            column="length",
-            min_value={"$PARAMETER": "tokens"},
-            max_value={"$PARAMETER": "tokens"},
-            description="split token count matches manifest.json",
-        ),
-        E.ExpectColumnMeanToBeBetween(
-            column="next_sentence_label",
-            min_value=0.5 - nsp_tolerance,
-            max_value=0.5 + nsp_tolerance,
-            description=f"NSP labels balanced: mean in 0.5 ± {nsp_tolerance} (Devlin et al. 2019, §3.1: 50% IsNext)",
-        ),
-    ]
-    if spec.static:
-        ex.append(
-            E.ExpectColumnSumToBeBetween(
-                column="masked_count",
-                min_value={"$PARAMETER": "masked_min"},
-                max_value={"$PARAMETER": "masked_max"},
-                description="masked share of tokens in masked_lm_prob ± tolerance",
-            )
+class _Suites:
+    """One process's Great Expectations suites for a spec: the per-shard ones (whose results the
+    report shows) and the batch ones that check the rows of many shards in one run."""
+
+    def __init__(self, spec: _ShardSpec):
+        gx = GX()
+        E = gx.gxe
+        self.columns = gx.definition(
+            "shard columns",
+            [
+                E.ExpectTableColumnsToMatchSet(
+                    column_set=spec.columns,
+                    exact_match=True,
+                    description=f"columns are exactly {spec.columns} ({'static' if spec.static else 'dynamic'} masking)",
+                ),
+            ],
         )
-    return ex
+        self.rows = gx.definition("shard rows", _row_expectations(E, spec))
+        # The per-row expectations of `rows` (all but its first two, the shard's row and token counts) ...
+        self.batch_rows = gx.definition("shard rows, batch", _row_expectations(E, spec)[2:])
+        # ... and those two counts as one row per shard.
+        self.batch_totals = gx.definition(
+            "shard totals, batch",
+            [
+                E.ExpectColumnPairValuesToBeEqual(column_A="rows", column_B="manifest_rows"),
+                E.ExpectColumnPairValuesToBeEqual(column_A="tokens", column_B="manifest_tokens"),
+            ],
+        )
 
 
-def _check_shard(
-    path: Path, entry: dict, spec: _ShardSpec, columns_suite: SuiteRun, row_suite: SuiteRun, max_sample_rows: int
-) -> tuple[list[CheckResult], tuple | None]:
-    """All checks of one shard; also its (labels, lengths, masked counts) for the split totals."""
-    target = str(path)
+_SUITES: dict[_ShardSpec, _Suites] = {}  # this process's suites (one GX context per worker, not per batch)
+# A batch run returns every unexpected row's index (to find the shards), none of the values.
+_BATCH_FORMAT = {"result_format": "COMPLETE", "exclude_unexpected_values": True, "return_unexpected_index_query": False}
 
-    def columns_message(table, check: CheckResult) -> str:
+
+def _check_batch(shared: tuple, batch: list, first: bool) -> list[tuple[list[CheckResult], tuple | None, dict]]:
+    """All checks of the shards of ``batch`` (``(split, path, manifest entry)``), the rows of all
+    in one GX run. Per shard: its checks, its (labels, lengths, masked counts) for the split totals
+    (None when unreadable) and ``{suite: GX result}`` for the per-shard suites that ran on it, the
+    result kept only when it failed or, ``first``, for the batch's first shard to reach the suite.
+
+    A shard that fails in the batch run is checked again on its own with the per-shard suite, so
+    its results (bad rows counted from 0 in the shard, samples, observed values) read exactly as
+    when every shard is checked alone; a passing shard's results are those of a passing run."""
+    spec, max_sample_rows = shared
+    if spec not in _SUITES:
+        _SUITES.clear()
+        _SUITES[spec] = _Suites(spec)
+    suites = _SUITES[spec]
+    out: list[list] = []
+    pending: list[tuple[int, Any]] = []  # (shard, per-row facts) for the batch run
+    columns = _ColumnsOnce(suites.columns)
+    for _split, target, entry in batch:
+        path = Path(target)
+        columns.ran, columns.result = False, None
+        results, table = check_structure(path, entry, spec, columns, _columns_message(path))
+        runs: dict[str, Any] = {}
+        if columns.ran:
+            res = columns.result
+            keep = res is not None and (not res.success or (first and not any("columns" in o[2] for o in out)))
+            runs["columns"] = res if keep else None
+        out.append([results, None, runs])
+        if table is None:
+            continue
+        try:
+            frame, context = _derive(table, spec)
+        except Exception as e:  # e.g. ids that do not fit the arithmetic; report, don't crash
+            results.append(
+                failed_check(
+                    target, "derived_columns", f"{path}: cannot compute per-row facts ({type(e).__name__}: {e})"
+                )
+            )
+            continue
+        del table
+        out[-1][1] = _part(frame, spec)
+        if first and not any("rows" in o[2] for o in out[:-1]):
+            checks, res = _row_checks(target, entry, frame, context, suites.rows, max_sample_rows)
+            results += checks
+            runs["rows"] = res
+        else:
+            runs["rows"] = None
+            pending.append((len(out) - 1, frame))
+    if pending:
+        _run_batch(suites, batch, out, pending, spec, max_sample_rows)
+    return [tuple(o) for o in out]
+
+
+def _run_batch(suites: _Suites, batch: list, out: list, pending: list, spec: _ShardSpec, max_sample_rows: int) -> None:
+    """The batch GX runs over the ``pending`` shards' facts; their row checks appended to ``out``."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    rows = np.array([len(f) for _, f in pending], dtype=np.int64)
+    tokens = np.array([int(f["length"].sum()) for _, f in pending], dtype=np.int64)
+    totals = pd.DataFrame(
+        {
+            "rows": rows,
+            "manifest_rows": [int(batch[i][2]["rows"]) for i, _ in pending],
+            "tokens": tokens,
+            "manifest_tokens": [int(batch[i][2].get("tokens", t)) for (i, _), t in zip(pending, tokens)],
+        }
+    )
+    frame = pd.concat([f for _, f in pending], ignore_index=True)
+    for name in frame.columns:  # GX compares nullable ints one by one in Python; floats (NaN = missing) vectorised
+        if isinstance(frame[name].dtype, pd.Int64Dtype):
+            frame[name] = frame[name].astype(np.float64)
+    starts = np.concatenate([[0], np.cumsum(rows)])
+    bad = np.zeros(len(pending), dtype=bool)
+    for res, first_row in (
+        (suites.batch_rows.validate(frame, result_format=_BATCH_FORMAT), starts),
+        (suites.batch_totals.validate(totals, result_format=_BATCH_FORMAT), np.arange(len(pending) + 1)),
+    ):
+        for r in res.results:
+            if r.success:
+                continue
+            index = np.asarray((r.result or {}).get("unexpected_index_list") or [], dtype=np.int64)
+            # the shards of the unexpected rows; none listed (GX raised): every shard, each on its own
+            bad[np.searchsorted(first_row, index, side="right") - 1 if len(index) else slice(None)] = True
+    del frame
+    configs = suites.rows.configurations
+    for k, (i, facts) in enumerate(pending):
+        _, target, entry = batch[i]
+        if bad[k]:  # on its own: bad rows, samples and observed values as the per-shard suite gives them
+            facts, context = _derive(pq.read_table(target), spec)
+            checks, res = _row_checks(target, entry, facts, context, suites.rows, max_sample_rows)
+            out[i][2]["rows"] = None if res.success else res
+        else:
+            checks = [to_check(_Passed(c, int(rows[k]), int(tokens[k])), target) for c in configs]
+        out[i][0] += checks
+
+
+class _ColumnsOnce:
+    """The columns suite for :func:`check_structure`, run once per distinct list of column names in
+    a batch: a passing result depends on the names alone, so the next shard with them reuses it
+    (``result``: the GX result of this shard's own run, None when reused)."""
+
+    def __init__(self, suite: SuiteRun):
+        self.suite, self.passed = suite, {}
+        self.ran, self.result = False, None
+
+    def run(self, frame, *, run_name: str) -> list:
+        self.ran, key = True, tuple(frame.columns)
+        if key in self.passed:
+            self.result = None
+            return self.passed[key]
+        self.result = self.suite.validate(frame, run_name=run_name)
+        checks = self.suite.ordered(self.result)
+        if self.result.success:
+            self.passed[key] = checks
+        return checks
+
+
+class _Passed:
+    """A passing GX expectation result of the per-shard row suite on a shard of ``rows`` rows."""
+
+    success = True
+    exception_info = None
+
+    def __init__(self, config, rows: int, tokens: int):
+        self.expectation_config = config
+        if config.type == "expect_table_row_count_to_equal":
+            self.result = {"observed_value": rows}
+        elif config.type == "expect_column_sum_to_be_between":
+            self.result = {"observed_value": tokens}
+        else:
+            self.result = {"element_count": rows, "unexpected_count": 0}
+
+
+def _columns_message(path: Path):
+    def message(table, check: CheckResult) -> str:
         diff = check.observed.get("mismatched", {}) if isinstance(check.observed, dict) else {}
         detail = ", ".join(f"{k} {v}" for k, v in diff.items() if v)
         return (
@@ -312,17 +501,20 @@ def _check_shard(
             + "; rerun the examples stage"
         )
 
-    results, table = check_structure(path, entry, spec, columns_suite, columns_message)
-    if table is None:
-        return results, None
-    try:
-        frame, context = _derive(table, spec)
-    except Exception as e:  # e.g. ids that do not fit the arithmetic; report, don't crash
-        results.append(
-            failed_check(target, "derived_columns", f"{path}: cannot compute per-row facts ({type(e).__name__}: {e})")
-        )
-        return results, None
-    del table
+    return message
+
+
+def _part(frame, spec: _ShardSpec) -> tuple:
+    """What the split totals keep of a shard until all are read: a few bytes per row."""
+    lengths = frame["length"].to_numpy().astype(np.int32)
+    masked = frame["masked_count"].to_numpy().astype(np.int16) if spec.static else np.zeros(len(frame), np.int16)
+    return frame["next_sentence_label"].to_numpy().astype(np.int8), lengths, masked
+
+
+def _row_checks(
+    target: str, entry: dict, frame, context: dict, row_suite: SuiteRun, max_sample_rows: int
+) -> tuple[list[CheckResult], Any]:
+    """The per-shard row suite on one shard's facts: its checks (bad rows with their ids) and the GX result."""
 
     def sample(i: int, value: Any, column: str) -> dict:
         row = {"row": i, column: list(value) if isinstance(value, tuple) else value}
@@ -338,13 +530,12 @@ def _check_shard(
         return row
 
     params = {"rows": int(entry["rows"]), "tokens": int(entry.get("tokens", frame["length"].sum()))}
-    for r in row_suite.run(frame, params=params, samples=max_sample_rows, run_name=target):
+    res = row_suite.validate(frame, params=params, samples=max_sample_rows, run_name=target)
+    checks = []
+    for r in row_suite.ordered(res):
         column = r.expectation_config.kwargs.get("column") or r.expectation_config.kwargs.get("column_B", "value")
-        results.append(to_check(r, target, lambda i, v, c=column: sample(i, v, c)))
-    # Kept for the split totals until all shards are read: a few bytes per row.
-    lengths = frame["length"].to_numpy().astype(np.int32)
-    masked = frame["masked_count"].to_numpy().astype(np.int16) if spec.static else np.zeros(len(frame), np.int16)
-    return results, (frame["next_sentence_label"].to_numpy().astype(np.int8), lengths, masked)
+        checks.append(to_check(r, target, lambda i, v, c=column: sample(i, v, c)))
+    return checks, res
 
 
 # Which list columns to show next to input_ids in a bad row's sample.
@@ -446,79 +637,3 @@ def _derive(table, spec: _ShardSpec):
         frame["mask_token_count"] = mask_tokens
     frame["null_values"] = nulls
     return pd.DataFrame(frame), context
-
-
-def _check_split(
-    target: str,
-    info: dict,
-    parts: list,
-    spec: _ShardSpec,
-    split_suite: SuiteRun,
-    nsp_tolerance: float,
-    mask_rate_tolerance: float,
-    max_sample_rows: int,
-) -> list[CheckResult]:
-    """Split totals: rows and tokens vs the manifest, NSP balance, masked share of tokens."""
-    import pandas as pd
-
-    labels = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
-    lengths = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int64)
-    masked = np.concatenate([p[3] for p in parts]) if parts else np.zeros(0, np.int64)
-    tokens = int(lengths.sum(dtype=np.int64))
-    frame = pd.DataFrame({"next_sentence_label": labels, "length": lengths, "masked_count": masked})
-    p, tol = spec.masked_lm_prob, mask_rate_tolerance
-    params = {
-        "rows": int(info.get("rows", len(frame))),
-        "tokens": int(info.get("tokens", tokens)),
-        "masked_min": (p - tol) * tokens,
-        "masked_max": (p + tol) * tokens,
-    }
-    results = []
-    for r in split_suite.run(frame, params=params, run_name=target):
-        check = to_check(r, target)
-        col = r.expectation_config.kwargs.get("column")
-        if r.expectation_config.type == "expect_column_mean_to_be_between":
-            per_shard = [
-                {"shard": s, "rows": len(lab), "nsp_label_mean": round(float(lab.mean()), 4) if len(lab) else None}
-                for s, lab, _, _ in parts
-            ]
-            per_shard.sort(key=lambda d: -abs((d["nsp_label_mean"] if d["nsp_label_mean"] is not None else 0.5) - 0.5))
-            check.sample_rows = per_shard[:max_sample_rows]
-            if len(frame) < NSP_MIN_ROWS:
-                check.success = True
-                check.message = f"skipped: only {len(frame)} rows (< {NSP_MIN_ROWS}); NSP mean reported, not judged"
-            elif not check.success and isinstance(check.observed, (int, float)) and check.observed > 0.5:
-                check.message += (
-                    f". A mean above 0.5 + {nsp_tolerance} usually means short documents: a chunk of one segment "
-                    "always gets a random B (label 1), so a corpus of one- or two-sentence documents (e.g. the "
-                    "paragraphs of one-article-per-file sources read as documents: set download.local.format: "
-                    "document_per_file) leans to 1. Lengthen the documents (clean.min_chars) or raise "
-                    "validate.nsp_tolerance for a corpus of short articles"
-                )
-                if spec.max_seq_len < 128:
-                    check.message += (
-                        f"; or short pairs: examples.max_seq_len is {spec.max_seq_len}, so a chunk of "
-                        f"{spec.max_seq_len - 3} WordPieces often holds one sentence: raise it (BERT: 128)"
-                    )
-        elif col == "masked_count":
-            rate = float(masked.sum(dtype=np.int64)) / max(tokens, 1)
-            check.observed = {
-                "masked": int(masked.sum(dtype=np.int64)),
-                "tokens": tokens,
-                "rate": round(rate, 5),
-                "expected": [round(p - tol, 5), round(p + tol, 5)],
-            }
-            per_shard = [
-                {
-                    "shard": s,
-                    "masked": int(m.sum(dtype=np.int64)),
-                    "tokens": int(le.sum(dtype=np.int64)),
-                    "rate": round(float(m.sum(dtype=np.int64)) / max(int(le.sum(dtype=np.int64)), 1), 5),
-                }
-                for s, _, le, m in parts
-            ]
-            per_shard.sort(key=lambda d: -abs(d["rate"] - p))
-            check.sample_rows = per_shard[:max_sample_rows]
-            check.message = f"masked share of tokens in masked_lm_prob {p} ± {tol}"
-        results.append(check)
-    return results
