@@ -25,6 +25,9 @@ def main() -> None:
     cfg = TokenizerConfig.from_params(params)
     if cfg.workers:  # the trainer's and encoder's rayon thread pool, read when first used
         os.environ["RAYON_NUM_THREADS"] = str(cfg.workers)
+    for name in ("train.txt", "valid.txt"):
+        if not (CLEAN / name).exists():
+            raise BertraceError(f"{CLEAN / name}: not found; run the clean stage first (dvc repro clean)")
     with (
         StageRun("tokenizer", {k: v for k, v in params.items() if k in cfg.recipe_keys()}) as run,
         document_sample(CLEAN / "train.txt", max_bytes=cfg.sample_bytes, seed=cfg.seed) as train,
