@@ -7,7 +7,8 @@ single process's RSS, and PSS summed over the tree. Summed RSS counts the pages 
 library once per process that maps it (our 3 processes each count pyarrow's ~60 MB); PSS
 (proportional set size, Linux ``/proc/PID/smaps_rollup``) splits each shared page between the
 processes that map it, so its sum is the tree's real share of physical memory. For a single
-process the two are about equal. CPU seconds are the children's user + system time.
+process the two are about equal. CPU seconds are the children's user + system time, or the sum of
+the tree's sampled per-process CPU where larger (workers of a fork server are not our children).
 """
 
 from __future__ import annotations
@@ -34,24 +35,29 @@ class Run:
     returncode: int
 
 
-def _tree_memory(proc: psutil.Process) -> tuple[int, int, int]:
-    """(RSS sum, largest RSS, PSS sum) over a process and its descendants."""
+def _tree_memory(proc: psutil.Process, full: bool = True, cpu: dict | None = None) -> tuple[int, int, int]:
+    """(RSS sum, largest RSS, PSS sum) over a process and its descendants (``full=False``: no PSS,
+    which reads each process's smaps_rollup and costs a busy process's sampler ~30 % of a core)."""
     total = largest = pss = 0
     for p in [proc, *proc.children(recursive=True)]:
         try:
-            info = p.memory_full_info()  # rss from /proc/PID/statm, pss from smaps_rollup
+            info = p.memory_full_info() if full else p.memory_info()  # rss: /proc/PID/statm; pss: smaps_rollup
+            if cpu is not None:  # each process's own CPU so far (a fork server's workers are not our children)
+                t = p.cpu_times()
+                cpu[(p.pid, p.create_time())] = t.user + t.system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
         total, largest, pss = total + info.rss, max(largest, info.rss), pss + getattr(info, "pss", 0)
     return total, largest, pss
 
 
-def run(cmd: list[str], *, cwd=None, env=None, check: bool = True, interval: float = 0.02) -> Run:
-    """Run ``cmd`` to completion and measure it (stdout/stderr are captured)."""
+def run(cmd: list[str], *, cwd=None, env=None, check: bool = True, interval: float = 0.02, pss: bool = True) -> Run:
+    """Run ``cmd`` to completion and measure it (stdout/stderr are captured); ``pss=False``: RSS only."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = peak_one = peak_pss = 0
+    seen_cpu: dict = {}
     stop = threading.Event()
 
     def sample():
@@ -59,8 +65,8 @@ def run(cmd: list[str], *, cwd=None, env=None, check: bool = True, interval: flo
         try:
             ps = psutil.Process(proc.pid)
             while not stop.is_set():
-                total, largest, pss = _tree_memory(ps)
-                peak, peak_one, peak_pss = max(peak, total), max(peak_one, largest), max(peak_pss, pss)
+                total, largest, shared = _tree_memory(ps, pss, seen_cpu)
+                peak, peak_one, peak_pss = max(peak, total), max(peak_one, largest), max(peak_pss, shared)
                 stop.wait(interval)
         except psutil.NoSuchProcess:
             pass
@@ -73,6 +79,9 @@ def run(cmd: list[str], *, cwd=None, env=None, check: bool = True, interval: flo
     sampler.join()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    # Processes reaped by someone else (a fork server's workers) are missing from RUSAGE_CHILDREN: the
+    # sampled per-process CPU (each process's last sample, up to one interval short) covers them.
+    cpu = max(cpu, sum(seen_cpu.values()))
     if check and proc.returncode != 0:
         raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{err[-3000:]}")
     return Run(

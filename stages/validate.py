@@ -16,14 +16,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.checks.gx import build_data_docs
+from pipeline.checks.gx import GX_MODULES, build_data_docs
 from pipeline.checks.report import ValidationReport
 from pipeline.checks.validate import ValidateConfig, validate_normalizer
 from pipeline.checks.validate_corpus import validate_corpus
 from pipeline.checks.validate_shards import validate_shards
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import write_json
-from pipeline.data.engine import Engine, EngineParams
+from pipeline.data.engine import Beside, Engine, EngineParams
 from stages.common import METRICS_DIR, StageRun, load_params, run_stage
 
 CLEAN = Path("data/clean")
@@ -52,6 +52,51 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _run_checks(run, engine, cfg, corpus_files, shards_dir, *, min_chars, nsp_tol, mask_tol, in_pipeline):
+    """The corpus checks, the normaliser check (in the pipeline) and the shard checks, the first two
+    beside the third (:class:`pipeline.data.engine.Beside`); their results in the report's order."""
+    results, gx_results = [], []
+    corpus = None
+    if corpus_files:  # the corpus checks run beside the shard checks (one more process)
+        for f in corpus_files:
+            if f.exists():
+                run.add_input(f)
+        corpus = Beside(
+            engine,
+            "validate",
+            validate_corpus,
+            list(corpus_files),
+            min_chars=min_chars,
+            max_chars=cfg.corpus_max_chars,
+            preload=GX_MODULES,
+        )
+    normalizer_check = None
+    if in_pipeline:  # what the tokenizer's normaliser does to the corpus's letters (beside the rest)
+        if TOKENIZER.exists():
+            run.add_input(TOKENIZER)
+        normalizer_check = Beside(
+            engine,
+            "validate",
+            validate_normalizer,
+            TOKENIZER,
+            CLEAN / "train.txt",
+            max_chars_altered=cfg.max_chars_altered,
+        )
+    shards_report = None
+    if shards_dir:
+        if (shards_dir / "manifest.json").exists():
+            run.add_input(shards_dir / "manifest.json")
+        shards_report = validate_shards(shards_dir, nsp_tolerance=nsp_tol, mask_rate_tolerance=mask_tol, engine=engine)
+    for part in (corpus.result() if corpus else None, shards_report):  # the report's order: corpus, shards
+        if part is not None:
+            results += part.results
+            gx_results += part.gx_results
+    normalizer = normalizer_check.result() if normalizer_check else None
+    if normalizer is not None:
+        results.append(normalizer)
+    return results, gx_results, normalizer
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     standalone = bool(args.shards or args.corpus)
@@ -69,28 +114,17 @@ def main(argv: list[str] | None = None) -> None:
     shards_dir = args.shards if standalone else EXAMPLES
 
     with StageRun("validate", {**checks, "min_chars": min_chars}, log_mlflow=not standalone) as run:
-        results, gx_results = [], []
-        if corpus_files:
-            for f in corpus_files:
-                if f.exists():
-                    run.add_input(f)
-            corpus_report = validate_corpus(list(corpus_files), min_chars=min_chars, max_chars=cfg.corpus_max_chars)
-            results += corpus_report.results
-            gx_results += corpus_report.gx_results
-        if shards_dir:
-            if (shards_dir / "manifest.json").exists():
-                run.add_input(shards_dir / "manifest.json")
-            shards_report = validate_shards(
-                shards_dir, nsp_tolerance=nsp_tol, mask_rate_tolerance=mask_tol, engine=engine
-            )
-            results += shards_report.results
-            gx_results += shards_report.gx_results
-        normalizer = None
-        if not standalone:  # what the tokenizer's normaliser does to the corpus's letters
-            if TOKENIZER.exists():
-                run.add_input(TOKENIZER)
-            normalizer = validate_normalizer(TOKENIZER, CLEAN / "train.txt", max_chars_altered=cfg.max_chars_altered)
-            results.append(normalizer)
+        results, gx_results, normalizer = _run_checks(
+            run,
+            engine,
+            cfg,
+            corpus_files,
+            shards_dir,
+            min_chars=min_chars,
+            nsp_tol=nsp_tol,
+            mask_tol=mask_tol,
+            in_pipeline=not standalone,
+        )
         report = ValidationReport(results, gx_results)
         docs_dir = args.data_docs or (None if standalone else DATA_DOCS)
         if docs_dir:  # a page per failed suite run (with GX's sample of unexpected values), one per suite

@@ -15,6 +15,9 @@ from typing import Any, Callable
 
 from pipeline.checks.report import CheckResult, failed_check, jsonable, preview
 
+# What a process that runs suites imports (slow: ~5 CPU-s); local workers preload it once (engine.process_context).
+GX_MODULES = ("great_expectations", "great_expectations.expectations")
+
 
 class GX:
     def __init__(self) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.checks.gx import GX, SuiteRun, to_check
+from pipeline.checks.gx import GX, GX_MODULES, SuiteRun, to_check
 from pipeline.checks.report import CheckResult, ValidationReport, failed_check
 from pipeline.checks.shard_columns import (
     check_structure,
@@ -150,7 +150,9 @@ def validate_shards(
     shared = (spec, max_sample_rows)
     try:
         with tqdm(total=len(entries), desc="validate shards", unit="shard", disable=not progress) as bar:
-            for (batch, _), outcomes in run_tasks(_check_batch, shared, tasks, engine, what="validate", ordered=True):
+            for (batch, _), outcomes in run_tasks(
+                _check_batch, shared, tasks, engine, what="validate", ordered=True, preload=GX_MODULES
+            ):
                 for (split, target, entry), (checks, part, runs) in zip(batch, outcomes):
                     listed.add(Path(target).resolve())
                     results += checks

@@ -99,12 +99,15 @@ def run_tasks(
     initializer: Callable | None = None,
     what: str = "task",
     ordered: bool = False,
+    preload: tuple[str, ...] = (),
 ) -> Iterator[tuple[tuple, Any]]:
     """Yield ``(args, fn(shared, *args))`` for every ``args`` in ``tasks``, as they finish
     (``ordered``: in the order of ``tasks``).
 
     ``initializer`` runs once in each local pool process (e.g. to set environment variables).
-    ``what`` names the work in error messages.
+    ``what`` names the work in error messages. ``preload``: modules slow to import (Great
+    Expectations: ~5 CPU-s) that local workers then inherit from a fork server instead of each
+    importing them (:func:`process_context`).
     """
     if engine.kind == "dask":
         yield from _run_dask(fn, shared, tasks, engine, what, ordered)
@@ -112,11 +115,47 @@ def run_tasks(
         for args in tasks:
             yield args, fn(shared, *args)
     else:
-        yield from _run_pool(fn, shared, tasks, engine.local_workers, initializer, what, ordered)
+        yield from _run_pool(fn, shared, tasks, engine.local_workers, initializer, what, ordered, preload)
 
 
-def _run_pool(fn, shared, tasks, workers: int, initializer, what: str, ordered: bool):
-    ctx = mp.get_context("spawn")
+def process_context(preload: tuple[str, ...] = ()):
+    """How local workers start: ``spawn`` (a fresh interpreter), or, with ``preload`` where the OS
+    has it (Linux), ``forkserver`` with those modules imported once in the server, so each
+    worker forks with them loaded (no threads or state of this process are copied either way)."""
+    if preload and "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(list(preload))
+        return ctx
+    return mp.get_context("spawn")
+
+
+class Beside:
+    """``fn(*args, **kwargs)`` in one more local process while the caller goes on (when ``engine``
+    has more than one worker: a Dask cluster, or local cores), else in this process when
+    :meth:`result` asks for it. For independent work that would otherwise run before or after
+    the engine's tasks (validate's corpus checks beside its shard checks)."""
+
+    def __init__(self, engine: Engine, what: str, fn: Callable, *args, preload: tuple[str, ...] = (), **kwargs):
+        self.what, self.call = what, (fn, args, kwargs)
+        self.pool = None
+        if engine.kind == "dask" or engine.local_workers > 1:
+            self.pool = cf.ProcessPoolExecutor(1, mp_context=process_context(preload))
+            self.future = self.pool.submit(fn, *args, **kwargs)
+
+    def result(self) -> Any:
+        if self.pool is None:
+            fn, args, kwargs = self.call
+            return fn(*args, **kwargs)
+        try:
+            return self.future.result()
+        except cf.process.BrokenProcessPool:
+            raise BertraceError(f"{self.what}: its process died (out of memory?); rerun with workers: 1") from None
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _run_pool(fn, shared, tasks, workers: int, initializer, what: str, ordered: bool, preload=()):
+    ctx = process_context(preload)
 
     def finished(pending: dict):
         """The futures to hand back next: the oldest (ordered; dicts keep insertion order) or any done."""

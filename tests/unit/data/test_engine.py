@@ -38,3 +38,43 @@ def test_dask_task_error_is_one_bertrace_error():
     pytest.importorskip("distributed", reason="pip install 'bertrace[dask]'")
     with pytest.raises(BertraceError, match="bad task input"):
         list(run_tasks(_task, "", [([], b"ok"), ([], b"fail")], Engine("dask", 1), ordered=True))
+
+
+def _where(fail: bool = False, *, tag: str = "") -> tuple[int, str, bool]:
+    """This process's pid, a tag, and whether the preloaded module was already imported."""
+    import os
+    import sys
+
+    if fail:
+        raise BertraceError("tokenizer.json: not found")
+    return os.getpid(), tag, "xml.dom.minidom" in sys.modules
+
+
+def test_beside_runs_in_another_process_only_with_more_than_one_worker():
+    import os
+
+    from pipeline.data.engine import Beside
+
+    pid, tag, _ = Beside(Engine("local", 1), "validate", _where, tag="one").result()
+    assert pid == os.getpid() and tag == "one"
+    pid, tag, _ = Beside(Engine("local", 2), "validate", _where, tag="two").result()
+    assert pid != os.getpid() and tag == "two"
+    with pytest.raises(BertraceError, match="tokenizer.json: not found"):
+        Beside(Engine("local", 2), "validate", _where, True).result()
+
+
+def test_preloaded_modules_reach_the_workers_already_imported():
+    """A fresh interpreter (the fork server's preload is fixed when it first starts)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = (
+        "from pipeline.data.engine import Beside, Engine\n"
+        "from tests.unit.data.test_engine import _where\n"
+        "if __name__ == '__main__':\n"
+        "    print(Beside(Engine('local', 2), 'x', _where, preload=('xml.dom.minidom',)).result()[2])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr[-2000:]
