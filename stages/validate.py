@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.checks.gx import GX_MODULES, build_data_docs
+from pipeline.checks.gx import GX_MODULES, build_data_docs, import_gx
 from pipeline.checks.report import ValidationReport
 from pipeline.checks.validate import ValidateConfig, validate_normalizer
 from pipeline.checks.validate_corpus import validate_corpus
@@ -56,6 +56,7 @@ def _run_checks(run, engine, cfg, corpus_files, shards_dir, *, min_chars, nsp_to
     """The corpus checks, the normaliser check (in the pipeline) and the shard checks, the first two
     beside the third (:class:`pipeline.data.engine.Beside`); their results in the report's order."""
     results, gx_results = [], []
+    import_gx()  # before the processes beside start: their results hold GX objects
     corpus = None
     if corpus_files:  # the corpus checks run beside the shard checks (one more process)
         for f in corpus_files:

@@ -19,6 +19,18 @@ from pipeline.checks.report import CheckResult, failed_check, jsonable, preview
 GX_MODULES = ("great_expectations", "great_expectations.expectations")
 
 
+def import_gx() -> None:
+    """Import Great Expectations on this thread now: a process pool's result thread unpickling a
+    report that holds GX objects must not race the main thread's first import of it."""
+    import importlib
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in GX_MODULES:
+            importlib.import_module(name)
+
+
 class GX:
     def __init__(self) -> None:
         import logging
