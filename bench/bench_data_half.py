@@ -91,13 +91,10 @@ def dvc_disk(repo: Path, work: Path) -> dict:
     """Outputs' disk alone, then with DVC's cache after ``dvc add`` (the repository's cache.type)."""
     outs = [work / p for stage in STAGES for p in OUTPUTS[stage] if p.startswith("data/")]
     before = du(outs)
-    cache_type = "reflink,copy"  # DVC's default
-    config = repo / ".dvc" / "config"
-    if config.exists():
-        for line in config.read_text().splitlines():
-            if line.strip().startswith("type ="):
-                cache_type = line.split("=", 1)[1].strip().strip('"')
     env = dict(os.environ, DVC_NO_ANALYTICS="1")
+    # the repository's own setting, read by DVC (empty: DVC's default)
+    got = subprocess.run(["dvc", "config", "cache.type"], cwd=repo, env=env, capture_output=True, text=True)
+    cache_type = got.stdout.strip() or "reflink,copy"
     for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "cache.type", cache_type]):
         subprocess.run(cmd, cwd=work, env=env, check=True, capture_output=True)
     rel = [str(p.relative_to(work)) for p in outs]

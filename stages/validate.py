@@ -23,7 +23,7 @@ from pipeline.checks.validate_corpus import validate_corpus
 from pipeline.checks.validate_shards import validate_shards
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import write_json
-from pipeline.data.engine import Beside, Engine, EngineParams
+from pipeline.data.engine import Beside, Engine
 from stages.common import METRICS_DIR, StageRun, load_params, run_stage
 
 CLEAN = Path("data/clean")
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = ValidateConfig.from_params(params)  # standalone: the defaults (= params.yaml's)
     overrides = {k: v for k, v in (("workers", args.workers), ("engine", args.engine)) if v is not None}
     engine = Engine.from_params({**cfg.model_dump(), **overrides}, "validate")  # speed only, never the report
-    checks = {k: v for k, v in params.items() if k not in EngineParams.model_fields}  # what the record names
+    checks = {k: v for k, v in params.items() if k in cfg.recipe_keys()}  # what the record names
     min_chars = (
         args.min_chars if args.min_chars is not None else (0 if standalone else load_params("clean")["min_chars"])
     )  # checked by the clean stage, which ran first

@@ -12,10 +12,10 @@ from pipeline.checks.report import CheckResult
 NSP_MIN_ROWS = 200  # below this the NSP mean is too noisy to judge (sd of the mean ≈ 0.035)
 
 
-def split_expectations(E, spec, nsp_tolerance: float) -> list:
-    """The split suite's expectations (``E``: ``great_expectations.expectations``; ``spec``: the
-    manifest's promise, with ``static``)."""
-    ex = [
+def manifest_totals(E) -> list:
+    """A split's row and token counts against manifest.json (suite parameters ``rows``, ``tokens``);
+    the first expectations of both split suites, MLM/NSP and packed."""
+    return [
         E.ExpectTableRowCountToEqual(value={"$PARAMETER": "rows"}, description="split row count matches manifest.json"),
         E.ExpectColumnSumToBeBetween(
             column="length",
@@ -23,6 +23,14 @@ def split_expectations(E, spec, nsp_tolerance: float) -> list:
             max_value={"$PARAMETER": "tokens"},
             description="split token count matches manifest.json",
         ),
+    ]
+
+
+def split_expectations(E, spec, nsp_tolerance: float) -> list:
+    """The split suite's expectations (``E``: ``great_expectations.expectations``; ``spec``: the
+    manifest's promise, with ``static``)."""
+    ex = [
+        *manifest_totals(E),
         E.ExpectColumnMeanToBeBetween(
             column="next_sentence_label",
             min_value=0.5 - nsp_tolerance,

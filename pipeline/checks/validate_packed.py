@@ -34,6 +34,7 @@ from pipeline.checks.shard_columns import (
     segment_max,
     segment_sum,
 )
+from pipeline.checks.split_totals import manifest_totals
 from pipeline.core.errors import BertraceError
 
 _PREVIEW = 24  # ids shown around a bad spot of a block
@@ -86,13 +87,7 @@ def _row_expectations(E, spec: _PackedSpec) -> list:
 
 def _split_expectations(E) -> list:
     return [
-        E.ExpectTableRowCountToEqual(value={"$PARAMETER": "rows"}, description="split row count matches manifest.json"),
-        E.ExpectColumnSumToBeBetween(
-            column="length",
-            min_value={"$PARAMETER": "tokens"},
-            max_value={"$PARAMETER": "tokens"},
-            description="split token count matches manifest.json",
-        ),
+        *manifest_totals(E),
         E.ExpectColumnSumToBeBetween(
             column="sep_count",
             min_value={"$PARAMETER": "separators"},
