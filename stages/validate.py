@@ -23,7 +23,7 @@ from pipeline.checks.validate_corpus import validate_corpus
 from pipeline.checks.validate_shards import validate_shards
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import write_json
-from pipeline.data.engine import Beside, Engine
+from pipeline.data.engine import Beside, Engine, start_fork_server
 from stages.common import METRICS_DIR, StageRun, load_params, run_stage
 
 CLEAN = Path("data/clean")
@@ -56,12 +56,10 @@ def _run_checks(run, engine, cfg, corpus_files, shards_dir, *, min_chars, nsp_to
     """The corpus checks, the normaliser check (in the pipeline) and the shard checks, the first two
     beside the third (:class:`pipeline.data.engine.Beside`); their results in the report's order."""
     results, gx_results = [], []
+    start_fork_server(engine, GX_MODULES)  # its import of GX runs beside this process's
     import_gx()  # before the processes beside start: their results hold GX objects
     corpus = None
     if corpus_files:  # the corpus checks run beside the shard checks (one more process)
-        for f in corpus_files:
-            if f.exists():
-                run.add_input(f)
         corpus = Beside(
             engine,
             "validate",
@@ -73,8 +71,6 @@ def _run_checks(run, engine, cfg, corpus_files, shards_dir, *, min_chars, nsp_to
         )
     normalizer_check = None
     if in_pipeline:  # what the tokenizer's normaliser does to the corpus's letters (beside the rest)
-        if TOKENIZER.exists():
-            run.add_input(TOKENIZER)
         normalizer_check = Beside(
             engine,
             "validate",
@@ -83,6 +79,9 @@ def _run_checks(run, engine, cfg, corpus_files, shards_dir, *, min_chars, nsp_to
             CLEAN / "train.txt",
             max_chars_altered=cfg.max_chars_altered,
         )
+    for f in [*(corpus_files or []), *([TOKENIZER] if in_pipeline else [])]:  # hashed while those run
+        if f.exists():
+            run.add_input(f)
     shards_report = None
     if shards_dir:
         if (shards_dir / "manifest.json").exists():

@@ -9,7 +9,7 @@ vectorised from each shard's Arrow arrays (the plumbing of :mod:`pipeline.checks
   ``< vocab_size``; no ``[PAD]`` (blocks are never padded); separator placement: no ``[SEP]``
   right after another ``[SEP]`` (across block boundaries too: a shard's blocks are one stream) nor
   at the start of a shard, which would mean an empty document;
-* per split: rows, tokens and separators against the manifest (each packed document ends with one
+* per split: rows, tokens and separators (summed per shard) against the manifest (each packed document ends with one
   ``[SEP]``, so a lost or duplicated separator shows up here);
 * across all shards of both splits: no two blocks alike (a 16-byte blake2b per block), so no shard
   overlaps another and train and valid share no block.
@@ -89,7 +89,7 @@ def _split_expectations(E) -> list:
     return [
         *manifest_totals(E),
         E.ExpectColumnSumToBeBetween(
-            column="sep_count",
+            column="separators",
             min_value={"$PARAMETER": "separators"},
             max_value={"$PARAMETER": "separators"},
             description="split [SEP] count (one per packed document) matches manifest.json",
@@ -122,7 +122,7 @@ def _derive(table, spec: _PackedSpec):
 
 
 def _check_shard(path: Path, entry: dict, spec: _PackedSpec, columns_suite, row_suite, max_sample_rows: int):
-    """All checks of one shard; also ``(lengths, separators, block digests)`` for the split and overlap checks."""
+    """All checks of one shard; also ``(rows, tokens, separators, block digests)`` for the split and overlap checks."""
     target = str(path)
     results, table = check_structure(
         path,
@@ -143,7 +143,7 @@ def _check_shard(path: Path, entry: dict, spec: _PackedSpec, columns_suite, row_
 
     for r in row_suite.run(frame, params={"rows": int(entry["rows"])}, samples=max_sample_rows, run_name=target):
         results.append(to_check(r, target, sample))
-    return results, (frame["length"].to_numpy(), frame["sep_count"].to_numpy(), digests)
+    return results, (len(frame), int(frame["length"].sum()), int(frame["sep_count"].sum()), digests)
 
 
 def _overlap(gx: GX, parts: list[tuple[str, list[str]]], max_sample_rows: int) -> list[CheckResult]:
@@ -230,8 +230,8 @@ def validate_packed_shards(
         if part is None:
             incomplete[split] += 1
         else:
-            per_split[split].append(part[:2])
-            digests.append((str(path), part[2]))
+            per_split[split].append(part[:3])
+            digests.append((str(path), part[3]))
 
     import pandas as pd
 
@@ -250,13 +250,8 @@ def validate_packed_shards(
                 )
             )
             continue
-        parts = per_split[split]
-        frame = pd.DataFrame(
-            {
-                "length": np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64),
-                "sep_count": np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64),
-            }
-        )
+        # one row per shard (split_totals: the sums are what the split suite checks)
+        frame = pd.DataFrame(per_split[split] or np.zeros((0, 3), np.int64), columns=["rows", "tokens", "separators"])
         params = {k: int(info.get(k, 0)) for k in ("rows", "tokens", "separators")}
         results += [to_check(r, target) for r in split_suite.run(frame, params=params, run_name=target)]
     results += _overlap(gx, digests, max_sample_rows)

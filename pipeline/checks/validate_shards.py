@@ -1,8 +1,8 @@
 """Data checks of the examples shards against their ``manifest.json``, evaluated by Great
 Expectations: sha256 and row counts, then per-row invariants of Google's
 ``create_pretraining_data.py`` format (``[CLS] A [SEP] B [SEP]``, segment ids, NSP labels,
-masked-LM positions), and per split the NSP balance and the masked share of tokens
-(:mod:`pipeline.checks.split_totals`).
+masked-LM positions), and per split, from a few sums per shard, the NSP balance and the masked
+share of tokens (:mod:`pipeline.checks.split_totals`).
 
 Per-row facts (first token, number of [SEP], ...) are computed vectorised from the Arrow list
 offsets/values of one shard at a time. Shards are checked in batches (tasks of
@@ -10,7 +10,7 @@ offsets/values of one shard at a time. Shards are checked in batches (tasks of
 manifest order): GX evaluates the row expectations once on the facts of a whole batch (GX's fixed
 cost per run is ~0.2 s, its cost per row ~1.5 µs), and a shard with unexpected rows is checked
 again on its own, so the report names the shard and its rows exactly as a per-shard run does.
-Memory: one batch's facts per worker, and a few bytes per row for the split totals.
+Memory: one batch's facts per worker, and four numbers per shard for the split totals.
 Bad input (missing manifest, unreadable Parquet, missing columns) becomes a failed
 ``CheckResult`` that names the file, never a traceback. Packed causal-LM shards have their own
 suite (:mod:`pipeline.checks.validate_packed`).
@@ -33,7 +33,7 @@ from pipeline.checks.shard_columns import (
     segment_max,
     segment_sum,
 )
-from pipeline.checks.split_totals import check_split, split_expectations
+from pipeline.checks.split_totals import check_split, shard_totals, split_expectations
 from pipeline.checks.validate_packed import validate_packed_shards
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import read_json
@@ -139,7 +139,7 @@ def validate_shards(
     ]
     if batch_rows is None:
         engine, batch_rows = _sized(entries, engine)
-    batches = _batches(entries, batch_rows)
+    batches = _batches(entries, batch_rows, engine.local_workers if engine.kind == "local" else max(engine.workers, 1))
 
     results: list[CheckResult] = []
     listed: set[Path] = set()
@@ -221,14 +221,20 @@ def _manifest_rows(entry: dict) -> int:
         return 0
 
 
-def _batches(entries: list, rows: int) -> list[list]:
-    """Consecutive manifest entries cut into batches of about ``rows`` rows (at most MAX_BATCH_SHARDS shards)."""
+def _batches(entries: list, rows: int, workers: int = 1) -> list[list]:
+    """Consecutive manifest entries cut into batches of about ``rows`` rows (at most MAX_BATCH_SHARDS
+    shards). For several ``workers`` the last batches shrink, to the rows left per worker (not below
+    MIN_BATCH_ROWS), so that the workers finish together instead of one waiting on the last."""
+    left = sum(_manifest_rows(e[2]) for e in entries)
     batches, current, n = [], [], 0
     for e in entries:
+        if not current:
+            size = rows if workers == 1 else min(rows, max(MIN_BATCH_ROWS, left // workers))
         current.append(e)
         n += _manifest_rows(e[2])
-        if n >= rows or len(current) >= MAX_BATCH_SHARDS:
+        if n >= size or len(current) >= MAX_BATCH_SHARDS:
             batches.append(current)
+            left -= n
             current, n = [], 0
     return batches + ([current] if current else [])
 
@@ -362,7 +368,7 @@ _BATCH_FORMAT = {"result_format": "COMPLETE", "exclude_unexpected_values": True,
 
 def _check_batch(shared: tuple, batch: list, first: bool) -> list[tuple[list[CheckResult], tuple | None, dict]]:
     """All checks of the shards of ``batch`` (``(split, path, manifest entry)``), the rows of all
-    in one GX run. Per shard: its checks, its (labels, lengths, masked counts) for the split totals
+    in one GX run. Per shard: its checks, its part of the split totals (:func:`_part`)
     (None when unreadable) and ``{suite: GX result}`` for the per-shard suites that ran on it, the
     result kept only when it failed or, ``first``, for the batch's first shard to reach the suite.
 
@@ -507,10 +513,9 @@ def _columns_message(path: Path):
 
 
 def _part(frame, spec: _ShardSpec) -> tuple:
-    """What the split totals keep of a shard until all are read: a few bytes per row."""
-    lengths = frame["length"].to_numpy().astype(np.int32)
-    masked = frame["masked_count"].to_numpy().astype(np.int16) if spec.static else np.zeros(len(frame), np.int16)
-    return frame["next_sentence_label"].to_numpy().astype(np.int8), lengths, masked
+    """What the split totals keep of a shard (:func:`pipeline.checks.split_totals.shard_totals`)."""
+    masked = frame["masked_count"].to_numpy() if spec.static else np.zeros(0, np.int64)
+    return shard_totals(frame["next_sentence_label"].to_numpy(), frame["length"].to_numpy(), masked)
 
 
 def _row_checks(

@@ -129,6 +129,18 @@ def process_context(preload: tuple[str, ...] = ()):
     return mp.get_context("spawn")
 
 
+def start_fork_server(engine: Engine, preload: tuple[str, ...]) -> None:
+    """Start the fork server of :func:`process_context` now, when ``engine`` will start local
+    processes (a pool of local workers, :class:`Beside`): its imports of ``preload`` (seconds for
+    Great Expectations) then run on another core while the caller goes on, instead of delaying the
+    first process the caller starts."""
+    if (engine.kind == "dask" or engine.local_workers > 1) and preload:
+        if process_context(preload).get_start_method() == "forkserver":
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
+
+
 class Beside:
     """``fn(*args, **kwargs)`` in one more local process while the caller goes on (when ``engine``
     has more than one worker: a Dask cluster, or local cores), else in this process when

@@ -85,23 +85,24 @@ def test_clean_static_shards_pass(clean_static):
         "expect_column_values_to_be_between(length)",
         "expect_column_values_to_be_in_set(token_type_errors)",
         "expect_column_pair_values_a_to_be_greater_than_b(length, max_masked_position)",
-        "expect_column_mean_to_be_between(next_sentence_label)",
-        "expect_column_sum_to_be_between(masked_count)",
+        "expect_column_sum_to_be_between(not_next)",
+        "expect_column_sum_to_be_between(masked)",
     ]:
         assert expected in names
     # Train (300 rows) is judged on NSP balance; valid (60 rows) is only reported, with a note.
     nsp = {
         Path(r.target).name: r
         for r in report.results
-        if r.expectation == "expect_column_mean_to_be_between(next_sentence_label)"
+        if r.expectation == "expect_column_sum_to_be_between(not_next)"
     }
-    assert nsp["train"].observed == pytest.approx(0.5) and not nsp["train"].message.startswith("skipped")
-    assert nsp["valid"].message.startswith("skipped") and nsp["valid"].observed == pytest.approx(0.5)
+    assert nsp["train"].observed["mean"] == pytest.approx(0.5) and not nsp["train"].message.startswith("skipped")
+    assert nsp["train"].observed["rows"] == 300 and nsp["train"].observed["not_next"] == 150
+    assert nsp["valid"].message.startswith("skipped") and nsp["valid"].observed["mean"] == pytest.approx(0.5)
     assert "NOTE" in report.format_text() and "validation passed" in report.format_text()
     rate = next(
         r
         for r in report.results
-        if r.expectation == "expect_column_sum_to_be_between(masked_count)" and r.target.endswith("train")
+        if r.expectation == "expect_column_sum_to_be_between(masked)" and r.target.endswith("train")
     ).observed["rate"]
     assert abs(rate - PROB) < 0.02
     d = report.to_dict()
@@ -113,7 +114,7 @@ def test_clean_dynamic_shards_pass_and_mask_token_fails(tmp_path):
     root = write_examples(tmp_path / "dyn", static=False)
     report = validate_shards(root)
     assert report.success, report.format_text()
-    assert not any("masked_count" in r.expectation for r in report.results)
+    assert not any("(masked" in r.expectation for r in report.results)
 
     def plant_mask(rows):
         rows[7]["input_ids"][3] = MASK
@@ -242,8 +243,8 @@ def test_nsp_label_out_of_set(ex):
 def test_nsp_imbalance(ex):
     for rel in ["train/shard-00000.parquet", "train/shard-00001.parquet"]:
         rewrite(ex, rel, lambda rows: [r.update(next_sentence_label=0 if i % 4 else 1) for i, r in enumerate(rows)])
-    r = assert_only_failure(validate_shards(ex), "expect_column_mean_to_be_between(next_sentence_label)", "train")
-    assert r.observed == pytest.approx(0.25, abs=0.01)
+    r = assert_only_failure(validate_shards(ex), "expect_column_sum_to_be_between(not_next)", "train")
+    assert r.observed["mean"] == pytest.approx(0.25, abs=0.01) and r.observed["expected"] == [0.42, 0.58]
     assert r.sample_rows and r.sample_rows[0]["shard"].endswith(".parquet")
     assert r.sample_rows[0]["nsp_label_mean"] == pytest.approx(0.25, abs=0.02)
     assert "document_per_file" not in r.message  # too few random Bs: not the short-documents case
@@ -252,8 +253,8 @@ def test_nsp_imbalance(ex):
 def test_nsp_mean_too_high_says_what_short_documents_do(ex):
     for rel in ["train/shard-00000.parquet", "train/shard-00001.parquet"]:
         rewrite(ex, rel, lambda rows: [r.update(next_sentence_label=1 if i % 4 else 0) for i, r in enumerate(rows)])
-    r = assert_only_failure(validate_shards(ex), "expect_column_mean_to_be_between(next_sentence_label)", "train")
-    assert r.observed == pytest.approx(0.75, abs=0.01)
+    r = assert_only_failure(validate_shards(ex), "expect_column_sum_to_be_between(not_next)", "train")
+    assert r.observed["mean"] == pytest.approx(0.75, abs=0.01)
     assert "document_per_file" in r.message and "validate.nsp_tolerance" in r.message  # what to do about it
     # these shards' pairs are 32 WordPieces long: short pairs are named as a cause too
     assert r.message.endswith(
@@ -293,7 +294,7 @@ def test_mask_rate_off(ex):
     for k, rows in rng_rows.items():
         write_shard(ex / f"train/shard-{k:05d}.parquet", rows, True)
     refresh_manifest(ex)
-    r = assert_only_failure(validate_shards(ex), "expect_column_sum_to_be_between(masked_count)", "train")
+    r = assert_only_failure(validate_shards(ex), "expect_column_sum_to_be_between(masked)", "train")
     assert r.observed["rate"] < PROB - 0.03
     assert r.sample_rows[0]["rate"] < 0.1 and r.sample_rows[0]["shard"].endswith(".parquet")
 
@@ -422,10 +423,10 @@ def test_token_and_split_counts_vs_manifest(ex):
     got = {(r.expectation, str(Path(r.target).relative_to(ex))): r for r in report.failures}
     assert set(got) == {
         ("expect_column_sum_to_be_between(length)", "train/shard-00000.parquet"),
-        ("expect_table_row_count_to_equal", "valid"),
-        ("expect_column_sum_to_be_between(length)", "valid"),
+        ("expect_column_sum_to_be_between(rows)", "valid"),
+        ("expect_column_sum_to_be_between(tokens)", "valid"),
     }
-    assert got[("expect_table_row_count_to_equal", "valid")].observed == 60
+    assert got[("expect_column_sum_to_be_between(rows)", "valid")].observed == 60
 
 
 def test_masked_label_out_of_vocab_and_empty_row(ex):

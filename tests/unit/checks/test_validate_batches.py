@@ -112,6 +112,11 @@ def test_batches_are_cut_by_rows_in_manifest_order():
     entries = [("train", f"s{i}", {"rows": n}) for i, n in enumerate([5, 5, 5, 20, 1, 1])]
     assert [[e[1] for e in b] for b in vs._batches(entries, 10)] == [["s0", "s1"], ["s2", "s3"], ["s4", "s5"]]
     assert len(vs._batches(entries, 10**6)) == 1
+    # two workers: once fewer than 2 x 200k rows are left, a batch takes half of them, down to 50k
+    many = [("train", f"s{i}", {"rows": 10_000}) for i in range(200)]  # 2M rows
+    sizes = [sum(e[2]["rows"] for e in b) for b in vs._batches(many, 200_000, workers=2)]
+    assert sizes == [200_000] * 9 + [100_000, 50_000, 50_000]
+    assert [sum(e[2]["rows"] for e in b) for b in vs._batches(many, 200_000)] == [200_000] * 10
 
 
 @pytest.mark.slow

@@ -180,7 +180,7 @@ def test_gx_suite_passes_on_good_shards(packed):
         "expect_column_values_to_be_between(max_token_id)",
         "expect_column_values_to_be_in_set(adjacent_separators)",
         "expect_column_values_to_be_in_set(pad_count)",
-        "expect_column_sum_to_be_between(sep_count)",
+        "expect_column_sum_to_be_between(separators)",
         "expect_column_values_to_be_unique(block_hash across shards)",
     } <= names
     assert report.gx_results  # real GX suite results (for the Data Docs site)
@@ -238,4 +238,4 @@ def test_gx_split_totals_catch_a_lost_separator(packed, tmp_path):
 
     _rewrite(shard, drop_one_sep)
     report = validate_shards(dest)
-    assert "expect_column_sum_to_be_between(sep_count)" in _failed(report)
+    assert "expect_column_sum_to_be_between(separators)" in _failed(report)
