@@ -9,6 +9,7 @@ workers make the costly stages; the disk of the outputs with and without DVC's c
 with the repository's ``cache.type``); and the projection for a 20 GB corpus on N cores.
 
     python bench/bench_data_half.py                      # 0.1 and 1 GB, 2 workers, scaling at 0.1 GB
+    python bench/bench_data_half.py --scaling-size 1 --pairs 3   # 1 vs 2 workers at 1 GB, 3 paired runs
     python bench/bench_data_half.py --sizes 2 --no-scaling --no-dvc   # memory at 2 GB
     python bench/bench_data_half.py --repo ../old-checkout --sizes 0.1  # the same corpus through other code
 
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -110,7 +112,16 @@ def dvc_disk(repo: Path, work: Path) -> dict:
 
 
 def bench_size(
-    repo: Path, work: Path, gb: float, workers: int, *, scaling: bool, dvc: bool, seed: int, dask: bool = False
+    repo: Path,
+    work: Path,
+    gb: float,
+    workers: int,
+    *,
+    scaling: bool,
+    dvc: bool,
+    seed: int,
+    dask: bool = False,
+    pairs: int = 1,
 ) -> dict:
     if work.exists():
         shutil.rmtree(work)
@@ -130,12 +141,22 @@ def bench_size(
             "disk_gb": du([work / p for p in OUTPUTS[stage]]) / GB,
         }
     result = {"corpus": corpus, "gb": real_gb, "workers": workers, "stages": stages}
-    if scaling:
-        write_params(repo, work, 1)
+    if scaling:  # each costly stage again: 1 worker, then N, `pairs` times in turn (a drifting machine hits both)
         result["one_worker"] = {}
         for stage in SCALED:
-            r = run_stage(repo, work, stage)
-            result["one_worker"][stage] = {"wall_s": r.wall_s, "cpu_s": r.cpu_s}
+            runs = {1: [], workers: []}
+            for _ in range(pairs):
+                for w in (1, workers):
+                    write_params(repo, work, w)
+                    runs[w].append(run_stage(repo, work, stage))
+            speedups = sorted(a.wall_s / b.wall_s for a, b in zip(runs[1], runs[workers]))
+            result["one_worker"][stage] = {
+                "wall_s": statistics.median(r.wall_s for r in runs[1]),
+                "cpu_s": statistics.median(r.cpu_s for r in runs[1]),
+                "n_wall_s": [round(r.wall_s, 2) for r in runs[workers]],
+                "speedups": [round(x, 3) for x in speedups],
+                "speedup": statistics.median(speedups),  # of the pairs: what the report and projection use
+            }
         write_params(repo, work, workers)
     if dask:  # clean again on a LocalCluster of as many workers (the same bytes; its CPU vs the local engine's)
         write_params(repo, work, workers, engine="dask")
@@ -167,7 +188,7 @@ def project(results: list[dict], target_gb: float, cores: int) -> dict:
         parallel = 1.0
         if speedup_run and stage in speedup_run["one_worker"]:
             w = speedup_run["workers"]
-            s = speedup_run["one_worker"][stage]["wall_s"] / speedup_run["stages"][stage]["wall_s"]
+            s = speedup_run["one_worker"][stage]["speedup"]
             parallel = min(max((1 - 1 / s) / (1 - 1 / w), 0.0), 1.0) if w > 1 else 1.0
         cpu = fixed + slope * target_gb
         out[stage] = cpu * ((1 - parallel) + parallel / cores) / 3600
@@ -197,8 +218,11 @@ def report(results: list[dict], cores: list[int]) -> None:
         print(f"largest process: {peak:.0f} MB (goal <= 2048 MB at 2 GB)")
         if "one_worker" in r:
             for stage, one in r["one_worker"].items():
-                s = one["wall_s"] / r["stages"][stage]["wall_s"]
-                print(f"{stage:10s} 1 -> {r['workers']} workers: {s:.2f}x faster (goal >= 1.6x)")
+                pairs = ", ".join(f"{x:.2f}" for x in one["speedups"])
+                print(
+                    f"{stage:10s} 1 -> {r['workers']} workers: {one['speedup']:.2f}x faster (goal >= 1.6x; "
+                    f"median of {len(one['speedups'])} paired runs: {pairs})"
+                )
         if "clean_dask" in r:
             d, local = r["clean_dask"], r["stages"]["clean"]
             print(
@@ -223,6 +247,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--scaling-size", type=float, default=0.1, help="rerun the costly stages with 1 worker at this size")
     p.add_argument("--no-scaling", action="store_true")
+    p.add_argument("--pairs", type=int, default=1, help="scaling: 1-then-N-worker runs per stage (median speedup)")
     p.add_argument("--no-dvc", action="store_true", help="skip the dvc add disk measurement")
     p.add_argument("--dask-size", type=float, default=None, help="also run clean on a Dask LocalCluster at this size")
     p.add_argument("--repo", type=Path, default=BENCH.parent, help="the code to run (a checkout)")
@@ -247,6 +272,7 @@ def main(argv=None) -> list[dict]:
                 dvc=not args.no_dvc,
                 seed=args.seed,
                 dask=dask,
+                pairs=args.pairs,
             )
         )
         if not args.keep:

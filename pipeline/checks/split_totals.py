@@ -112,8 +112,7 @@ def check_split(
                 "expected": [round(nsp_low, 5), round(nsp_high, 5)],
             }
             per_shard = [
-                {"shard": s, "rows": n, "nsp_label_mean": round(k / n, 4) if n else None}
-                for s, n, _, k, _ in parts
+                {"shard": s, "rows": n, "nsp_label_mean": round(k / n, 4) if n else None} for s, n, _, k, _ in parts
             ]
             per_shard.sort(key=lambda d: -abs((d["nsp_label_mean"] if d["nsp_label_mean"] is not None else 0.5) - 0.5))
             check.sample_rows = per_shard[:max_sample_rows]

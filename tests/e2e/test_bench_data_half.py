@@ -16,7 +16,16 @@ from tests.conftest import REPO
 @pytest.mark.slow
 def test_bench_runs_every_stage_and_measures_it(tmp_path):
     out = tmp_path / "result.json"
-    cmd = [sys.executable, str(REPO / "bench/bench_data_half.py"), "--sizes", "0.003", "--scaling-size", "0.003"]
+    cmd = [
+        sys.executable,
+        str(REPO / "bench/bench_data_half.py"),
+        "--sizes",
+        "0.003",
+        "--scaling-size",
+        "0.003",
+        "--pairs",
+        "2",
+    ]
     cmd += ["--work", str(tmp_path / "work"), "--json", str(out), "--workers", "2", "--cores", "2", "8"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -30,6 +39,8 @@ def test_bench_runs_every_stage_and_measures_it(tmp_path):
         assert s["cpu_s_per_gb"] == pytest.approx(s["cpu_s"] / size["gb"])
     assert stages["examples"]["disk_gb"] > 0.001 and stages["clean"]["disk_gb"] > 0.002
     assert set(size["one_worker"]) == {"tokenizer", "examples", "validate"}
+    for one in size["one_worker"].values():  # --pairs 2: two paired runs, their median speedup
+        assert len(one["speedups"]) == 2 and one["speedup"] == pytest.approx(sum(one["speedups"]) / 2, abs=1e-3)
     disk = size["disk"]
     assert disk["cache_type"] == "hardlink,symlink,copy" and 1.0 <= disk["ratio"] < 1.3  # linked: stored once
     two, eight = result["projection_20gb"]["2"], result["projection_20gb"]["8"]

@@ -91,9 +91,7 @@ def test_clean_static_shards_pass(clean_static):
         assert expected in names
     # Train (300 rows) is judged on NSP balance; valid (60 rows) is only reported, with a note.
     nsp = {
-        Path(r.target).name: r
-        for r in report.results
-        if r.expectation == "expect_column_sum_to_be_between(not_next)"
+        Path(r.target).name: r for r in report.results if r.expectation == "expect_column_sum_to_be_between(not_next)"
     }
     assert nsp["train"].observed["mean"] == pytest.approx(0.5) and not nsp["train"].message.startswith("skipped")
     assert nsp["train"].observed["rows"] == 300 and nsp["train"].observed["not_next"] == 150
