@@ -14,24 +14,32 @@ NSP_MIN_ROWS = 200  # below this the NSP mean is too noisy to judge (sd of the m
 SHARD_TOTALS = ("rows", "tokens", "not_next", "masked")  # an MLM/NSP shard's part of its split's totals
 
 
+def sum_matches_manifest(E, column: str, description: str):
+    """The split's sum of the per-shard ``column`` equals manifest.json's (the suite parameter of
+    the same name)."""
+    return E.ExpectColumnSumToBeBetween(
+        column=column,
+        min_value={"$PARAMETER": column},
+        max_value={"$PARAMETER": column},
+        description=description,
+    )
+
+
 def manifest_totals(E) -> list:
     """A split's row and token counts (sums of the per-shard ``rows`` and ``tokens``) against
     manifest.json (suite parameters ``rows``, ``tokens``); the first expectations of both split
     suites, MLM/NSP and packed."""
     return [
-        E.ExpectColumnSumToBeBetween(
-            column="rows",
-            min_value={"$PARAMETER": "rows"},
-            max_value={"$PARAMETER": "rows"},
-            description="split row count matches manifest.json",
-        ),
-        E.ExpectColumnSumToBeBetween(
-            column="tokens",
-            min_value={"$PARAMETER": "tokens"},
-            max_value={"$PARAMETER": "tokens"},
-            description="split token count matches manifest.json",
-        ),
+        sum_matches_manifest(E, "rows", "split row count matches manifest.json"),
+        sum_matches_manifest(E, "tokens", "split token count matches manifest.json"),
     ]
+
+
+def totals_frame(parts: list, columns: list[str]):
+    """The frame a split suite runs on: one row per shard, its numbers in ``columns``' order."""
+    import pandas as pd
+
+    return pd.DataFrame(list(parts) or np.zeros((0, len(columns)), np.int64), columns=columns).astype(np.int64)
 
 
 def split_expectations(E, spec, nsp_tolerance: float) -> list:
@@ -83,11 +91,7 @@ def check_split(
     """Split totals: rows and tokens vs the manifest, NSP balance, masked share of tokens
     (``parts``: ``(shard, rows, tokens, not_next, masked)`` per shard, :func:`shard_totals`;
     ``spec``: the manifest's promise, with ``static``, ``masked_lm_prob`` and ``max_seq_len``)."""
-    import pandas as pd
-
-    frame = pd.DataFrame(
-        [p[1:] for p in parts] or np.zeros((0, len(SHARD_TOTALS)), np.int64), columns=list(SHARD_TOTALS)
-    ).astype(np.int64)
+    frame = totals_frame([p[1:] for p in parts], list(SHARD_TOTALS))
     rows, tokens, not_next, masked = (int(frame[c].sum()) for c in SHARD_TOTALS)
     nsp_low, nsp_high = 0.5 - nsp_tolerance, 0.5 + nsp_tolerance
     p, tol = spec.masked_lm_prob, mask_rate_tolerance

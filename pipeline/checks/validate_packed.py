@@ -34,7 +34,7 @@ from pipeline.checks.shard_columns import (
     segment_max,
     segment_sum,
 )
-from pipeline.checks.split_totals import manifest_totals
+from pipeline.checks.split_totals import manifest_totals, sum_matches_manifest, totals_frame
 from pipeline.core.errors import BertraceError
 
 _PREVIEW = 24  # ids shown around a bad spot of a block
@@ -88,12 +88,7 @@ def _row_expectations(E, spec: _PackedSpec) -> list:
 def _split_expectations(E) -> list:
     return [
         *manifest_totals(E),
-        E.ExpectColumnSumToBeBetween(
-            column="separators",
-            min_value={"$PARAMETER": "separators"},
-            max_value={"$PARAMETER": "separators"},
-            description="split [SEP] count (one per packed document) matches manifest.json",
-        ),
+        sum_matches_manifest(E, "separators", "split [SEP] count (one per packed document) matches manifest.json"),
     ]
 
 
@@ -233,8 +228,6 @@ def validate_packed_shards(
             per_split[split].append(part[:3])
             digests.append((str(path), part[3]))
 
-    import pandas as pd
-
     for split, info in manifest["splits"].items():
         target = str(examples_dir / split)
         if incomplete[split]:
@@ -250,8 +243,7 @@ def validate_packed_shards(
                 )
             )
             continue
-        # one row per shard (split_totals: the sums are what the split suite checks)
-        frame = pd.DataFrame(per_split[split] or np.zeros((0, 3), np.int64), columns=["rows", "tokens", "separators"])
+        frame = totals_frame(per_split[split], ["rows", "tokens", "separators"])
         params = {k: int(info.get(k, 0)) for k in ("rows", "tokens", "separators")}
         results += [to_check(r, target) for r in split_suite.run(frame, params=params, run_name=target)]
     results += _overlap(gx, digests, max_sample_rows)

@@ -139,7 +139,7 @@ def validate_shards(
     ]
     if batch_rows is None:
         engine, batch_rows = _sized(entries, engine)
-    batches = _batches(entries, batch_rows, engine.local_workers if engine.kind == "local" else max(engine.workers, 1))
+    batches = _batches(entries, batch_rows, engine.local_workers)
 
     results: list[CheckResult] = []
     listed: set[Path] = set()
@@ -229,7 +229,7 @@ def _batches(entries: list, rows: int, workers: int = 1) -> list[list]:
     batches, current, n = [], [], 0
     for e in entries:
         if not current:
-            size = rows if workers == 1 else min(rows, max(MIN_BATCH_ROWS, left // workers))
+            size = min(rows, max(MIN_BATCH_ROWS, left // workers))
         current.append(e)
         n += _manifest_rows(e[2])
         if n >= size or len(current) >= MAX_BATCH_SHARDS:
