@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Annotated, ClassVar, Iterator, Literal
+from typing import Annotated, Callable, ClassVar, Iterable, Iterator, Literal, TypeVar
 
 from pydantic import Field
 
@@ -25,6 +25,7 @@ from pipeline.data.tokenizer import (
 )
 
 log = logging.getLogger("bertrace.tokenizer")
+T, R = TypeVar("T"), TypeVar("R")
 
 _PIECE_CHARS = 1 << 13  # the trainer gets documents cut into pieces of about this size (see _pieces)
 
@@ -95,6 +96,7 @@ def train_wordpiece(
     limit_alphabet: int = 1000,
     strip_accents: StripAccents = "auto",
     progress: bool = True,
+    workers: int = 1,
 ) -> dict:
     """Train WordPiece on ``train_txt`` (one document per line) and write ``out_dir/tokenizer.json``
     and ``out_dir/vocab.txt`` (BERT format: one token per line, line number = id).
@@ -102,6 +104,7 @@ def train_wordpiece(
     Returns ``{tokenizer_sha256, vocab_sha256, vocab_size, normalizer}``; ``vocab_size`` is the
     actual size, which is smaller than requested when the corpus has fewer distinct pieces;
     ``normalizer`` is :func:`normalizer_report` on ``train_txt`` (what normalisation alters).
+    ``workers``: threads for the passes before training (the trainer's own are ``RAYON_NUM_THREADS``).
 
     ``tokenizers``' WordPieceTrainer (BPE merges, then a WordPiece vocabulary) is not deterministic
     on its own (huggingface/tokenizers#1794): the ``##x`` tokens get ids in hash-map order, those ids
@@ -129,7 +132,9 @@ def train_wordpiece(
     alphabet = corpus_alphabet(
         train_txt, lowercase=lowercase, limit=limit_alphabet, strip_accents=strip_accents, counts=counts
     )
-    continuation = continuation_pieces(train_txt, lowercase=lowercase, alphabet=alphabet, strip_accents=strip_accents)
+    continuation = continuation_pieces(
+        train_txt, lowercase=lowercase, alphabet=alphabet, strip_accents=strip_accents, counts=counts, workers=workers
+    )
     trained = _train(
         _pieces(line_batches(train_txt)),
         None,
@@ -203,20 +208,30 @@ def _train(
 
 
 def continuation_pieces(
-    train_txt: Path, *, lowercase: bool, alphabet: list[str], strip_accents: StripAccents = None
+    train_txt: Path,
+    *,
+    lowercase: bool,
+    alphabet: list[str],
+    strip_accents: StripAccents = None,
+    counts=None,
+    workers: int = 1,
 ) -> list[str]:
     """The ``##x`` pieces the trainer creates (``x`` in ``alphabet`` seen inside a word), sorted.
 
     The trainer makes ``##x`` for every character ``x`` of ``alphabet`` that follows another
     character of the same pre-tokenised word. Normalisation works character by character, so each
-    distinct character is normalised once (as :func:`corpus_alphabet` does) and the text is read
-    as pairs of neighbouring kept characters (numpy): ``x`` continues a word when it and the kept
-    character before it are word characters, i.e. neither a space nor a character the
-    pre-tokeniser splits off (tested against a no-merge training pass on Unicode stress text).
+    distinct character (``counts``: :func:`char_counts` of ``train_txt``) is normalised once (as
+    :func:`corpus_alphabet` does) and the text is read as pairs of neighbouring kept characters
+    (numpy): ``x`` continues a word when it and the kept character before it are word characters,
+    i.e. neither a space nor a character the pre-tokeniser splits off (tested against a no-merge
+    training pass on Unicode stress text). ``workers`` threads read the batches (numpy's gathers
+    release the GIL); the result does not depend on their number.
     """
     import numpy as np
 
     tok = build_tokenizer(lowercase=lowercase, strip_accents=strip_accents)
+    if counts is None:
+        counts = char_counts(train_txt)
     in_word: dict[str, bool] = {}
 
     def word_char(ch: str) -> bool:  # the pre-tokeniser's own verdict: "a" + ch + "a" stays one word
@@ -224,24 +239,48 @@ def continuation_pieces(
             in_word[ch] = len(tok.pre_tokenizer.pre_tokenize_str("a" + ch + "a")) == 1
         return in_word[ch]
 
-    seen, kept = np.zeros(0x110000, bool), np.zeros(0x110000, bool)  # normalised yet; to something
+    kept = np.zeros(0x110000, bool)  # normalises to something
     starts, ends = np.zeros(0x110000, bool), np.zeros(0x110000, bool)  # its first / last char is a word char
     first = np.zeros(0x110000, np.int32)  # the first char it normalises to
     found: set[str] = set()
-    for batch in line_batches(Path(train_txt)):
+    for cp in sorted({10, *np.flatnonzero(counts).tolist()}):  # 10: the line ends that join a batch
+        out = tok.normalizer.normalize_str(chr(cp))
+        if out:
+            flags = [word_char(c) for c in out]
+            kept[cp], starts[cp], ends[cp], first[cp] = True, flags[0], flags[-1], ord(out[0])
+            found.update(out[j] for j in range(1, len(out)) if flags[j - 1] and flags[j])
+
+    def continued(batch: list[str]) -> list[int]:
+        """The first characters of the kept characters that continue a word in ``batch``."""
         cps = np.frombuffer("\n".join(batch).encode("utf-32-le"), dtype=np.uint32)
-        for cp in np.unique(cps[~seen[cps]]).tolist():
-            seen[cp] = True
-            out = tok.normalizer.normalize_str(chr(cp))
-            if out:
-                flags = [word_char(c) for c in out]
-                kept[cp], starts[cp], ends[cp], first[cp] = True, flags[0], flags[-1], ord(out[0])
-                found.update(out[j] for j in range(1, len(out)) if flags[j - 1] and flags[j])
         chars = cps[kept[cps]]
-        inside = ends[chars[:-1]] & starts[chars[1:]]
-        found.update(map(chr, np.unique(first[chars[1:][inside]]).tolist()))
+        hit = np.zeros(0x110000, bool)
+        hit[first[chars[1:][ends[chars[:-1]] & starts[chars[1:]]]]] = True
+        return np.flatnonzero(hit).tolist()
+
+    for cps in thread_map(continued, line_batches(Path(train_txt)), workers):
+        found.update(map(chr, cps))
     allowed = set(alphabet)
     return sorted("##" + c for c in found if c in allowed)
+
+
+def thread_map(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[R]:
+    """``map(fn, items)`` on ``workers`` threads, in order, with at most ``2 * workers`` items in
+    flight (memory stays bounded however long ``items`` is); ``workers <= 1`` runs in this thread."""
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as pool:
+        pending: deque = deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def corpus_alphabet(

@@ -287,3 +287,45 @@ def test_continuation_pieces_are_the_ones_a_no_merge_training_pass_creates(tmp_p
     expected = sorted(t for t in trained.get_vocab(with_added_tokens=False) if t.startswith("##") and len(t) == 3)
     got = continuation_pieces(path, lowercase=lowercase, alphabet=alphabet, strip_accents=strip_accents)
     assert len(expected) > 300 and got == expected
+
+
+def test_continuation_pieces_do_not_depend_on_threads_or_batches(tmp_path, monkeypatch):
+    """Read by 3 threads in 4 kB batches, a text gives the pieces one thread gives in one batch;
+    a line end joins no words ("b" ends one line, "ŋ", seen nowhere else, starts the next)."""
+    import pipeline.data.tokenizer as T
+    from pipeline.data.tokenizer_training import continuation_pieces
+
+    rng = random.Random(3)
+    lines = [" ".join(rng.choice(WORDS + ["naïve", "Ωμέγα", "東京", "x-ray"]) for _ in range(60)) for _ in range(300)]
+    lines += ["only b", "ŋ only"]
+    path = tmp_path / "train.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    alphabet = corpus_alphabet(path, lowercase=True, limit=1000)
+    one = continuation_pieces(path, lowercase=True, alphabet=alphabet)
+    monkeypatch.setattr(T, "BATCH_CHARS", 4096)
+    assert len(list(T.line_batches(path))) > 20
+    assert continuation_pieces(path, lowercase=True, alphabet=alphabet, workers=3) == one
+    assert "##ŋ" not in one and "ŋ" in alphabet and "##μ" in one
+
+
+def test_thread_map_keeps_order_and_bounds_what_is_in_flight():
+    import threading
+    import time
+
+    from pipeline.data.tokenizer_training import thread_map
+
+    taken, lock = [], threading.Lock()
+
+    def items():
+        for i in range(40):
+            with lock:
+                taken.append(i)
+            yield i
+
+    seen = []
+    for got in thread_map(lambda i: (time.sleep(0.001 * (i % 3)), i * i)[1], items(), workers=3):
+        seen.append(got)
+        with lock:
+            assert len(taken) - len(seen) <= 6  # at most 2 * workers items taken but not yet returned
+    assert seen == [i * i for i in range(40)]
+    assert list(thread_map(str, range(5), workers=1)) == ["0", "1", "2", "3", "4"]
