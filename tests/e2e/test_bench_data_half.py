@@ -1,6 +1,7 @@
 """bench/bench_data_half.py end to end on a 3 MB synthetic corpus: every stage runs as the real
 stage, is measured, the 1-worker rerun and the DVC disk measurement happen, and the projection
-adds up (the numbers themselves are BENCHMARKS.md's business)."""
+adds up, and clean runs on a Dask LocalCluster paired with the local engine (the numbers themselves
+are BENCHMARKS.md's business)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ def test_bench_runs_every_stage_and_measures_it(tmp_path):
         "0.003",
         "--pairs",
         "2",
+        "--dask-size",
+        "0.003",
     ]
     cmd += ["--work", str(tmp_path / "work"), "--json", str(out), "--workers", "2", "--cores", "2", "8"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -41,6 +44,9 @@ def test_bench_runs_every_stage_and_measures_it(tmp_path):
     assert set(size["one_worker"]) == {"tokenizer", "examples", "validate"}
     for one in size["one_worker"].values():  # --pairs 2: two paired runs, their median speedup
         assert len(one["speedups"]) == 2 and one["speedup"] == pytest.approx(sum(one["speedups"]) / 2, abs=1e-3)
+    dask = size["clean_dask"]  # local then Dask clean, twice: their CPU ratios and the median
+    assert len(dask["cpu_ratios"]) == 2 and dask["cpu_ratio"] == pytest.approx(sum(dask["cpu_ratios"]) / 2, abs=1e-3)
+    assert dask["cpu_s"] > 0.3 and dask["local_cpu_s"] > 0.3 and "clean on a Dask LocalCluster" in proc.stdout
     disk = size["disk"]
     assert disk["cache_type"] == "hardlink,symlink,copy" and 1.0 <= disk["ratio"] < 1.3  # linked: stored once
     two, eight = result["projection_20gb"]["2"], result["projection_20gb"]["8"]
