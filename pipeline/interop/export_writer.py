@@ -14,6 +14,7 @@ from typing import Any
 from pipeline.core.errors import BertraceError
 from pipeline.core.io import sha256_file, write_json
 from pipeline.data.encode import bert_normalizer
+from pipeline.interop.model_card import write_card
 
 # Texts whose combining marks a normaliser may keep or strip: the export's tokenizer must agree on them.
 SCRIPT_PROBES = [
@@ -64,7 +65,7 @@ def write_export(
     """Write ``out_dir`` atomically (a temp directory renamed into place): ``hf_model``'s
     ``save_pretrained`` files, the tokenizer files (``write_tokenizer(dir)``) and
     ``bertrace_export.json`` (source, hashes, provenance, and ``verify_fn``'s logits check when
-    ``verify``). Shared by the BERT/ELECTRA export (pipeline/interop/export.py) and the GPT-2 one (pipeline/interop/export_gpt.py)."""
+    ``verify``) and the model card ``README.md`` (:mod:`pipeline.interop.model_card`). Shared by the BERT/ELECTRA export (pipeline/interop/export.py) and the GPT-2 one (pipeline/interop/export_gpt.py)."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
@@ -89,6 +90,7 @@ def write_export(
         if verify:
             info["verification"] = verify_fn(loaded, tf, hf_cls, tmp)
         write_json(tmp / EXPORT_INFO, info)
+        write_card(tmp, info, loaded["checkpoint"])
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
