@@ -400,7 +400,7 @@ def lineage(target: str | os.PathLike, root: str | os.PathLike = ".") -> dict[st
 
     Returns ``{target, kind, target_sha256, chain: [node, ...], conflicts: [...], checks: [...]}``;
     each node is ``{stage, git_commit, git_dirty, dirty_paths, params_hash, params, started,
-    finished, pipeline_run_id, mlflow_run_id, source, budget (pretrain: its budget record, with
+    finished, pipeline_run_id, mlflow_run_id, record_sha256, source, budget (pretrain: its budget record, with
     ``extends`` when it continued another budget's run), inputs {path: sha256}, outputs
     {path: sha256}, dvc_outs {path: md5}}``. A stage embedded more than once (clean via tokenizer
     and via examples) is listed once, from its most downstream occurrence; if the copies disagree (different
@@ -422,6 +422,7 @@ def lineage(target: str | os.PathLike, root: str | os.PathLike = ".") -> dict[st
     run_logs = _RunLogs(Path(root))
     for name, rec in iter_records(record, record.get("stage")):
         node = _node(name, with_run(rec, run_logs.find(name, rec)))
+        node["record_sha256"] = record_digest(rec)  # its record without the code identity (what a checkpoint embeds)
         if name not in nodes:
             nodes[name] = node
         elif (nodes[name]["params_hash"], nodes[name]["inputs"], nodes[name]["outputs"]) != (

@@ -8,6 +8,8 @@ bertrace generate PROMPT [--checkpoint P] [--max-new-tokens N] [--temperature T]
                          [--top-p P] [--seed S]   sample text from a causal LM (streamed)
 bertrace trace TARGET [--json] [--verify] [--root DIR]     lineage of a checkpoint, export or MLflow
                                               run/model back to the raw corpus; --verify rechecks it
+bertrace attest TARGET --key PRIVATE.pem     sign an in-toto/SLSA statement of a checkpoint or export
+bertrace verify-attestation TARGET --key PUBLIC.pem   check its signature, model files and materials
 bertrace scorecard record NAME [--note T] [--set k=v]   keep the last run's scorecard row as a profile row
 bertrace scorecard render                     rewrite reports/scorecard.md from the recorded rows
 bertrace demo [--model P] [--port N]          the model on a web page (Gradio, 127.0.0.1) beside its
@@ -36,6 +38,10 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("generate", help="sample text from a causal-LM checkpoint (pretrain.objective: clm)", add_help=False)
     sub.add_parser(
         "trace", help="lineage of a checkpoint, export or MLflow run/model (--verify rechecks it)", add_help=False
+    )
+    sub.add_parser("attest", help="sign an in-toto (SLSA provenance) statement of a model", add_help=False)
+    sub.add_parser(
+        "verify-attestation", help="check a model's signed statement: signature, files, materials", add_help=False
     )
     sub.add_parser(
         "scorecard", help="record the last run's scorecard row as a profile, or render the scorecard", add_help=False
@@ -69,6 +75,10 @@ def main(argv: list[str] | None = None) -> None:
         from stages.cli import trace
 
         run_stage(lambda: trace.main(rest))
+    elif args.command in ("attest", "verify-attestation"):
+        from stages.cli import attest
+
+        run_stage(lambda: sys.exit((attest.main_attest if args.command == "attest" else attest.main_verify)(rest)))
     elif args.command == "scorecard":
         from stages import scorecard
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.core.io import sha256_file
 from tests.conftest import REPO, shared_file
 from tests.support.repos import copy_repo, run_cmd, tiny_params
 
@@ -260,6 +261,115 @@ def test_trace_verifies_the_pipeline_checkpoint_from_disk_mlflow_and_export(repo
         n["stage"] for n in json.loads(_trace(root, env, str(tmp_path / "model.pt"), "--json").stdout)["chain"]
     ] == CHAIN_STAGES[1:]
     assert "0 changed" in proc.stdout and "not present" in proc.stdout
+
+
+def _keys(where: Path, password: bytes | None = None) -> tuple[Path, Path]:
+    """A real EC P-256 key pair in PEM (the private one encrypted with ``password``)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    enc = serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "priv.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, enc)
+    )
+    (where / "pub.pem").write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return where / "priv.pem", where / "pub.pem"
+
+
+def test_attestation_verifies_and_names_what_was_tampered(repo, tmp_path):
+    """`bertrace attest` signs an in-toto/SLSA statement of the fine-tuned checkpoint with a key
+    made here; `verify-attestation` passes, then fails with one line naming the tampered model,
+    the tampered material, the other key, the edited statement and the missing signature (on a
+    copy of the repository: its outputs are hard links into the DVC cache, never edited in place)."""
+    root, env, _ = repo
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy, symlinks=True, ignore=shutil.ignore_patterns(".dvc"))
+    priv, pub = _keys(tmp_path / "team", b"s3cret-pass")
+    _, other = _keys(tmp_path / "other")
+    env = {**env, "PYTHONPATH": str(copy), "BERTRACE_SIGNING_KEY_PASSWORD": "s3cret-pass"}
+
+    def cli(*args):
+        return run_cmd([sys.executable, "-m", "stages.cli", *args], copy, env, check=False)
+
+    done = cli("attest", "data/finetune/model.pt", "--key", str(priv))
+    assert done.returncode == 0, done.stderr
+    statement_file = copy / "attestations/data/finetune/model.pt.intoto.json"
+    statement = json.loads(statement_file.read_text())
+    assert statement["_type"] == "https://in-toto.io/Statement/v1"
+    assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
+    subjects = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
+    assert subjects == {
+        "data/finetune/model.pt": sha256_file(copy / "data/finetune/model.pt"),
+        "data/pretrain/best.pt": sha256_file(copy / "data/pretrain/best.pt"),
+    }
+    deps = statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+    names = {d["name"] for d in deps}
+    assert {"data/raw", "data/clean/train.txt", "data/tokenizer/tokenizer.json", "data/examples/manifest.json"} <= names
+    assert {
+        f"bertrace:code/{s}" for s in ("download", "clean", "tokenizer", "examples", "pretrain", "finetune")
+    } <= names
+    stages = statement["predicate"]["buildDefinition"]["externalParameters"]["stages"]
+    assert stages["pretrain"]["params_hash"] and set(stages) >= {"download", "clean", "finetune"}
+    secret = priv.read_text().splitlines()[1:-1]  # the key's base64 lines
+    for written in (statement_file, statement_file.with_name(statement_file.name + ".sig")):
+        text = written.read_text()
+        assert "s3cret-pass" not in text and not any(line in text for line in secret), written
+
+    def verify(key=pub):
+        proc = cli("verify-attestation", "data/finetune/model.pt", "--key", str(key))
+        return proc.returncode, [line for line in proc.stdout.splitlines() if line.startswith("FAILED")]
+
+    ok = cli("verify-attestation", "data/finetune/model.pt", "--key", str(pub))
+    assert ok.returncode == 0 and "verified" in ok.stdout, ok.stdout + ok.stderr
+    code, lines = verify(other)
+    assert code == 1 and len(lines) == 1 and "another key" in lines[0]
+
+    def replaced(path: Path, data: bytes) -> bytes:  # a new file, not an in-place edit
+        old = path.read_bytes()
+        path.unlink()
+        path.write_bytes(data)
+        return old
+
+    old = replaced(copy / "data/clean/valid.txt", b"a tampered corpus line\n")
+    code, lines = verify()
+    assert code == 1 and len(lines) == 1 and "data/clean/valid.txt" in lines[0], lines
+    replaced(copy / "data/clean/valid.txt", old)
+    old = replaced(copy / "data/finetune/model.pt", (copy / "data/finetune/model.pt").read_bytes() + b"\0")
+    code, lines = verify()
+    assert code == 1 and len(lines) == 1 and "subject data/finetune/model.pt" in lines[0], lines
+    replaced(copy / "data/finetune/model.pt", old)
+    assert verify() == (0, [])
+    text = statement_file.read_text()
+    statement_file.write_text(text.replace('"data/raw"', '"data/raw2"', 1))
+    code, lines = verify()
+    assert code == 1 and len(lines) == 1 and "changed after it was signed" in lines[0], lines
+    statement_file.write_text(text)
+    statement_file.with_name(statement_file.name + ".sig").unlink()
+    code, lines = verify()
+    assert code == 1 and len(lines) == 1 and "unsigned" in lines[0], lines
+
+    # a Hugging Face export: its files are the subjects, its model card names the attestation
+    hf = tmp_path / "hf"
+    assert cli("export", "--hf", str(hf), "--checkpoint", "data/finetune/model.pt").returncode == 0
+    card = (hf / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\npipeline_tag: text-classification")
+    ckpt_seed = re.search(r"this checkpoint's seed: (\d+)", card)
+    assert ckpt_seed and "| validation_accuracy |" in card and "Attestation: none yet" in card
+    assert "demonstration-size model" in card  # the tiny DAG's model
+    assert cli("attest", str(hf), "--key", str(priv), "--root", str(copy)).returncode == 0
+    statement = json.loads((hf / "attestation.intoto.json").read_text())
+    assert {s["name"] for s in statement["subject"]} >= {"config.json", "model.safetensors", "bertrace_export.json"}
+    assert "README.md" not in {s["name"] for s in statement["subject"]}
+    assert sha256_file(hf / "attestation.intoto.json") in (hf / "README.md").read_text()
+    ok = cli("verify-attestation", str(hf), "--key", str(pub), "--root", str(copy))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    (hf / "config.json").write_text((hf / "config.json").read_text().replace("{", '{"x": 1, ', 1))
+    bad = cli("verify-attestation", str(hf), "--key", str(pub), "--root", str(copy))
+    assert bad.returncode == 1 and "subject config.json" in bad.stdout, bad.stdout
 
 
 def test_second_repro_runs_nothing(repo):

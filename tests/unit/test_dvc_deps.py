@@ -87,6 +87,8 @@ def test_pipeline_modules_of_no_stage_are_the_tools_ones():
         "pipeline/interop/export_gpt.py",
         "pipeline/interop/export_writer.py",
         "pipeline/interop/hf_gpt.py",
+        "pipeline/interop/model_card.py",
+        "pipeline/lineage/attestation.py",
         "pipeline/lineage/trace.py",
         "pipeline/lineage/trace_render.py",
         "pipeline/lineage/trace_verify.py",
