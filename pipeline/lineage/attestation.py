@@ -208,39 +208,42 @@ def check_signature(statement_file: Path, public_key: Path) -> str | None:
     return None
 
 
-def verify(target: str | os.PathLike, public_key: Path, root: str | os.PathLike = ".") -> list[str]:
-    """Every failure, one line each (empty: verified): the signature, each subject's sha256 against
-    the file on disk, and the materials against what the chain re-derives now (``trace --verify``:
-    each recorded file rehashed under ``root``, the statement's dependencies rebuilt)."""
+def verify(target: str | os.PathLike, public_key: Path, root: str | os.PathLike = ".") -> tuple[list[str], list[str]]:
+    """``(failures, notes)``, one line each (no failures: verified): the signature, each subject's
+    sha256 against the file on disk, and the materials against what the chain re-derives now
+    (``trace --verify``: each recorded file rehashed under ``root``; the statement's dependencies
+    rebuilt, both ways). A stage's code that changed since without changing its outputs (its own
+    record rewritten by a rerun) is a note, not a failure: the outputs are what the hashes bind."""
     from pipeline.lineage import trace_verify
 
     target, root = Path(target), Path(root)
     statement_file = statement_path(target, root)
     bad = check_signature(statement_file, Path(public_key))
     if bad:
-        return [bad]
+        return [bad], []
     statement = json.loads(statement_file.read_text(encoding="utf-8"))
-    failures = []
+    failures, notes = [], []
     for subject in statement.get("subject") or []:
         path = _subject_path(subject["name"], target, root)
         if not path.is_file():
             failures.append(f"subject {subject['name']}: not present under {root}")
         elif sha256_file(path) != subject["digest"]["sha256"]:
             failures.append(f"subject {subject['name']}: sha256 differs from the attested one (the model changed)")
-    now = build_statement(target, root)
-    attested = {
-        json.dumps(m, sort_keys=True) for m in statement["predicate"]["buildDefinition"]["resolvedDependencies"]
-    }
-    for m in now["predicate"]["buildDefinition"]["resolvedDependencies"]:
-        if json.dumps(m, sort_keys=True) not in attested:
-            failures.append(f"material {m['name']} ({m.get('annotations', {}).get('stage')}): not the attested one")
+    key = lambda m: json.dumps(m, sort_keys=True)  # noqa: E731
+    attested = {key(m): m for m in statement["predicate"]["buildDefinition"]["resolvedDependencies"]}
+    now = {key(m): m for m in build_statement(target, root)["predicate"]["buildDefinition"]["resolvedDependencies"]}
+    for k in sorted(attested.keys() ^ now.keys()):
+        m = attested.get(k) or now[k]
+        what = f"material {m['name']} ({m.get('annotations', {}).get('stage')})"
+        how = "attested, not in the chain now" if k in attested else "in the chain now, not attested"
+        (notes if m["name"].startswith("bertrace:code/") else failures).append(f"{what}: {how}")
     changed: dict[str, list[str]] = {}  # path -> the stages and roles that recorded it
     for check in trace_verify.verify(lineage(target, root), root):
         if check["status"] == trace_verify.CHANGED and check["role"] in ("input", "output", "shard", "target"):
             changed.setdefault(check["path"], []).append(f"{check['stage']} {check['role']}")
     for path, where in changed.items():
         failures.append(f"material {path} ({', '.join(where)}): sha256 on disk differs from the record")
-    return failures
+    return failures, notes
 
 
 def _subject_path(name: str, target: Path, root: Path) -> Path:

@@ -59,7 +59,9 @@ def main_verify(argv: list[str] | None = None) -> int:
     args = _parser("bertrace verify-attestation", "the public key (PEM) of the key that signed it").parse_args(argv)
     root = Path(args.root) if args.root else trace.repository_root(args.target)
     t0 = time.perf_counter()
-    failures = attestation.verify(args.target, args.key, root)
+    failures, notes = attestation.verify(args.target, args.key, root)
+    for line in notes:
+        print(f"note: {line}")
     for line in failures:
         print(f"FAILED {line}")
     if failures:

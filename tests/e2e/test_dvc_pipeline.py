@@ -343,6 +343,13 @@ def test_attestation_verifies_and_names_what_was_tampered(repo, tmp_path):
     assert code == 1 and len(lines) == 1 and "subject data/finetune/model.pt" in lines[0], lines
     replaced(copy / "data/finetune/model.pt", old)
     assert verify() == (0, [])
+    # a rerun with other code and the same outputs rewrites the stage's own record: a note, not a failure
+    record = json.loads((copy / "data/provenance/tokenizer.json").read_text())
+    record["code"] = {**record["code"], "pipeline/data/tokenizer_training.py": "0" * 64}
+    old = replaced(copy / "data/provenance/tokenizer.json", json.dumps(record).encode())
+    proc = cli("verify-attestation", "data/finetune/model.pt", "--key", str(pub))
+    assert proc.returncode == 0 and "note: material bertrace:code/tokenizer (tokenizer)" in proc.stdout, proc.stdout
+    replaced(copy / "data/provenance/tokenizer.json", old)
     text = statement_file.read_text()
     statement_file.write_text(text.replace('"data/raw"', '"data/raw2"', 1))
     code, lines = verify()
