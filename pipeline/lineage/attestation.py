@@ -43,11 +43,12 @@ def statement_path(target: str | os.PathLike, root: str | os.PathLike) -> Path:
     target, root = Path(target), Path(root)
     if target.is_dir():
         return target / EXPORT_STATEMENT
-    try:
-        rel = target.resolve().relative_to(root.resolve())
-    except ValueError:
-        rel = Path(target.name)
-    return root / "attestations" / (rel.as_posix() + SUFFIX)
+    return root / "attestations" / (_name(target, root) + SUFFIX)
+
+
+def signature_path(statement_file: Path) -> Path:
+    """The sigstore bundle beside a statement: ``<statement>.sig``."""
+    return Path(str(statement_file) + ".sig")
 
 
 def _name(path: Path, root: Path) -> str:
@@ -120,9 +121,7 @@ def materials(lin: dict[str, Any], root: str | os.PathLike) -> list[dict[str, An
 def build_statement(target: str | os.PathLike, root: str | os.PathLike = ".") -> dict[str, Any]:
     """The in-toto Statement (SLSA Provenance v1) of ``target``: a checkpoint or export directory."""
     root = Path(root)
-    lin = lineage(target, root)
-    if not lin["chain"]:
-        raise BertraceError(f"{target}: no provenance chain to attest; give a checkpoint written by the pipeline")
+    lin = _chain(target, root)
     nodes = lin["chain"]
     pretrain = next((n for n in nodes if n["stage"] == "pretrain"), None)
     first = nodes[0]
@@ -154,6 +153,14 @@ def build_statement(target: str | os.PathLike, root: str | os.PathLike = ".") ->
     }
 
 
+def _chain(target: str | os.PathLike, root: Path) -> dict[str, Any]:
+    """:func:`lineage` of ``target``, which must have a chain to attest."""
+    lin = lineage(target, root)
+    if not lin["chain"]:
+        raise BertraceError(f"{target}: no provenance chain to attest; give a checkpoint written by the pipeline")
+    return lin
+
+
 def write_statement(statement: dict[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_open(path) as f:
@@ -165,7 +172,7 @@ def sign(statement_file: Path, private_key: Path, password: str | None = None) -
     """Sign ``statement_file`` with ``model-signing`` and an EC private key (PEM); the sigstore
     bundle goes to ``<statement_file>.sig``."""
     signing = _model_signing("signing")
-    sig = Path(str(statement_file) + ".sig")
+    sig = signature_path(statement_file)
     if not Path(private_key).is_file():
         raise BertraceError(f"{private_key}: no such private key; give the team's signing key (PEM, EC P-256/P-384)")
     try:
@@ -186,7 +193,7 @@ def sign(statement_file: Path, private_key: Path, password: str | None = None) -
 def check_signature(statement_file: Path, public_key: Path) -> str | None:
     """None when ``<statement_file>.sig`` is a valid model-signing signature of the statement by
     ``public_key``; else one line saying what failed."""
-    sig = Path(str(statement_file) + ".sig")
+    sig = signature_path(statement_file)
     if not public_key.is_file():
         raise BertraceError(f"{public_key}: no such public key; give the PEM public key of the key that signed")
     if not statement_file.is_file():
@@ -229,16 +236,17 @@ def verify(target: str | os.PathLike, public_key: Path, root: str | os.PathLike 
             failures.append(f"subject {subject['name']}: not present under {root}")
         elif sha256_file(path) != subject["digest"]["sha256"]:
             failures.append(f"subject {subject['name']}: sha256 differs from the attested one (the model changed)")
+    lin = _chain(target, root)  # once: the materials rebuilt and the files rehashed read the same chain
     key = lambda m: json.dumps(m, sort_keys=True)  # noqa: E731
     attested = {key(m): m for m in statement["predicate"]["buildDefinition"]["resolvedDependencies"]}
-    now = {key(m): m for m in build_statement(target, root)["predicate"]["buildDefinition"]["resolvedDependencies"]}
+    now = {key(m): m for m in materials(lin, root)}
     for k in sorted(attested.keys() ^ now.keys()):
         m = attested.get(k) or now[k]
         what = f"material {m['name']} ({m.get('annotations', {}).get('stage')})"
         how = "attested, not in the chain now" if k in attested else "in the chain now, not attested"
         (notes if m["name"].startswith("bertrace:code/") else failures).append(f"{what}: {how}")
     changed: dict[str, list[str]] = {}  # path -> the stages and roles that recorded it
-    for check in trace_verify.verify(lineage(target, root), root):
+    for check in trace_verify.verify(lin, root):
         if check["status"] == trace_verify.CHANGED and check["role"] in ("input", "output", "shard", "target"):
             changed.setdefault(check["path"], []).append(f"{check['stage']} {check['role']}")
     for path, where in changed.items():
@@ -252,11 +260,10 @@ def _subject_path(name: str, target: Path, root: Path) -> Path:
 
 
 def _model_signing(module: str):
+    """``model_signing.<module>`` (``signing`` or ``verifying``), or a one-line error without it."""
+    import importlib
+
     try:
-        if module == "signing":
-            from model_signing import signing as m
-        else:
-            from model_signing import verifying as m
+        return importlib.import_module(f"model_signing.{module}")
     except ImportError as e:
         raise BertraceError(f"attestations need model-signing ({e}); pip install -e . (it is a dependency)") from None
-    return m
