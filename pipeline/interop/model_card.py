@@ -19,6 +19,7 @@ import yaml
 
 from pipeline.core.io import atomic_open
 from pipeline.lineage.provenance import iter_records
+from pipeline.lineage.trace import corpus_source, imported_source
 
 CARD = "README.md"
 _PIPELINE_TAGS = {
@@ -38,15 +39,12 @@ def _records(provenance: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
 
 
 def _corpus(records: dict[str, dict[str, Any]]) -> str:
-    params = (records.get("download") or {}).get("params") or {}
-    if params.get("source") == "local":
-        return f"a local corpus ({(params.get('local') or {}).get('path')})"
-    hub = params.get("hub") or {}
-    if hub.get("dataset"):
-        return f"`{hub['dataset']}`" + (f" ({hub['config']})" if hub.get("config") else "")
+    """Where the pre-training text came from, as ``bertrace trace`` says it."""
+    source = corpus_source(records["download"]) if "download" in records else None
+    if source:
+        return f"`{source}`"
     if "imported" in records:
-        rec = records["imported"]
-        return f"the published checkpoint `{rec.get('source')}` (imported, not pre-trained here)"
+        return f"the published checkpoint `{imported_source(records['imported'])}` (imported, not pre-trained here)"
     return "not recorded"
 
 

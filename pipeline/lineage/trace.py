@@ -259,7 +259,7 @@ def _run_model_location(client, run_id: str, name: str) -> str:
     return f"{run.info.artifact_uri}/{name}"  # MLflow 2: a folder of the run's artifacts
 
 
-def _source(rec: dict[str, Any]) -> str | None:
+def corpus_source(rec: dict[str, Any]) -> str | None:
     """Where the download stage's corpus came from: hub id + revision, or local path."""
     src = rec.get("source") if isinstance(rec.get("source"), dict) else None
     params = rec.get("params") if isinstance(rec.get("params"), dict) else {}
@@ -273,7 +273,7 @@ def _source(rec: dict[str, Any]) -> str | None:
     return None
 
 
-def _imported(rec: dict[str, Any]) -> str:
+def imported_source(rec: dict[str, Any]) -> str:
     """``<source>@<revision>`` of a published checkpoint's root record (pipeline/interop/hf_import.py)."""
     rev = rec.get("resolved_revision") or rec.get("revision")
     return f"{rec.get('source')}@{rev}" if rev else f"{rec.get('source')} (local directory)"
@@ -295,7 +295,7 @@ def _node(name: str, rec: dict[str, Any]) -> dict[str, Any]:
         "finished": rec.get("finished"),
         "pipeline_run_id": rec.get("pipeline_run_id"),
         "mlflow_run_id": rec.get("mlflow_run_id"),
-        "source": _source(rec) if name == "download" else _imported(rec) if name == "imported" else None,
+        "source": corpus_source(rec) if name == "download" else imported_source(rec) if name == "imported" else None,
         "inputs": {str(k): v for k, v in (rec.get("inputs") or {}).items() if isinstance(v, str)},
         "outputs": {str(k): v for k, v in (rec.get("outputs") or {}).items() if isinstance(v, str)},
         "dvc_outs": {},  # path -> md5 in dvc.lock, as a downstream stage saw it

@@ -53,7 +53,7 @@ def test_card_front_matter_data_recipe_metrics_and_limits():
         "tags": ["bertrace", "bert"],
         "datasets": ["stanfordnlp/sst2"],
     }
-    assert "Pre-training corpus: `stanfordnlp/imdb`; WordPiece vocabulary of 16000 pieces" in text
+    assert "Pre-training corpus: `hub stanfordnlp/imdb @ main`; WordPiece vocabulary of 16000 pieces" in text
     assert '"max_steps": 8000' in text and '"lr": 0.0002' in text and "task" not in text.split("Fine-tuning:")[1][:80]
     assert "| validation_accuracy | 0.8463 |" in text and "this checkpoint's seed: 3" in text
     assert "sha256 `" + "ab" * 32 + "`" in text and "Attestation: none yet" in text

@@ -194,16 +194,16 @@ def test_lineage_order_and_content(chain):
 def test_download_source_names_the_hub_id_and_revision():
     hub = {"dataset": "Salesforce/wikitext", "config": "wikitext-2-raw-v1", "revision": "main"}
     assert (
-        trace._source({"params": {"source": "hub", "hub": hub}, "mirror": "m.yaml"})
+        trace.corpus_source({"params": {"source": "hub", "hub": hub}, "mirror": "m.yaml"})
         == "hub Salesforce/wikitext wikitext-2-raw-v1 @ main (through the mirror m.yaml)"
     )
     resolved = {"type": "hub", **hub, "resolved_revision": "b08601e"}  # a record that keeps the manifest's source
     assert (
-        trace._source({"params": {"source": "hub", "hub": hub}, "source": resolved})
+        trace.corpus_source({"params": {"source": "hub", "hub": hub}, "source": resolved})
         == "hub Salesforce/wikitext wikitext-2-raw-v1 @ b08601e"
     )
     assert (
-        trace._source({"params": {"source": "local", "local": {"path": "data/sources"}}, "mirror": "m"})
+        trace.corpus_source({"params": {"source": "local", "local": {"path": "data/sources"}}, "mirror": "m"})
         == "local data/sources"
     )
 
