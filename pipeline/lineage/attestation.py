@@ -224,6 +224,8 @@ def verify(target: str | os.PathLike, public_key: Path, root: str | os.PathLike 
     from pipeline.lineage import trace_verify
 
     target, root = Path(target), Path(root)
+    if not target.exists():
+        raise BertraceError(f"{target}: not found; give the attested checkpoint or export directory")
     statement_file = statement_path(target, root)
     bad = check_signature(statement_file, Path(public_key))
     if bad:
